@@ -1,0 +1,44 @@
+# kl: `make demo` shows it working, `make test` runs everything (installing its own
+# dependencies), `make bench` measures it against the alternatives.
+GO      ?= go
+BIN     := $(CURDIR)/.build/bin
+export KL_BIN := $(BIN)
+export KL_CNI_BIN := $(CURDIR)/.build/cni
+export GOFLAGS := -buildvcs=false
+
+.PHONY: all build deps test unit vet fuzz bench demo clean
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./...
+
+deps:
+	@tests/deps.sh
+
+vet:
+	$(GO) vet ./...
+	GOOS=darwin $(GO) vet ./...
+
+# Everything: unit, fuzz seed corpora, and end-to-end tests against real kernels,
+# runtimes and proxies (they skip without root unless KL_E2E=1, where they fail).
+test: deps build vet
+	$(GO) test -count=1 -timeout 25m ./...
+
+unit:
+	$(GO) test -count=1 -short ./...
+
+# Short fuzzing bursts of every parser of untrusted input (the seed corpora also run in `make test`).
+FUZZTIME ?= 20s
+fuzz:
+	FUZZTIME=$(FUZZTIME) tests/fuzz.sh
+
+bench: deps build
+	$(GO) run ./tests/bench
+
+demo: build
+	@examples/demo.sh
+
+clean:
+	rm -rf .build
