@@ -53,3 +53,14 @@ type Registration struct {
 type ErrorBody struct {
 	Error string `json:"error"`
 }
+
+// Node-wide defaults shared by the daemon, kl-cni and the OCI wrapper and hook. Each is
+// configurable; these are what a node gets when nothing says otherwise.
+const (
+	DefaultRedirectPort uint16 = 15001  // transparent capture target inside each pod netns
+	DefaultHTTPPort     uint16 = 15080  // proxy mode: HTTP CONNECT/forward proxy on the pod's loopback
+	DefaultSOCKSPort    uint16 = 15081  // proxy mode: SOCKS5 on the pod's loopback
+	DefaultMark         uint32 = 0x4b4c // SO_MARK on the relay's own sockets ("KL"); capture skips it
+	DefaultRulesPath           = "/etc/kl/rules.yaml"
+	DefaultStateDir            = "/var/lib/kl"
+)
