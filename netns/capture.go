@@ -1,0 +1,214 @@
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// TableName is the one nftables table kl owns in a pod netns (family inet).
+const TableName = "kl"
+
+// Chain and set names of the capture program.
+const (
+	NATChain       = "nat_output"
+	FilterChain    = "filter_output"
+	ExcludeV4Set   = "exclude_v4"
+	ExcludeV6Set   = "exclude_v6"
+	ExcludePortSet = "exclude_ports"
+)
+
+// Chain priorities: the nat chain runs where dstnat runs, the filter chain at filter.
+const (
+	NATPriority    = -100
+	FilterPriority = 0
+)
+
+// Capture is the pod's capture program, the one "inet kl" table of its netns.
+//
+// What it does, for packets the pod sends (hook output):
+//   - exempt (never redirected or rejected): sockets marked Mark (the relay's own dials),
+//     anything leaving through lo, 127.0.0.0/8, ::1, 169.254.0.0/16 (link-local and cloud
+//     metadata), fe80::/10, ExcludeCIDRs, and destination ports in ExcludePorts (TCP and
+//     UDP);
+//   - other IPv4 TCP (and IPv6 TCP when IPv6) is redirected to RedirectPort on the pod's
+//     loopback, where the relay listens. When the relay is not listening the redirected SYN
+//     gets a reset: capture fails closed;
+//   - when IPv6 is false, IPv6 TCP that would have been captured is rejected (ICMPv6
+//     administratively prohibited) rather than let out uncaptured;
+//   - when RejectQUIC, UDP to port 443 is rejected (ICMP port unreachable) so clients fall
+//     back to TCP, which is captured. Other UDP (DNS included) is neither captured nor
+//     blocked.
+type Capture struct {
+	RedirectPort uint16
+	Mark         uint32
+	IPv6         bool
+	RejectQUIC   bool
+	ExcludeCIDRs []netip.Prefix
+	ExcludePorts []uint16
+}
+
+// Validate checks the configuration; each error names the field and, for lists, the index.
+func (c Capture) Validate() error {
+	var errs []error
+	if c.RedirectPort == 0 {
+		errs = append(errs, errors.New("capture: RedirectPort must not be 0"))
+	}
+	if c.Mark == 0 {
+		errs = append(errs, errors.New("capture: Mark must not be 0 (the relay's sockets would be captured again)"))
+	}
+	for i, p := range c.ExcludeCIDRs {
+		switch {
+		case !p.IsValid():
+			errs = append(errs, fmt.Errorf("capture: ExcludeCIDRs[%d]: invalid prefix", i))
+		case p.Addr().Is4In6():
+			errs = append(errs, fmt.Errorf("capture: ExcludeCIDRs[%d] %s: IPv4-mapped IPv6 prefix; write the IPv4 prefix", i, p))
+		case p.Addr().Zone() != "":
+			errs = append(errs, fmt.Errorf("capture: ExcludeCIDRs[%d] %s: zoned address", i, p))
+		case p.Bits() == 0:
+			errs = append(errs, fmt.Errorf("capture: ExcludeCIDRs[%d] %s: excluding a whole family turns capture off; use the pod's mode instead", i, p))
+		case p.Masked() != p:
+			errs = append(errs, fmt.Errorf("capture: ExcludeCIDRs[%d] %s: host bits set (did you mean %s?)", i, p, p.Masked()))
+		}
+	}
+	for i, p := range c.ExcludePorts {
+		if p == 0 {
+			errs = append(errs, fmt.Errorf("capture: ExcludePorts[%d]: port 0", i))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Render returns the canonical text of the program (the layout of `nft list table inet kl`)
+// for golden files and logs. It does not validate: an invalid config renders what it would
+// install, which Install refuses.
+func (c Capture) Render() string { return c.Program().Render() }
+
+// Program builds the table Install applies. The nat chain is laid out in three parts:
+// exemptions, decisions, redirect. The decision part is empty today; it is where kernel
+// decided verdicts (accept sets, verdict maps) go, after the exemptions that no policy may
+// override and before the catch-all redirect.
+func (c Capture) Program() *Table {
+	t := &Table{Name: TableName}
+	var v4, v6 []netip.Prefix
+	for _, p := range c.ExcludeCIDRs {
+		if !p.IsValid() {
+			continue
+		}
+		if p.Addr().Is4() {
+			v4 = append(v4, p.Masked())
+		} else {
+			v6 = append(v6, p.Masked())
+		}
+	}
+	if len(v4) > 0 {
+		t.Sets = append(t.Sets, Set{Name: ExcludeV4Set, Type: SetIPv4, Addrs: mergeRanges(v4)})
+	}
+	if len(v6) > 0 {
+		t.Sets = append(t.Sets, Set{Name: ExcludeV6Set, Type: SetIPv6, Addrs: mergeRanges(v6)})
+	}
+	var ports []uint16
+	for _, p := range c.ExcludePorts {
+		if p != 0 {
+			ports = append(ports, p)
+		}
+	}
+	slices.Sort(ports)
+	ports = slices.Compact(ports)
+	if len(ports) > 0 {
+		t.Sets = append(t.Sets, Set{Name: ExcludePortSet, Type: SetPort, Ports: ports})
+	}
+
+	exempt := c.exemptions(len(v4) > 0, len(v6) > 0, len(ports) > 0)
+
+	nat := Chain{Name: NATChain, Type: ChainNAT, Priority: NATPriority}
+	nat.Rules = append(nat.Rules, exempt...)
+	// Decisions (issue 9) will be inserted here.
+	redirect := Rule{Match: []Match{MatchL4Proto{ProtoTCP}}, Action: Redirect{c.RedirectPort}}
+	if !c.IPv6 {
+		redirect.Match = append([]Match{MatchNFProto{4}}, redirect.Match...)
+	}
+	nat.Rules = append(nat.Rules, redirect)
+	t.Chains = append(t.Chains, nat)
+
+	if c.RejectQUIC || !c.IPv6 {
+		filter := Chain{Name: FilterChain, Type: ChainFilter, Priority: FilterPriority}
+		filter.Rules = append(filter.Rules, exempt...)
+		if c.RejectQUIC {
+			filter.Rules = append(filter.Rules, Rule{
+				Match:  []Match{MatchDport{ProtoUDP, 443}},
+				Action: Reject{RejectPortUnreachable},
+			})
+		}
+		if !c.IPv6 {
+			filter.Rules = append(filter.Rules, Rule{
+				Match:  []Match{MatchNFProto{6}, MatchL4Proto{ProtoTCP}},
+				Action: Reject{RejectAdminProhibited},
+			})
+		}
+		t.Chains = append(t.Chains, filter)
+	}
+	return t
+}
+
+// exemptions are the rules that return early, identical in both chains so that what is not
+// captured is exactly what is not rejected.
+func (c Capture) exemptions(v4set, v6set, portset bool) []Rule {
+	ret := func(m ...Match) Rule { return Rule{Match: m, Action: Return} }
+	rules := []Rule{
+		ret(MatchMark{c.Mark}),
+		ret(MatchOif{Index: 1, Name: "lo"}),
+		ret(MatchDaddr{netip.MustParsePrefix("127.0.0.0/8")}),
+		ret(MatchDaddr{netip.MustParsePrefix("169.254.0.0/16")}),
+		ret(MatchDaddr{netip.MustParsePrefix("::1/128")}),
+		ret(MatchDaddr{netip.MustParsePrefix("fe80::/10")}),
+	}
+	if v4set {
+		rules = append(rules, ret(MatchDaddrSet{4, ExcludeV4Set}))
+	}
+	if v6set {
+		rules = append(rules, ret(MatchDaddrSet{6, ExcludeV6Set}))
+	}
+	if portset {
+		rules = append(rules, ret(MatchDportSet{ExcludePortSet}))
+	}
+	return rules
+}
+
+// mergeRanges turns prefixes of one family into sorted, disjoint, non-adjacent inclusive
+// ranges: the kernel refuses overlapping interval elements, and merging makes the set
+// canonical whatever order or redundancy the config has.
+func mergeRanges(ps []netip.Prefix) []AddrRange {
+	rs := make([]AddrRange, 0, len(ps))
+	for _, p := range ps {
+		rs = append(rs, AddrRange{From: p.Masked().Addr(), To: lastAddr(p)})
+	}
+	slices.SortFunc(rs, func(a, b AddrRange) int { return a.From.Compare(b.From) })
+	out := rs[:0]
+	for _, r := range rs {
+		if n := len(out); n > 0 {
+			last := &out[n-1]
+			next := last.To.Next()
+			if r.From.Compare(last.To) <= 0 || (next.IsValid() && r.From == next) {
+				if r.To.Compare(last.To) > 0 {
+					last.To = r.To
+				}
+				continue
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// lastAddr is the highest address of a prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr()
+	b := a.AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	out, _ := netip.AddrFromSlice(b)
+	return out
+}

@@ -1,0 +1,197 @@
+package netns
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Diff compares a wanted table with one read back and returns one line per difference:
+// missing, different or unexpected sets, chains and rules, in the nft syntax Render uses.
+// An empty result means the kernel holds exactly the wanted program.
+func Diff(want, got *Table) []string {
+	var d []string
+	if got == nil {
+		return []string{fmt.Sprintf("table inet %s is missing", want.Name)}
+	}
+	gotSets := map[string]Set{}
+	for _, s := range got.Sets {
+		gotSets[s.Name] = s
+	}
+	for _, w := range want.Sets {
+		g, ok := gotSets[w.Name]
+		delete(gotSets, w.Name)
+		switch {
+		case !ok:
+			d = append(d, fmt.Sprintf("set %s is missing", w.Name))
+		case g.Type != w.Type:
+			d = append(d, fmt.Sprintf("set %s has type %s, want %s", w.Name, g.Type, w.Type))
+		default:
+			we, ge := elements(w), elements(g)
+			for _, e := range we {
+				if !slices.Contains(ge, e) {
+					d = append(d, fmt.Sprintf("set %s is missing element %s", w.Name, e))
+				}
+			}
+			for _, e := range ge {
+				if !slices.Contains(we, e) {
+					d = append(d, fmt.Sprintf("set %s has unexpected element %s", w.Name, e))
+				}
+			}
+		}
+	}
+	for _, name := range sortedKeys(gotSets) {
+		d = append(d, fmt.Sprintf("unexpected set %s", name))
+	}
+
+	gotChains := map[string]Chain{}
+	for _, c := range got.Chains {
+		gotChains[c.Name] = c
+	}
+	for _, w := range want.Chains {
+		g, ok := gotChains[w.Name]
+		delete(gotChains, w.Name)
+		if !ok {
+			d = append(d, fmt.Sprintf("chain %s is missing", w.Name))
+			continue
+		}
+		if g.Type != w.Type || g.Priority != w.Priority {
+			d = append(d, fmt.Sprintf("chain %s is type %s priority %d, want type %s priority %d",
+				w.Name, g.Type, g.Priority, w.Type, w.Priority))
+		}
+		d = append(d, diffRules(w.Name, w.Rules, g.Rules)...)
+	}
+	for _, name := range sortedKeys(gotChains) {
+		d = append(d, fmt.Sprintf("unexpected chain %s", name))
+	}
+	return d
+}
+
+// diffRules aligns two rule lists in order (longest common subsequence of their texts) so
+// that one deleted or inserted rule is reported as exactly that.
+func diffRules(chain string, want, got []Rule) []string {
+	ws, gs := ruleStrings(want), ruleStrings(got)
+	n, m := len(ws), len(gs)
+	lcs := make([][]int, n+1)
+	for i := range lcs {
+		lcs[i] = make([]int, m+1)
+	}
+	for i := n - 1; i >= 0; i-- {
+		for j := m - 1; j >= 0; j-- {
+			if ws[i] == gs[j] {
+				lcs[i][j] = lcs[i+1][j+1] + 1
+			} else {
+				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
+			}
+		}
+	}
+	var d []string
+	i, j := 0, 0
+	for i < n || j < m {
+		switch {
+		case i < n && j < m && ws[i] == gs[j]:
+			i, j = i+1, j+1
+		case j < m && (i == n || lcs[i][j+1] >= lcs[i+1][j]):
+			d = append(d, fmt.Sprintf("chain %s has unexpected rule %d: %s", chain, j+1, gs[j]))
+			j++
+		default:
+			d = append(d, fmt.Sprintf("chain %s is missing rule %d: %s", chain, i+1, ws[i]))
+			i++
+		}
+	}
+	return d
+}
+
+func ruleStrings(rs []Rule) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+	}
+	return out
+}
+
+func elements(s Set) []string {
+	var out []string
+	for _, r := range s.Addrs {
+		out = append(out, r.String())
+	}
+	for _, p := range s.Ports {
+		out = append(out, fmt.Sprint(p))
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// Fake is an in-memory Backend for unit tests: it keeps the last table applied per netns
+// path, and reports errors set in ApplyErr.
+type Fake struct {
+	Tables   map[string]*Table // by netns path
+	Applied  int               // number of successful Apply calls
+	ApplyErr error
+}
+
+// NewFake returns an empty fake backend.
+func NewFake() *Fake { return &Fake{Tables: map[string]*Table{}} }
+
+var _ Backend = (*Fake)(nil)
+
+// Apply records t (a deep copy) for nsPath.
+func (f *Fake) Apply(nsPath string, t *Table) error {
+	if f.ApplyErr != nil {
+		return f.ApplyErr
+	}
+	f.Tables[nsPath] = cloneTable(t)
+	f.Applied++
+	return nil
+}
+
+// Delete forgets nsPath's table.
+func (f *Fake) Delete(nsPath, table string) error {
+	if t, ok := f.Tables[nsPath]; ok && t.Name == table {
+		delete(f.Tables, nsPath)
+	}
+	return nil
+}
+
+// Get returns a copy of the recorded table or ErrNoTable.
+func (f *Fake) Get(nsPath, table string) (*Table, error) {
+	t, ok := f.Tables[nsPath]
+	if !ok || t.Name != table {
+		return nil, ErrNoTable
+	}
+	return cloneTable(t), nil
+}
+
+func cloneTable(t *Table) *Table {
+	c := &Table{Name: t.Name}
+	for _, s := range t.Sets {
+		s.Addrs = slices.Clone(s.Addrs)
+		s.Ports = slices.Clone(s.Ports)
+		c.Sets = append(c.Sets, s)
+	}
+	for _, ch := range t.Chains {
+		rules := make([]Rule, len(ch.Rules))
+		for i, r := range ch.Rules {
+			rules[i] = Rule{Match: slices.Clone(r.Match), Action: r.Action}
+		}
+		ch.Rules = rules
+		c.Chains = append(c.Chains, ch)
+	}
+	return c
+}
+
+// String renders a table for error messages; nil prints as absent.
+func (t *Table) String() string {
+	if t == nil {
+		return "<no table>"
+	}
+	return strings.TrimSpace(t.Render())
+}

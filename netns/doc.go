@@ -1,0 +1,9 @@
+// Package netns is the only part of kl that enters network namespaces: it runs code in
+// a pod's netns on a locked OS thread, opens listeners and marked dial sockets that live
+// in that netns, reads a redirected connection's original destination, and programs,
+// verifies and removes the pod's nftables capture table ("inet kl").
+//
+// It is not a policy engine: it does not decide where a flow goes, and it never touches
+// the host's own ruleset. Everything kernel-facing lives in *_linux.go files; on other
+// systems the functions return errors.ErrUnsupported so the rest of kl still vets.
+package netns

@@ -1,0 +1,335 @@
+package netns
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Every match loads into register 1 and compares there, like nft does.
+const reg = 1
+
+func nfproto(family int) []byte {
+	if family == 6 {
+		return []byte{unix.NFPROTO_IPV6}
+	}
+	return []byte{unix.NFPROTO_IPV4}
+}
+
+func loadMeta(k expr.MetaKey) *expr.Meta { return &expr.Meta{Key: k, Register: reg} }
+func cmpEq(data []byte) *expr.Cmp        { return &expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: data} }
+func loadPayload(base expr.PayloadBase, off, n uint32) *expr.Payload {
+	return &expr.Payload{OperationType: expr.PayloadLoad, DestRegister: reg, Base: base, Offset: off, Len: n}
+}
+
+// daddrOffset is where the destination address sits in the network header.
+func daddrOffset(v4 bool) uint32 {
+	if v4 {
+		return 16
+	}
+	return 24
+}
+
+// encodeRule compiles one rule to kernel expressions; sets resolves set references.
+func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
+	var out []expr.Any
+	for _, m := range r.Match {
+		switch m := m.(type) {
+		case MatchMark:
+			out = append(out, loadMeta(expr.MetaKeyMARK), cmpEq(binaryutil.NativeEndian.PutUint32(m.Mark)))
+		case MatchOif:
+			out = append(out, loadMeta(expr.MetaKeyOIF), cmpEq(binaryutil.NativeEndian.PutUint32(m.Index)))
+		case MatchNFProto:
+			out = append(out, loadMeta(expr.MetaKeyNFPROTO), cmpEq(nfproto(m.Family)))
+		case MatchL4Proto:
+			out = append(out, loadMeta(expr.MetaKeyL4PROTO), cmpEq([]byte{m.Proto}))
+		case MatchDaddr:
+			p := m.Prefix.Masked()
+			v4 := p.Addr().Is4()
+			fam := 6
+			if v4 {
+				fam = 4
+			}
+			n := uint32((p.Bits() + 7) / 8)
+			addr := p.Addr().AsSlice()[:n]
+			out = append(out, loadMeta(expr.MetaKeyNFPROTO), cmpEq(nfproto(fam)),
+				loadPayload(expr.PayloadBaseNetworkHeader, daddrOffset(v4), n))
+			if p.Bits()%8 != 0 {
+				mask := make([]byte, n)
+				for i := 0; i < p.Bits(); i++ {
+					mask[i/8] |= 0x80 >> (i % 8)
+				}
+				out = append(out, &expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: n, Mask: mask, Xor: make([]byte, n)})
+			}
+			out = append(out, cmpEq(addr))
+		case MatchDaddrSet:
+			s, ok := sets[m.Set]
+			if !ok {
+				return nil, fmt.Errorf("set %s is not in the table", m.Set)
+			}
+			v4 := m.Family == 4
+			n := uint32(16)
+			if v4 {
+				n = 4
+			}
+			out = append(out, loadMeta(expr.MetaKeyNFPROTO), cmpEq(nfproto(m.Family)),
+				loadPayload(expr.PayloadBaseNetworkHeader, daddrOffset(v4), n),
+				&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID})
+		case MatchDport:
+			out = append(out, loadMeta(expr.MetaKeyL4PROTO), cmpEq([]byte{m.Proto}),
+				loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
+				cmpEq(binaryutil.BigEndian.PutUint16(m.Port)))
+		case MatchDportSet:
+			s, ok := sets[m.Set]
+			if !ok {
+				return nil, fmt.Errorf("set %s is not in the table", m.Set)
+			}
+			out = append(out, loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
+				&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID})
+		default:
+			return nil, fmt.Errorf("match %s has no kernel encoding", m)
+		}
+	}
+	switch a := r.Action.(type) {
+	case Verdict:
+		k, ok := verdictKinds[a]
+		if !ok {
+			return nil, fmt.Errorf("verdict %q has no kernel encoding", a)
+		}
+		out = append(out, &expr.Verdict{Kind: k})
+	case Redirect:
+		out = append(out, &expr.Immediate{Register: reg, Data: binaryutil.BigEndian.PutUint16(a.Port)},
+			&expr.Redir{RegisterProtoMin: reg, RegisterProtoMax: reg, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
+	case Reject:
+		switch a.Kind {
+		case RejectPortUnreachable:
+			out = append(out, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH})
+		case RejectAdminProhibited:
+			out = append(out, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
+		case RejectTCPReset:
+			out = append(out, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+		default:
+			return nil, fmt.Errorf("reject kind %d has no kernel encoding", a.Kind)
+		}
+	default:
+		return nil, fmt.Errorf("action %v has no kernel encoding", r.Action)
+	}
+	return out, nil
+}
+
+var verdictKinds = map[Verdict]expr.VerdictKind{
+	Return: expr.VerdictReturn,
+	Accept: expr.VerdictAccept,
+	Drop:   expr.VerdictDrop,
+}
+
+// rawRule stands for a kernel rule kl cannot read as one of its own: it renders the
+// expressions so a diff shows what is there.
+type rawRule struct{ text string }
+
+func (r rawRule) isMatch()       {}
+func (r rawRule) isAction()      {}
+func (r rawRule) String() string { return r.text }
+
+// decodeRule reads a kernel rule back. It parses the expression patterns encodeRule
+// writes, then re-encodes the result and requires the same expressions, so any field it
+// does not model (an operator, a register, a mask) makes the rule raw instead of silently
+// equal.
+func decodeRule(nr *nftables.Rule) Rule {
+	r, ok := parseRule(nr.Exprs)
+	if ok {
+		// Set references decode by name; give the encoder stand-in sets of those names.
+		sets := map[string]*nftables.Set{}
+		for _, e := range nr.Exprs {
+			if l, isLookup := e.(*expr.Lookup); isLookup {
+				sets[l.SetName] = &nftables.Set{Name: l.SetName}
+			}
+		}
+		again, err := encodeRule(r, sets)
+		if err == nil && sameExprs(again, nr.Exprs) {
+			return r
+		}
+	}
+	return Rule{Action: rawRule{fmt.Sprintf("[handle %d] %s", nr.Handle, describeExprs(nr.Exprs))}}
+}
+
+func parseRule(es []expr.Any) (Rule, bool) {
+	var r Rule
+	i := 0
+	at := func(k int) expr.Any {
+		if i+k < len(es) {
+			return es[i+k]
+		}
+		return nil
+	}
+	for i < len(es) {
+		switch e := es[i].(type) {
+		case *expr.Meta:
+			c, ok := at(1).(*expr.Cmp)
+			if !ok {
+				return r, false
+			}
+			switch e.Key {
+			case expr.MetaKeyMARK:
+				if len(c.Data) != 4 {
+					return r, false
+				}
+				r.Match = append(r.Match, MatchMark{binaryutil.NativeEndian.Uint32(c.Data)})
+				i += 2
+			case expr.MetaKeyOIF:
+				if len(c.Data) != 4 {
+					return r, false
+				}
+				idx := binaryutil.NativeEndian.Uint32(c.Data)
+				name := fmt.Sprint(idx)
+				if idx == 1 {
+					name = "lo"
+				}
+				r.Match = append(r.Match, MatchOif{Index: idx, Name: name})
+				i += 2
+			case expr.MetaKeyL4PROTO:
+				if len(c.Data) != 1 {
+					return r, false
+				}
+				if p, ok := at(2).(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader {
+					c2, ok := at(3).(*expr.Cmp)
+					if !ok || len(c2.Data) != 2 {
+						return r, false
+					}
+					r.Match = append(r.Match, MatchDport{Proto: c.Data[0], Port: binary.BigEndian.Uint16(c2.Data)})
+					i += 4
+					continue
+				}
+				r.Match = append(r.Match, MatchL4Proto{c.Data[0]})
+				i += 2
+			case expr.MetaKeyNFPROTO:
+				if len(c.Data) != 1 {
+					return r, false
+				}
+				fam := 4
+				if c.Data[0] == unix.NFPROTO_IPV6 {
+					fam = 6
+				}
+				p, ok := at(2).(*expr.Payload)
+				if !ok || p.Base != expr.PayloadBaseNetworkHeader {
+					r.Match = append(r.Match, MatchNFProto{fam})
+					i += 2
+					continue
+				}
+				if l, ok := at(3).(*expr.Lookup); ok {
+					r.Match = append(r.Match, MatchDaddrSet{Family: fam, Set: l.SetName})
+					i += 4
+					continue
+				}
+				j := 3
+				bits := int(p.Len) * 8
+				if b, ok := at(3).(*expr.Bitwise); ok {
+					bits = 0
+					for _, m := range b.Mask {
+						for ; m&0x80 != 0; m <<= 1 {
+							bits++
+						}
+					}
+					j++
+				}
+				c2, ok := at(j).(*expr.Cmp)
+				if !ok {
+					return r, false
+				}
+				full := make([]byte, 16)
+				if fam == 4 {
+					full = full[:4]
+				}
+				if len(c2.Data) > len(full) {
+					return r, false
+				}
+				copy(full, c2.Data)
+				a, _ := netip.AddrFromSlice(full)
+				pre, err := a.Prefix(bits)
+				if err != nil {
+					return r, false
+				}
+				r.Match = append(r.Match, MatchDaddr{pre})
+				i += j + 1
+			default:
+				return r, false
+			}
+		case *expr.Payload:
+			l, ok := at(1).(*expr.Lookup)
+			if !ok || e.Base != expr.PayloadBaseTransportHeader {
+				return r, false
+			}
+			r.Match = append(r.Match, MatchDportSet{l.SetName})
+			i += 2
+		case *expr.Verdict:
+			for v, k := range verdictKinds {
+				if k == e.Kind {
+					r.Action = v
+				}
+			}
+			i++
+		case *expr.Immediate:
+			if _, ok := at(1).(*expr.Redir); !ok || len(e.Data) != 2 {
+				return r, false
+			}
+			r.Action = Redirect{binary.BigEndian.Uint16(e.Data)}
+			i += 2
+		case *expr.Reject:
+			switch {
+			case e.Type == unix.NFT_REJECT_ICMPX_UNREACH && e.Code == unix.NFT_REJECT_ICMPX_PORT_UNREACH:
+				r.Action = Reject{RejectPortUnreachable}
+			case e.Type == unix.NFT_REJECT_ICMPX_UNREACH && e.Code == unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED:
+				r.Action = Reject{RejectAdminProhibited}
+			case e.Type == unix.NFT_REJECT_TCP_RST:
+				r.Action = Reject{RejectTCPReset}
+			default:
+				return r, false
+			}
+			i++
+		default:
+			return r, false
+		}
+		if r.Action != nil && i != len(es) {
+			return r, false // an action must come last
+		}
+	}
+	return r, r.Action != nil
+}
+
+// sameExprs compares expressions ignoring what the kernel does not echo (set IDs).
+func sameExprs(a, b []expr.Any) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		x, y := normalize(a[i]), normalize(b[i])
+		if !reflect.DeepEqual(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
+func normalize(e expr.Any) expr.Any {
+	if l, ok := e.(*expr.Lookup); ok {
+		c := *l
+		c.SetID = 0
+		return &c
+	}
+	return e
+}
+
+func describeExprs(es []expr.Any) string {
+	parts := make([]string, len(es))
+	for i, e := range es {
+		parts[i] = strings.TrimPrefix(fmt.Sprintf("%T%+v", e, e), "*expr.")
+	}
+	return strings.Join(parts, " ")
+}
