@@ -1,0 +1,134 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"strconv"
+)
+
+// Bounds on an upstream's CONNECT answer.
+const (
+	maxHeaderBytes = 32 << 10
+	maxHeaderLines = 100
+	readBufSize    = 4096
+)
+
+type httpDialer struct{ common }
+
+func (d *httpDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
+	conn, hctx, done, err := d.connect(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	c, err := d.handshake(hctx, conn, t)
+	if derr := done(); err == nil && derr != nil {
+		err = d.handshakeErr(hctx, "CONNECT", derr)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (net.Conn, error) {
+	hp := t.String()
+	var b bytes.Buffer
+	b.Grow(128 + len(hp)*2)
+	b.WriteString("CONNECT ")
+	b.WriteString(hp)
+	b.WriteString(" HTTP/1.1\r\nHost: ")
+	b.WriteString(hp)
+	b.WriteString("\r\n")
+	if d.hasUser {
+		b.WriteString("Proxy-Authorization: Basic ")
+		b.WriteString(base64.StdEncoding.EncodeToString([]byte(d.user + ":" + d.pass)))
+		b.WriteString("\r\n")
+	}
+	b.WriteString("\r\n")
+	if _, err := conn.Write(b.Bytes()); err != nil {
+		return nil, d.handshakeErr(ctx, "send CONNECT", err)
+	}
+	br := bufio.NewReaderSize(conn, readBufSize)
+	code, reason, err := readResponseHead(br)
+	if err != nil {
+		return nil, d.handshakeErr(ctx, "read CONNECT reply", err)
+	}
+	switch {
+	case code >= 200 && code < 300:
+	case code == 407 && d.hasUser:
+		return nil, d.errorf("%w: credentials rejected (%d %s)", ErrAuth, code, reason)
+	case code == 407:
+		return nil, d.errorf("%w: upstream requires credentials and none are configured (%d %s)", ErrAuth, code, reason)
+	default:
+		return nil, d.errorf("%w: CONNECT answered %d %s", ErrRefused, code, reason)
+	}
+	if n := br.Buffered(); n > 0 {
+		// The upstream already sent bytes of the tunnel (a server-first protocol, or a
+		// pipelined answer): hand them out first.
+		buf, _ := br.Peek(n)
+		return &bufferedConn{Conn: conn, buf: bytes.Clone(buf)}, nil
+	}
+	return conn, nil
+}
+
+// readResponseHead reads an HTTP/1.x status line and headers, bounded in size, and
+// returns the status code and reason phrase. Headers are skipped: a CONNECT client needs
+// none of them (RFC 9110 §9.3.6: a 2xx CONNECT answer has no body to frame).
+func readResponseHead(br *bufio.Reader) (int, string, error) {
+	total := 0
+	line, err := readLine(br, &total)
+	if err != nil {
+		return 0, "", err
+	}
+	// HTTP/1.1 200 Connection established
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return 0, "", fmt.Errorf("%w: bad status line %q", ErrProtocol, truncate(line))
+	}
+	code, err := strconv.Atoi(string(line[9:12]))
+	if err != nil || code < 100 || (len(line) > 12 && line[12] != ' ') {
+		return 0, "", fmt.Errorf("%w: bad status line %q", ErrProtocol, truncate(line))
+	}
+	reason := ""
+	if len(line) > 13 {
+		reason = string(truncate(line[13:]))
+	}
+	for i := 0; ; i++ {
+		if i >= maxHeaderLines {
+			return 0, "", fmt.Errorf("%w: more than %d header lines", ErrProtocol, maxHeaderLines)
+		}
+		h, err := readLine(br, &total)
+		if err != nil {
+			return 0, "", err
+		}
+		if len(h) == 0 {
+			return code, reason, nil
+		}
+	}
+}
+
+// readLine returns one line without its CRLF (or bare LF), counting bytes against the
+// header bound.
+func readLine(br *bufio.Reader, total *int) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	*total += len(line)
+	if err == bufio.ErrBufferFull || *total > maxHeaderBytes {
+		return nil, fmt.Errorf("%w: reply header over %d bytes", ErrProtocol, min(maxHeaderBytes, readBufSize))
+	}
+	if err != nil {
+		return nil, err
+	}
+	line = bytes.TrimSuffix(line[:len(line)-1], []byte("\r"))
+	return line, nil
+}
+
+func truncate(b []byte) []byte {
+	if len(b) > 64 {
+		return b[:64]
+	}
+	return b
+}

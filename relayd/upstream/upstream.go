@@ -1,0 +1,249 @@
+// Package upstream dials a destination through one configured upstream proxy: an HTTP
+// proxy (CONNECT, optional Basic auth) or a SOCKS5 proxy (RFC 1928, optional RFC 1929
+// username/password). When the destination's hostname is known it is handed to the
+// upstream, which resolves it; otherwise the IP address is sent.
+//
+// It is not a policy layer and never falls back: a Dialer talks to exactly one upstream,
+// and when that upstream is down, refuses the credentials or refuses the destination, the
+// dial fails with an error saying which upstream and why. Errors never contain the
+// destination (they end up in audit records and logs, which must not hold it).
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Target is one destination. Host is preferred when set (the upstream resolves it); Addr
+// is used otherwise. Port is always set (when zero, Addr's port is used).
+type Target struct {
+	Host string
+	Addr netip.AddrPort
+	Port uint16
+}
+
+func (t Target) port() uint16 {
+	if t.Port == 0 && t.Addr.IsValid() {
+		return t.Addr.Port()
+	}
+	return t.Port
+}
+
+// hostOnly is the host part: Host when set, else the address (unmapped, zone kept).
+func (t Target) hostOnly() string {
+	if t.Host != "" {
+		return t.Host
+	}
+	if t.Addr.IsValid() {
+		return t.Addr.Addr().Unmap().String()
+	}
+	return ""
+}
+
+// String is the host:port form used for dialing and in CONNECT requests (IPv6 in
+// brackets).
+func (t Target) String() string {
+	return net.JoinHostPort(t.hostOnly(), strconv.Itoa(int(t.port())))
+}
+
+// Valid reports whether the target names a host or an address, and a port.
+func (t Target) Valid() bool { return t.hostOnly() != "" && t.port() != 0 }
+
+// DialFunc opens the TCP connection to the upstream itself (the relay passes one that
+// creates the socket in the right netns with its mark).
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// Dialer reaches targets through one upstream.
+type Dialer interface {
+	Dial(ctx context.Context, t Target) (net.Conn, error)
+	// String names the upstream as scheme://host:port, never with credentials.
+	String() string
+}
+
+// Sentinel errors a caller can test with errors.Is; the returned errors wrap them with
+// the upstream's name and the details.
+var (
+	// ErrAuth: the upstream refused our credentials, or wants credentials we lack.
+	ErrAuth = errors.New("authentication failed")
+	// ErrRefused: the upstream answered but would not connect to the target (an HTTP
+	// status other than 2xx, or a SOCKS reply other than success).
+	ErrRefused = errors.New("refused by upstream")
+	// ErrProtocol: the upstream's answer was not valid for its protocol.
+	ErrProtocol = errors.New("protocol error")
+	// ErrTarget: the target cannot be expressed (no host or port, name too long).
+	ErrTarget = errors.New("bad target")
+)
+
+// DefaultConnectTimeout is used when New is given a timeout of zero or less.
+const DefaultConnectTimeout = 10 * time.Second
+
+// New parses rawURL (http://[user:pass@]host:port or socks5://[user:pass@]host:port) and
+// returns a Dialer for it. connectTimeout bounds the TCP connect plus the handshake.
+// base opens the TCP connection to the upstream; nil uses a plain net.Dialer.
+func New(rawURL string, connectTimeout time.Duration, base DialFunc) (Dialer, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("upstream %q: %w", redact(rawURL), stripURL(err))
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return nil, fmt.Errorf("upstream %q: want scheme://host:port", redact(rawURL))
+	}
+	if u.Path != "" && u.Path != "/" {
+		return nil, fmt.Errorf("upstream %q: unexpected path %q (want scheme://host:port)", redact(rawURL), u.Path)
+	}
+	if u.RawQuery != "" || u.ForceQuery {
+		return nil, fmt.Errorf("upstream %q: unexpected query (want scheme://host:port)", redact(rawURL))
+	}
+	if u.Fragment != "" {
+		return nil, fmt.Errorf("upstream %q: unexpected fragment (want scheme://host:port)", redact(rawURL))
+	}
+	host, portStr, err := net.SplitHostPort(u.Host)
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("upstream %q: want host:port after the scheme", redact(rawURL))
+	}
+	if p, err := strconv.ParseUint(portStr, 10, 16); err != nil || p == 0 {
+		return nil, fmt.Errorf("upstream %q: bad port %q", redact(rawURL), portStr)
+	}
+	if connectTimeout <= 0 {
+		connectTimeout = DefaultConnectTimeout
+	}
+	if base == nil {
+		var d net.Dialer
+		base = d.DialContext
+	}
+	c := common{
+		name:    u.Scheme + "://" + u.Host,
+		addr:    u.Host,
+		timeout: connectTimeout,
+		base:    base,
+	}
+	if u.User != nil {
+		c.user = u.User.Username()
+		c.pass, c.hasPass = u.User.Password()
+		c.hasUser = true
+	}
+	switch u.Scheme {
+	case "http":
+		return &httpDialer{common: c}, nil
+	case "socks5":
+		if len(c.user) > 255 || len(c.pass) > 255 {
+			return nil, fmt.Errorf("upstream %q: socks5 username and password are limited to 255 bytes", c.name)
+		}
+		if c.hasUser && c.user == "" {
+			return nil, fmt.Errorf("upstream %q: empty socks5 username", c.name)
+		}
+		return &socksDialer{common: c}, nil
+	case "":
+		return nil, fmt.Errorf("upstream %q: missing scheme (want http:// or socks5://)", redact(rawURL))
+	default:
+		return nil, fmt.Errorf("upstream %q: unsupported scheme %q (want http:// or socks5://)", redact(rawURL), u.Scheme)
+	}
+}
+
+// redact drops credentials from a URL for error messages.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// Cannot parse: cut everything before a '@' to be safe.
+		for i := len(raw) - 1; i >= 0; i-- {
+			if raw[i] == '@' {
+				return "…@" + raw[i+1:]
+			}
+		}
+		return raw
+	}
+	if u.User != nil {
+		u.User = url.User("xxx")
+	}
+	return u.String()
+}
+
+// stripURL removes the (possibly credential-bearing) URL from a url.Error.
+func stripURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+type common struct {
+	name    string // scheme://host:port, no credentials
+	addr    string // host:port of the upstream
+	timeout time.Duration
+	base    DialFunc
+	user    string
+	pass    string
+	hasUser bool
+	hasPass bool
+}
+
+func (c *common) String() string { return c.name }
+
+func (c *common) errorf(format string, args ...any) error {
+	return fmt.Errorf("upstream %s: "+format, append([]any{c.name}, args...)...)
+}
+
+// connect dials the upstream and arms the handshake deadline: the returned cleanup must
+// be called once the handshake is done (it clears the deadline and reports whether the
+// context expired meanwhile).
+func (c *common) connect(ctx context.Context, t Target) (net.Conn, context.Context, func() error, error) {
+	if !t.Valid() {
+		return nil, nil, nil, c.errorf("%w: target has no host or port", ErrTarget)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	conn, err := c.base(ctx, "tcp", c.addr)
+	if err != nil {
+		cancel()
+		return nil, nil, nil, c.errorf("connect: %w", dialReason(ctx, err))
+	}
+	deadline, _ := ctx.Deadline()
+	_ = conn.SetDeadline(deadline)
+	// A cancelled parent context interrupts the handshake too.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	done := func() error {
+		stopped := stop()
+		cancel()
+		if !stopped {
+			return ctx.Err()
+		}
+		return conn.SetDeadline(time.Time{})
+	}
+	return conn, ctx, done, nil
+}
+
+// dialReason makes a connect failure say why in words.
+func dialReason(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("timed out: %w", err)
+	case isRefused(err):
+		return fmt.Errorf("connection refused: %w", err)
+	}
+	return err
+}
+
+// handshakeErr turns an I/O error during the handshake into words.
+func (c *common) handshakeErr(ctx context.Context, stage string, err error) error {
+	var ne net.Error
+	if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return c.errorf("%s: cancelled: %w", stage, err)
+		}
+		return c.errorf("%s: timed out after %v: %w", stage, c.timeout, err)
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return c.errorf("%s: upstream closed the connection", stage)
+	}
+	return c.errorf("%s: %w", stage, err)
+}
+
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
