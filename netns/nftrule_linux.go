@@ -57,7 +57,15 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			if v4 {
 				fam = 4
 			}
-			n := uint32((p.Bits() + 7) / 8)
+			if p.Bits() == 0 {
+				return nil, fmt.Errorf("prefix %s matches every address of its family; use meta nfproto", p)
+			}
+			// Like nft: a byte-aligned prefix loads only its bytes, any other loads the
+			// whole address and masks it.
+			n := uint32(p.Bits() / 8)
+			if p.Bits()%8 != 0 {
+				n = uint32(p.Addr().BitLen() / 8)
+			}
 			addr := p.Addr().AsSlice()[:n]
 			out = append(out, loadMeta(expr.MetaKeyNFPROTO), cmpEq(nfproto(fam)),
 				loadPayload(expr.PayloadBaseNetworkHeader, daddrOffset(v4), n))
