@@ -13,6 +13,7 @@ package pac
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"time"
 )
@@ -38,6 +39,9 @@ type Options struct {
 	// that many are still running, further calls fail fast with deny rather than
 	// start more (default 8).
 	MaxAbandoned int
+	// Log receives alert() messages at debug level (nil: discarded). They may name
+	// the destination, so they are never logged above debug.
+	Log *slog.Logger
 }
 
 // Call is one evaluation of FindProxyForURL: the facts a flow carries.

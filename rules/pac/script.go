@@ -1,31 +1,447 @@
 package pac
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/dop251/goja"
 )
 
-// Script is a compiled PAC program. It is safe for concurrent use.
+// Script is a compiled PAC program with its pool of runtimes. It is safe for
+// concurrent use. Its runtimes are released by Close, or when the Script is garbage.
 type Script struct {
-	name string
-	prog *goja.Program
-	o    Options
+	p *pool
 }
 
-// Compile checks and compiles a PAC script once. The error is a *CompileError.
+// pool is everything the worker goroutines share. Workers hold the pool, never the
+// Script, so an unreachable Script can be cleaned up while idle workers wait.
+type pool struct {
+	name         string
+	prog         *goja.Program
+	deadline     time.Duration
+	loc          *time.Location
+	log          *slog.Logger
+	maxAbandoned int64
+
+	idle      chan *worker  // runtimes ready for a call
+	slots     chan struct{} // one token per live (not abandoned) runtime
+	abandoned atomic.Int64  // runtimes stuck past a deadline, still running
+	closed    atomic.Bool
+}
+
+// maxStack bounds JavaScript recursion (a runaway recursion is an exception, not a crash).
+const maxStack = 1000
+
+// Compile checks and compiles a PAC script once: size bound, syntax, then its top-level
+// code runs (under the deadline) and must define a function FindProxyForURL. The error
+// is a *CompileError.
 func Compile(name, src string, o Options) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
 	}
 	prog, err := goja.Compile(name, src, false)
 	if err != nil {
-		return nil, &CompileError{Code: CodeScript, Msg: err.Error()}
+		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
+		var se *goja.CompilerSyntaxError
+		if errors.As(err, &se) {
+			ce.Msg = se.Message
+			if se.File != nil {
+				ce.Line = se.File.Position(se.Offset).Line
+			}
+		}
+		return nil, ce
 	}
-	return &Script{name: name, prog: prog, o: o}, nil
+	o = o.withDefaults()
+	n := 2 * runtime.GOMAXPROCS(0)
+	if n < 4 {
+		n = 4
+	}
+	p := &pool{
+		name:         name,
+		prog:         prog,
+		deadline:     o.Deadline,
+		loc:          o.Location,
+		log:          o.Log,
+		maxAbandoned: int64(o.MaxAbandoned),
+		idle:         make(chan *worker, n),
+		slots:        make(chan struct{}, n),
+	}
+	// The first runtime proves the script loads: its top-level code runs and
+	// FindProxyForURL must be a function. It then joins the pool.
+	p.slots <- struct{}{}
+	w := p.newWorker()
+	timer := time.NewTimer(p.deadline)
+	defer timer.Stop()
+	w.req <- request{init: true}
+	select {
+	case r := <-w.resp:
+		if w.broken {
+			<-p.slots
+			close(w.req)
+			return nil, w.initErr
+		}
+		_ = r
+		p.idle <- w
+	case <-timer.C:
+		if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
+			w.vm.Interrupt(errDeadline)
+			p.abandoned.Add(1)
+			<-p.slots
+			return nil, &CompileError{Code: CodeScript, Msg: fmt.Sprintf("top-level code did not finish within %v", p.deadline)}
+		}
+		<-w.resp
+		if w.broken {
+			<-p.slots
+			close(w.req)
+			return nil, w.initErr
+		}
+		p.idle <- w
+	}
+	s := &Script{p: p}
+	runtime.AddCleanup(s, func(p *pool) { p.close() }, p)
+	return s, nil
 }
 
-// Eval runs FindProxyForURL for one call.
+func (o Options) withDefaults() Options {
+	if o.Deadline <= 0 {
+		o.Deadline = DefaultDeadline
+	}
+	if o.Location == nil {
+		o.Location = time.UTC
+	}
+	if o.MaxAbandoned <= 0 {
+		o.MaxAbandoned = DefaultMaxAbandoned
+	}
+	return o
+}
+
+// Close releases the idle runtimes. Calls after Close still work, on fresh runtimes
+// that are released when they finish. It is safe to call more than once.
+func (s *Script) Close() { s.p.close() }
+
+func (p *pool) close() {
+	p.closed.Store(true)
+	for {
+		select {
+		case w := <-p.idle:
+			p.retire(w)
+		default:
+			return
+		}
+	}
+}
+
+func (p *pool) retire(w *worker) {
+	close(w.req)
+	<-p.slots
+}
+
+var errDeadline = errors.New("deadline")
+
+func deny(reason string) Result {
+	return Result{Exit: "deny", Failed: true, Reason: reason}
+}
+
+var timers = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// Eval runs FindProxyForURL for one call and maps its answer (ParseResult). It is safe
+// for concurrent use and returns by the deadline whatever the script does: a runtime
+// that does not stop when interrupted is abandoned, and while MaxAbandoned of them are
+// still running, calls fail at once.
 func (s *Script) Eval(c Call) Result {
-	return Result{Exit: "deny", Failed: true, Reason: "not implemented yet"}
+	p := s.p
+	if n := p.abandoned.Load(); n >= p.maxAbandoned {
+		return deny(fmt.Sprintf("%d runtimes are stuck past their deadline", n))
+	}
+	timer := timers.Get().(*time.Timer)
+	timer.Reset(p.deadline)
+	defer func() {
+		timer.Stop()
+		timers.Put(timer)
+	}()
+	w := p.acquire(timer)
+	if w == nil {
+		return deny(fmt.Sprintf("no runtime free within the %v deadline", p.deadline))
+	}
+	w.state.Store(stateRunning)
+	w.req <- request{call: c}
+	select {
+	case r := <-w.resp:
+		p.release(w)
+		return r
+	case <-timer.C:
+		if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
+			w.vm.Interrupt(errDeadline)
+			p.abandoned.Add(1)
+			<-p.slots // the abandoned runtime no longer counts as live
+			return deny(fmt.Sprintf("script did not finish within %v", p.deadline))
+		}
+		r := <-w.resp // it finished just as the deadline passed
+		p.release(w)
+		return r
+	}
+}
+
+// acquire returns an idle runtime, a new one while there are fewer than the pool
+// size, or waits for one until the timer fires (nil).
+func (p *pool) acquire(timer *time.Timer) *worker {
+	select {
+	case w := <-p.idle:
+		return w
+	default:
+	}
+	select {
+	case w := <-p.idle:
+		return w
+	case p.slots <- struct{}{}:
+		return p.newWorker()
+	case <-timer.C:
+		return nil
+	}
+}
+
+func (p *pool) release(w *worker) {
+	if w.broken || p.closed.Load() {
+		p.retire(w)
+		return
+	}
+	p.idle <- w // never blocks: idle and slots have the same capacity
+	if p.closed.Load() {
+		p.close()
+	}
+}
+
+const (
+	stateIdle int32 = iota
+	stateRunning
+	stateAbandoned
+)
+
+type request struct {
+	call Call
+	init bool
+}
+
+// worker owns one goja runtime and the goroutine that runs it.
+type worker struct {
+	p     *pool
+	req   chan request
+	resp  chan Result
+	state atomic.Int32
+
+	vm      *goja.Runtime
+	fn      goja.Callable
+	broken  bool  // the runtime could not be set up: retire it
+	initErr error // why (a *CompileError)
+
+	call  Call
+	host  string // the normalised host handed to the script
+	rng   uint64
+	loc   *time.Location
+	log   *slog.Logger
+	shexp shexpCache
+}
+
+func (p *pool) newWorker() *worker {
+	// The runtime is made here, before the goroutine starts, so that a caller may
+	// Interrupt it at any time (an interrupt before it runs takes effect when it does).
+	w := &worker{p: p, vm: goja.New(), req: make(chan request, 1), resp: make(chan Result, 1), loc: p.loc, log: p.log}
+	w.state.Store(stateRunning)
+	go w.loop()
+	return w
+}
+
+func (w *worker) loop() {
+	for rq := range w.req {
+		var r Result
+		if w.fn == nil && !w.broken {
+			if err := w.setup(); err != nil {
+				w.broken = true
+				w.initErr = err
+				r = deny(err.Error())
+			}
+		}
+		if !rq.init && !w.broken {
+			r = w.run(rq.call)
+		}
+		if !w.state.CompareAndSwap(stateRunning, stateIdle) {
+			// The caller gave up on us: drop this runtime, it may be mid-way through
+			// anything. The pool makes a fresh one when it needs it.
+			w.p.abandoned.Add(-1)
+			return
+		}
+		w.resp <- r
+	}
+}
+
+// setup builds the sandbox and runs the script's top-level code.
+func (w *worker) setup() (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &CompileError{Code: CodeScript, Msg: fmt.Sprintf("setting up the runtime: %v", v)}
+		}
+	}()
+	vm := w.vm
+	vm.SetMaxCallStackSize(maxStack)
+	vm.SetTimeSource(w.now)
+	vm.SetRandSource(w.random)
+	w.install()
+	if err := installDateZone(vm, w.loc); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up Date: " + err.Error()}
+	}
+	if _, err := vm.RunProgram(w.p.prog); err != nil {
+		return scriptError(err, "top-level code")
+	}
+	fn, ok := goja.AssertFunction(vm.Get("FindProxyForURL"))
+	if !ok {
+		return &CompileError{Code: CodeScript, Msg: "the script does not define a function FindProxyForURL"}
+	}
+	w.fn = fn
+	return nil
+}
+
+// scriptError turns a goja error at load time into a CompileError with its line.
+func scriptError(err error, where string) *CompileError {
+	ce := &CompileError{Code: CodeScript, Msg: where + ": " + err.Error()}
+	var ex *goja.Exception
+	if errors.As(err, &ex) {
+		ce.Msg = where + ": " + ex.Value().String()
+		for _, f := range ex.Stack() {
+			if l := f.Position().Line; l > 0 {
+				ce.Line = l
+				break
+			}
+		}
+	}
+	var ie *goja.InterruptedError
+	if errors.As(err, &ie) {
+		ce.Msg = where + " did not finish within the deadline"
+	}
+	return ce
+}
+
+func (w *worker) now() time.Time {
+	if w.call.At.IsZero() {
+		return time.Now()
+	}
+	return w.call.At
+}
+
+// random is Math.random: splitmix64 seeded per call, 53 bits into [0, 1).
+func (w *worker) random() float64 {
+	w.rng += 0x9e3779b97f4a7c15
+	z := w.rng
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11) / (1 << 53)
+}
+
+func (w *worker) run(c Call) (r Result) {
+	defer func() {
+		if v := recover(); v != nil {
+			r = deny(fmt.Sprintf("script failed: %v", v))
+		}
+	}()
+	w.call = c
+	w.rng = c.Seed
+	url, host := BuildURL(c)
+	w.host = host
+	v, err := w.fn(goja.Undefined(), w.vm.ToValue(url), w.vm.ToValue(host))
+	if err != nil {
+		var ie *goja.InterruptedError
+		if errors.As(err, &ie) {
+			return deny("script interrupted at its deadline")
+		}
+		var ex *goja.Exception
+		if errors.As(err, &ex) {
+			return deny("script threw: " + ex.Value().String())
+		}
+		return deny("script failed: " + err.Error())
+	}
+	if v == nil || goja.IsUndefined(v) || goja.IsNull(v) {
+		return Result{}
+	}
+	if _, ok := v.(goja.String); !ok {
+		return deny(fmt.Sprintf("FindProxyForURL returned a %s, not a string", typeOf(v)))
+	}
+	return ParseResult(v.String())
+}
+
+func typeOf(v goja.Value) string {
+	switch v.Export().(type) {
+	case bool:
+		return "boolean"
+	case int64, float64:
+		return "number"
+	}
+	if _, ok := v.(*goja.Object); ok {
+		return "object"
+	}
+	return "value"
+}
+
+// BuildURL returns the url and host arguments FindProxyForURL gets for a call, the way
+// Chromium builds them for https: scheme and host only (no path or query, which an
+// https proxy decision never sees), a port only when it is not the scheme's default,
+// the host lower-cased and without IPv6 brackets (the URL keeps them).
+func BuildURL(c Call) (url, host string) {
+	host = c.Host
+	if host == "" && c.Dst.IsValid() {
+		host = c.Dst.Unmap().WithZone("").String()
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	host = lowerASCII(host)
+	scheme := c.Scheme
+	if scheme == "" {
+		scheme = "https"
+	}
+	scheme = lowerASCII(scheme)
+	hu := host
+	if strings.IndexByte(host, ':') >= 0 {
+		hu = "[" + host + "]"
+	}
+	port := ""
+	if c.Port != 0 && c.Port != defaultPort(scheme) {
+		port = ":" + strconv.Itoa(int(c.Port))
+	}
+	return scheme + "://" + hu + port + "/", host
+}
+
+func defaultPort(scheme string) uint16 {
+	switch scheme {
+	case "http", "ws":
+		return 80
+	case "https", "wss":
+		return 443
+	case "ftp":
+		return 21
+	}
+	return 0
+}
+
+func lowerASCII(s string) string {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'A' && c <= 'Z' {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if b[j] >= 'A' && b[j] <= 'Z' {
+					b[j] += 'a' - 'A'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
 }
