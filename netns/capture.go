@@ -35,11 +35,15 @@ const (
 //   - other IPv4 TCP (and IPv6 TCP when IPv6) is redirected to RedirectPort on the pod's
 //     loopback, where the relay listens. When the relay is not listening the redirected SYN
 //     gets a reset: capture fails closed;
-//   - when IPv6 is false, IPv6 TCP that would have been captured is rejected (ICMPv6
-//     administratively prohibited) rather than let out uncaptured;
-//   - when RejectQUIC, UDP to port 443 is rejected (ICMP port unreachable) so clients fall
-//     back to TCP, which is captured. Other UDP (DNS included) is neither captured nor
-//     blocked.
+//   - when IPv6 is false, IPv6 TCP that would have been captured is reset (connect fails
+//     at once with ECONNREFUSED) rather than let out uncaptured; dual-stack clients fall
+//     back to IPv4, which is captured;
+//   - when RejectQUIC, UDP to port 443 is rejected (the send fails at once with EPERM, or
+//     ECONNREFUSED from the ICMP answer) so clients fall back to TCP, which is captured.
+//     Other UDP (DNS included) is neither captured nor blocked.
+//
+// Both reject rules count what they reject. Exemptions come first in both chains, so what
+// is not captured is exactly what is not rejected.
 type Capture struct {
 	RedirectPort uint16
 	Mark         uint32
@@ -137,14 +141,16 @@ func (c Capture) Program() *Table {
 		filter.Rules = append(filter.Rules, exempt...)
 		if c.RejectQUIC {
 			filter.Rules = append(filter.Rules, Rule{
-				Match:  []Match{MatchDport{ProtoUDP, 443}},
+				Match:  []Match{MatchDport{ProtoUDP, 443}, Counter{}},
 				Action: Reject{RejectPortUnreachable},
 			})
 		}
 		if !c.IPv6 {
 			filter.Rules = append(filter.Rules, Rule{
-				Match:  []Match{MatchNFProto{6}, MatchL4Proto{ProtoTCP}},
-				Action: Reject{RejectAdminProhibited},
+				// The counter also keeps nft from hiding "meta nfproto ipv6" when it lists
+				// the rule (it drops it as a dependency of the reject otherwise).
+				Match:  []Match{MatchNFProto{6}, MatchL4Proto{ProtoTCP}, Counter{}},
+				Action: Reject{RejectTCPReset},
 			})
 		}
 		t.Chains = append(t.Chains, filter)

@@ -94,10 +94,10 @@ func TestProgramShape(t *testing.T) {
 			if got, want := slices.Contains(last.Match, Match(MatchNFProto{4})), !tc.c.IPv6; got != want {
 				t.Errorf("redirect limited to IPv4 = %v, want %v (IPv6 %v)", got, want, tc.c.IPv6)
 			}
-			if got, want := strings.Contains(text, "udp dport 443 reject"), tc.c.RejectQUIC; got != want {
+			if got, want := strings.Contains(text, "udp dport 443 counter reject\n"), tc.c.RejectQUIC; got != want {
 				t.Errorf("QUIC rejected = %v, want %v", got, want)
 			}
-			if got, want := strings.Contains(text, "meta nfproto ipv6 meta l4proto tcp reject"), !tc.c.IPv6; got != want {
+			if got, want := strings.Contains(text, "meta nfproto ipv6 meta l4proto tcp counter reject with tcp reset\n"), !tc.c.IPv6; got != want {
 				t.Errorf("uncaptured IPv6 TCP rejected = %v, want %v", got, want)
 			}
 			if got, want := len(p.Chains) == 2, tc.c.RejectQUIC || !tc.c.IPv6; got != want {
@@ -174,7 +174,7 @@ func TestMergeRanges(t *testing.T) {
 		{[]string{"255.255.255.255/32", "255.255.255.254/32"}, "255.255.255.254/31"},
 		{[]string{"fd00::/8", "fd00:1::/32", "fe00::/8"}, "fd00::-feff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"},
 		{[]string{"fc00::/8", "fd00:1::/32", "fd00::/8"}, "fc00::/7"},
-		{[]string{"fd00::1/128", "fd00::3/128"}, "fd00::1/128 fd00::3/128"},
+		{[]string{"fd00::1/128", "fd00::3/128"}, "fd00::1 fd00::3"},
 	}
 	for _, tc := range tests {
 		var got []string
@@ -225,7 +225,7 @@ func TestFakeInstallVerifyRemove(t *testing.T) {
 		{"element deleted", func(t *Table) { t.Sets[2].Ports = t.Sets[2].Ports[1:] }, "set exclude_ports is missing element 22"},
 		{"element added", func(t *Table) {
 			t.Sets[0].Addrs = append(t.Sets[0].Addrs, AddrRange{netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("8.8.8.8")})
-		}, "set exclude_v4 has unexpected element 8.8.8.8/32"},
+		}, "set exclude_v4 has unexpected element 8.8.8.8"},
 		{"set deleted", func(t *Table) { t.Sets = t.Sets[1:] }, "set exclude_v4 is missing"},
 		{"extra set", func(t *Table) { t.Sets = append(t.Sets, Set{Name: "x", Type: SetPort}) }, "unexpected set x"},
 	}

@@ -94,6 +94,8 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			out = append(out, loadMeta(expr.MetaKeyL4PROTO), cmpEq([]byte{m.Proto}),
 				loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
 				cmpEq(binaryutil.BigEndian.PutUint16(m.Port)))
+		case Counter:
+			out = append(out, &expr.Counter{})
 		case MatchDportSet:
 			s, ok := sets[m.Set]
 			if !ok {
@@ -276,6 +278,9 @@ func parseRule(es []expr.Any) (Rule, bool) {
 			}
 			r.Match = append(r.Match, MatchDportSet{l.SetName})
 			i += 2
+		case *expr.Counter:
+			r.Match = append(r.Match, Counter{})
+			i++
 		case *expr.Verdict:
 			for v, k := range verdictKinds {
 				if k == e.Kind {
@@ -326,10 +331,13 @@ func sameExprs(a, b []expr.Any) bool {
 }
 
 func normalize(e expr.Any) expr.Any {
-	if l, ok := e.(*expr.Lookup); ok {
-		c := *l
+	switch e := e.(type) {
+	case *expr.Lookup:
+		c := *e
 		c.SetID = 0
 		return &c
+	case *expr.Counter:
+		return &expr.Counter{}
 	}
 	return e
 }

@@ -48,6 +48,9 @@ type Set struct {
 type AddrRange struct{ From, To netip.Addr }
 
 func (r AddrRange) String() string {
+	if r.From == r.To {
+		return r.From.String()
+	}
 	if p, ok := r.prefix(); ok {
 		return p.String()
 	}
@@ -159,6 +162,13 @@ type MatchDport struct {
 
 // MatchDportSet matches the transport destination port (th dport) against a port set.
 type MatchDportSet struct{ Set string }
+
+// Counter counts the packets that reach it (it always matches). nft lists it with its
+// current values; Render and Verify ignore them.
+type Counter struct{}
+
+func (Counter) isMatch()       {}
+func (Counter) String() string { return "counter" }
 
 func (MatchMark) isMatch()     {}
 func (MatchOif) isMatch()      {}

@@ -1,0 +1,623 @@
+package netns
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/tests/testutil"
+	"golang.org/x/sys/unix"
+)
+
+func inode(t testing.TB, path string) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func TestDoEntersAndReturns(t *testing.T) {
+	ns := testutil.NewNetns(t, "kldo")
+	want := inode(t, ns.Path)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	before := inode(t, threadNetns)
+
+	var inside uint64
+	if err := Do(ns.Path, func() error { inside = inode(t, threadNetns); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if inside != want {
+		t.Errorf("inside Do the thread's netns is %d, want %d", inside, want)
+	}
+	if got := inode(t, threadNetns); got != before {
+		t.Errorf("after Do the caller's netns is %d, want %d", got, before)
+	}
+
+	boom := errors.New("boom")
+	if err := Do(ns.Path, func() error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("Do returned %v, want fn's error", err)
+	}
+	if err := Do(ns.Path, func() error { panic("oops") }); err == nil || !strings.Contains(err.Error(), "oops") {
+		t.Errorf("Do with a panicking fn returned %v, want the panic as an error", err)
+	}
+	if err := Do("/nonexistent/netns", func() error { t.Error("fn ran"); return nil }); err == nil {
+		t.Error("Do on a missing netns returned nil")
+	}
+
+	// Every thread the runtime hands out afterwards is back in the original netns, even
+	// after many Do calls (a leaked thread would be visible here).
+	host := inode(t, "/proc/self/ns/net")
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = Do(ns.Path, func() error { return nil })
+		}()
+	}
+	wg.Wait()
+	errs := make(chan error, 64)
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var st unix.Stat_t
+			if err := unix.Stat(threadNetns, &st); err != nil {
+				errs <- err
+				return
+			}
+			if st.Ino != host {
+				errs <- fmt.Errorf("a thread is in netns %d, not the host's %d", st.Ino, host)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestSameNetns(t *testing.T) {
+	a := testutil.NewNetns(t, "klsa")
+	b := testutil.NewNetns(t, "klsb")
+	for _, tc := range []struct {
+		x, y string
+		want bool
+	}{
+		{a.Path, a.Path, true},
+		{a.Path, b.Path, false},
+		{"/proc/self/ns/net", a.Path, false},
+	} {
+		got, err := SameNetns(tc.x, tc.y)
+		if err != nil || got != tc.want {
+			t.Errorf("SameNetns(%s, %s) = %v, %v; want %v", tc.x, tc.y, got, err, tc.want)
+		}
+	}
+	var inside bool
+	err := Do(a.Path, func() error {
+		var err error
+		inside, err = SameNetns(threadNetns, a.Path)
+		return err
+	})
+	if err != nil || !inside {
+		t.Errorf("SameNetns(thread inside %s, %s) = %v, %v; want true", a.Name, a.Path, inside, err)
+	}
+	if _, err := SameNetns("/nonexistent", a.Path); err == nil {
+		t.Error("SameNetns on a missing file returned no error")
+	}
+}
+
+// echo serves ln until it is closed: each connection gets one line "<tag> <remote addr>".
+func echo(t testing.TB, ln net.Listener, tag string) {
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", tag, c.RemoteAddr())
+			c.Close()
+		}
+	}()
+}
+
+func readLine(c net.Conn) (string, error) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	s, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(s), err
+}
+
+func TestListenDialConcurrent(t *testing.T) {
+	ns := testutil.NewNetns(t, "klld")
+	const n = 40
+	lns := make([]net.Listener, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ln, err := Listen(ns.Path, "tcp", "127.0.0.1:0")
+			if err != nil {
+				errs <- err
+				return
+			}
+			lns[i] = ln
+		}()
+	}
+	wg.Wait()
+	for _, ln := range lns {
+		if ln != nil {
+			echo(t, ln, "ok")
+		}
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if lns[i] == nil {
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			c, err := Dial(ctx, ns.Path, 0x539, "tcp", lns[i].Addr().String())
+			if err != nil {
+				errs <- err
+				return
+			}
+			if line, err := readLine(c); err != nil || !strings.HasPrefix(line, "ok ") {
+				errs <- fmt.Errorf("read from listener %d: %q, %v", i, line, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	// The listeners live in the netns, not in the test's own: from here the port is closed.
+	if c, err := net.DialTimeout("tcp", lns[0].Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Errorf("listener opened in %s is reachable from the host netns", ns.Name)
+	}
+	// A cancelled context stops a dial.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Dial(ctx, ns.Path, 0, "tcp", lns[0].Addr().String()); err == nil {
+		t.Error("Dial with a cancelled context succeeded")
+	}
+	if _, err := Listen(ns.Path, "udp", ":0"); err == nil {
+		t.Error("Listen accepted udp")
+	}
+}
+
+func TestDialSetsMark(t *testing.T) {
+	ns := testutil.NewNetns(t, "klmk")
+	ln, err := Listen(ns.Path, "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, ln, "ok")
+	c, err := Dial(context.Background(), ns.Path, 0x4242, "tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mark int
+	var gerr error
+	rc.Control(func(fd uintptr) { mark, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK) })
+	if gerr != nil || mark != 0x4242 {
+		t.Errorf("SO_MARK = %#x, %v; want 0x4242", mark, gerr)
+	}
+}
+
+// topology is a pod netns linked to a server netns, with the capture program installed
+// in the pod and plain TCP servers (tag "server") on the server side.
+type topology struct {
+	pod, srv *testutil.Netns
+}
+
+const relayPort = 15001
+
+func newTopology(t *testing.T) *topology {
+	t.Helper()
+	testutil.RequireTool(t, "nft")
+	pod := testutil.NewNetns(t, "klpod")
+	srv := testutil.NewNetns(t, "klsrv")
+	podIf, srvIf := testutil.Link(t, pod, []string{"192.0.2.1/24", "fd00::1/64"},
+		srv, []string{"192.0.2.2/24", "fd00::2/64", "169.254.169.254/32", "198.51.100.2/32", "fd00:1::2/128"})
+	_ = srvIf
+	pod.Exec(t, "ip", "route", "add", "169.254.169.254/32", "dev", podIf)
+	pod.Exec(t, "ip", "route", "add", "198.51.100.0/24", "dev", podIf)
+	pod.Exec(t, "ip", "-6", "route", "add", "fd00:1::/64", "dev", podIf)
+	for _, port := range []string{"8080", "2222"} {
+		ln, err := Listen(srv.Path, "tcp", ":"+port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln, "server")
+	}
+	return &topology{pod: pod, srv: srv}
+}
+
+// relay listens on the redirect port in the pod and answers "relay <original dst>".
+func (tp *topology) relay(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := Listen(tp.pod.Path, "tcp", fmt.Sprintf(":%d", relayPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dst, err := OriginalDst(c.(*net.TCPConn))
+			if err != nil {
+				fmt.Fprintf(c, "relay error %v\n", err)
+			} else {
+				fmt.Fprintf(c, "relay %s\n", dst)
+			}
+			c.Close()
+		}
+	}()
+	return ln
+}
+
+// connect opens a TCP connection from the pod (unmarked unless mark != 0) and returns the
+// first line it reads.
+func (tp *topology) connect(mark uint32, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, tp.pod.Path, mark, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	return readLine(c)
+}
+
+func TestCaptureRedirects(t *testing.T) {
+	tp := newTopology(t)
+	c := Capture{RedirectPort: relayPort, Mark: 0x539, IPv6: true, RejectQUIC: true,
+		ExcludeCIDRs: prefixes("198.51.100.0/24", "fd00:1::/64"), ExcludePorts: []uint16{2222}}
+	if err := Install(tp.pod.Path, c); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Remove(tp.pod.Path) })
+	if err := Verify(tp.pod.Path, c); err != nil {
+		t.Fatalf("Verify right after Install: %v", err)
+	}
+	tp.relay(t)
+
+	tests := []struct {
+		name string
+		mark uint32
+		addr string
+		want string // prefix of the line read
+	}{
+		{"ipv4 captured", 0, "192.0.2.2:8080", "relay 192.0.2.2:8080"},
+		{"ipv6 captured", 0, "[fd00::2]:8080", "relay [fd00::2]:8080"},
+		{"ipv4 other port captured", 0, "192.0.2.2:443", "relay 192.0.2.2:443"},
+		{"marked socket not captured", 0x539, "192.0.2.2:8080", "server 192.0.2.1:"},
+		{"marked ipv6 socket not captured", 0x539, "[fd00::2]:8080", "server [fd00::1]:"},
+		{"other mark captured", 0x538, "192.0.2.2:8080", "relay 192.0.2.2:8080"},
+		{"metadata address not captured", 0, "169.254.169.254:8080", "server 192.0.2.1:"},
+		{"excluded cidr not captured", 0, "198.51.100.2:8080", "server 192.0.2.1:"},
+		{"excluded ipv6 cidr not captured", 0, "[fd00:1::2]:8080", "server [fd00::1]:"},
+		{"excluded port not captured", 0, "192.0.2.2:2222", "server 192.0.2.1:"},
+		{"excluded port not captured ipv6", 0, "[fd00::2]:2222", "server [fd00::1]:"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tp.connect(tc.mark, tc.addr)
+			if err != nil || !strings.HasPrefix(got, tc.want) {
+				t.Errorf("connect(mark %#x, %s) = %q, %v; want %q...", tc.mark, tc.addr, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestCaptureFailsClosed(t *testing.T) {
+	tp := newTopology(t)
+	c := Capture{RedirectPort: relayPort, Mark: 0x539, IPv6: false, RejectQUIC: true,
+		ExcludeCIDRs: prefixes("fd00:1::/64")}
+	if err := Install(tp.pod.Path, c); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Remove(tp.pod.Path) })
+
+	// No relay listens: a captured connection is refused, it never reaches the server.
+	if got, err := tp.connect(0, "192.0.2.2:8080"); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("with the relay down, connect = %q, %v; want connection refused", got, err)
+	}
+	// IPv6 capture off: IPv6 TCP is rejected, not let out uncaptured.
+	start := time.Now()
+	if got, err := tp.connect(0, "[fd00::2]:8080"); err == nil {
+		t.Errorf("IPv6 TCP with IPv6 capture off reached %q, want it rejected", got)
+	} else if !immediateRefusal(err) || time.Since(start) > time.Second {
+		t.Errorf("IPv6 TCP with IPv6 capture off failed with %v after %v, want an immediate refusal", err, time.Since(start))
+	}
+	// ...except what is exempt anyway.
+	for _, addr := range []string{"[fd00:1::2]:8080"} {
+		if got, err := tp.connect(0, addr); err != nil || !strings.HasPrefix(got, "server ") {
+			t.Errorf("exempt IPv6 %s = %q, %v; want the server", addr, got, err)
+		}
+	}
+	if got, err := tp.connect(0x539, "[fd00::2]:8080"); err != nil || !strings.HasPrefix(got, "server ") {
+		t.Errorf("marked IPv6 with IPv6 capture off = %q, %v; want the server", got, err)
+	}
+
+	// QUIC: UDP to 443 is refused at once, other UDP passes.
+	var udpPorts []string
+	for _, port := range []string{"443", "444"} {
+		var pc net.PacketConn
+		if err := Do(tp.srv.Path, func() error {
+			var err error
+			pc, err = net.ListenPacket("udp", "192.0.2.2:"+port)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				pc.WriteTo(buf[:n], from)
+			}
+		}()
+		udpPorts = append(udpPorts, port)
+	}
+	for _, port := range udpPorts {
+		var got string
+		var err error
+		derr := Do(tp.pod.Path, func() error {
+			u, derr := net.Dial("udp", "192.0.2.2:"+port)
+			if derr != nil {
+				return derr
+			}
+			defer u.Close()
+			u.SetDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 64)
+			// The first write triggers the ICMP answer; the error shows on a later call.
+			for range 3 {
+				if _, err = u.Write([]byte("ping")); err != nil {
+					return nil
+				}
+				var n int
+				n, err = u.Read(buf)
+				if err == nil {
+					got = string(buf[:n])
+					return nil
+				}
+				if immediateRefusal(err) {
+					return nil
+				}
+			}
+			return nil
+		})
+		if derr != nil {
+			t.Fatal(derr)
+		}
+		if port == "443" && (got != "" || !immediateRefusal(err)) {
+			t.Errorf("UDP/443 from the pod = %q, %v; want an immediate refusal", got, err)
+		}
+		if port == "444" && got != "ping" {
+			t.Errorf("UDP/444 from the pod = %q, %v; want the echo", got, err)
+		}
+	}
+}
+
+func TestInstallMatchesNft(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	for _, tc := range goldenCaptures {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testutil.NewNetns(t, "klnft")
+			if err := Install(ns.Path, tc.c); err != nil {
+				t.Fatal(err)
+			}
+			listed := ns.Exec(t, "nft", "list", "table", "inet", "kl")
+			golden(t, "nft-"+tc.name, listed)
+			// nft wraps long element lists; apart from white space it prints what Render does.
+			// It also prints counter values, which Render leaves out.
+			plain := counterValues.ReplaceAllString(listed, "counter")
+			if a, b := strings.Join(strings.Fields(plain), " "), strings.Join(strings.Fields(tc.c.Render()), " "); a != b {
+				t.Errorf("nft lists\n%s\nbut Render gives\n%s", listed, tc.c.Render())
+			}
+			if err := Verify(ns.Path, tc.c); err != nil {
+				t.Errorf("Verify: %v", err)
+			}
+			// Reinstalling another program replaces it atomically and completely.
+			other := goldenCaptures[(slicesIndex(tc.name)+1)%len(goldenCaptures)].c
+			if err := Install(ns.Path, other); err != nil {
+				t.Fatal(err)
+			}
+			if err := Verify(ns.Path, other); err != nil {
+				t.Errorf("Verify after reinstall: %v", err)
+			}
+			if err := Verify(ns.Path, tc.c); err == nil && other.Render() != tc.c.Render() {
+				t.Errorf("Verify of the replaced program passed")
+			}
+		})
+	}
+}
+
+var counterValues = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+func slicesIndex(name string) int {
+	for i, tc := range goldenCaptures {
+		if tc.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// handle returns the handle of the first rule in chain whose text contains what.
+func handle(t *testing.T, ns *testutil.Netns, chain, what string) string {
+	t.Helper()
+	out := ns.Exec(t, "nft", "-a", "list", "chain", "inet", "kl", chain)
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, what) {
+			if i := strings.LastIndex(line, "# handle "); i >= 0 {
+				return strings.TrimSpace(line[i+len("# handle "):])
+			}
+		}
+	}
+	t.Fatalf("no rule %q in chain %s:\n%s", what, chain, out)
+	return ""
+}
+
+func TestVerifyCatchesHandEdits(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	c := goldenCaptures[4].c // exclusions
+	tests := []struct {
+		name string
+		edit []string // nft arguments
+		want []string
+	}{
+		{"rule deleted", nil, []string{"chain nat_output is missing rule 4: ip daddr 169.254.0.0/16 return"}},
+		{"rule added", []string{"insert", "rule", "inet", "kl", "filter_output", "tcp", "dport", "22", "accept"},
+			[]string{"chain filter_output has unexpected rule 1: tcp dport 22 accept"}},
+		{"element deleted", []string{"delete", "element", "inet", "kl", "exclude_ports", "{", "22", "}"},
+			[]string{"set exclude_ports is missing element 22"}},
+		{"element added", []string{"add", "element", "inet", "kl", "exclude_v4", "{", "192.0.2.0/24", "}"},
+			[]string{"set exclude_v4 has unexpected element 192.0.2.0/24"}},
+		{"chain deleted", []string{"delete", "chain", "inet", "kl", "filter_output"}, []string{"chain filter_output is missing"}},
+		{"table deleted", []string{"delete", "table", "inet", "kl"}, []string{"no kl table"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testutil.NewNetns(t, "klver")
+			if err := Install(ns.Path, c); err != nil {
+				t.Fatal(err)
+			}
+			edit := tc.edit
+			if edit == nil {
+				h := handle(t, ns, "nat_output", "ip daddr 169.254.0.0/16 return")
+				edit = []string{"delete", "rule", "inet", "kl", "nat_output", "handle", h}
+			}
+			ns.Exec(t, "nft", edit...)
+			err := Verify(ns.Path, c)
+			if err == nil {
+				t.Fatalf("Verify after `nft %s` = nil", strings.Join(edit, " "))
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Verify = %v\nwant it to say %q", err, w)
+				}
+			}
+			if n := strings.Count(err.Error(), "\n  "); tc.name != "table deleted" && n != 1 {
+				t.Errorf("Verify reported %d differences, want 1:\n%v", n, err)
+			}
+		})
+	}
+}
+
+func TestRemove(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	ns := testutil.NewNetns(t, "klrm")
+	c := goldenCaptures[0].c
+	if err := Install(ns.Path, c); err != nil {
+		t.Fatal(err)
+	}
+	// Someone else's table in the same netns is left alone.
+	ns.Exec(t, "nft", "add", "table", "inet", "other")
+	for i := range 2 {
+		if err := Remove(ns.Path); err != nil {
+			t.Fatalf("Remove #%d: %v", i+1, err)
+		}
+	}
+	if out := ns.Exec(t, "nft", "list", "tables"); strings.TrimSpace(out) != "table inet other" {
+		t.Errorf("tables after Remove:\n%s", out)
+	}
+	if err := Verify(ns.Path, c); !errors.Is(err, ErrNoTable) {
+		t.Errorf("Verify after Remove = %v, want ErrNoTable", err)
+	}
+
+	// The netns itself is gone: Remove is still fine, Install and Verify are not.
+	gone := testutil.NewNetns(t, "klgone")
+	if err := Install(gone.Path, c); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Run(t, "ip", "netns", "del", gone.Name)
+	if err := Remove(gone.Path); err != nil {
+		t.Errorf("Remove on a deleted netns = %v, want nil", err)
+	}
+	if err := Install(gone.Path, c); err == nil {
+		t.Error("Install on a deleted netns succeeded")
+	}
+	if err := Verify(gone.Path, c); err == nil {
+		t.Error("Verify on a deleted netns succeeded")
+	}
+	testutil.Run(t, "ip", "netns", "add", gone.Name) // for the cleanup's delete
+}
+
+func TestOriginalDstUnredirected(t *testing.T) {
+	ns := testutil.NewNetns(t, "klod")
+	ln, err := Listen(ns.Path, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := Dial(context.Background(), ns.Path, 0, "tcp", ln.Addr().String())
+		if err == nil {
+			io.Copy(io.Discard, c)
+			c.Close()
+		}
+	}()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Without a nat rule conntrack still knows the flow: the original destination is the
+	// listener itself (or, without conntrack, an error); never garbage.
+	dst, err := OriginalDst(c.(*net.TCPConn))
+	if err == nil && dst != netip.MustParseAddrPort(ln.Addr().String()) {
+		t.Errorf("OriginalDst of an unredirected flow = %v, want %v", dst, ln.Addr())
+	}
+	if _, err := OriginalDst(nil); err == nil {
+		t.Error("OriginalDst(nil) returned no error")
+	}
+}
+
+// immediateRefusal reports an error a local reject produces: the dropped packet fails the
+// send (EPERM), or the ICMP/RST answer arrives (ECONNREFUSED, EACCES, EHOSTUNREACH).
+func immediateRefusal(err error) bool {
+	for _, e := range []error{syscall.EPERM, syscall.ECONNREFUSED, syscall.EACCES, syscall.EHOSTUNREACH} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
