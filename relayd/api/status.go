@@ -1,0 +1,31 @@
+package api
+
+import "time"
+
+// Status is the daemon's answer to GET /v1/status (kl-ctl status).
+type Status struct {
+	Ready     bool        `json:"ready"`
+	StartedAt time.Time   `json:"startedAt"`
+	Rules     RulesStatus `json:"rules"`
+	Workloads int         `json:"workloads"`
+	Flows     FlowStats   `json:"flows"`
+	FDs       int         `json:"fds"`     // open file descriptors of the daemon
+	FDLimit   uint64      `json:"fdLimit"` // its RLIMIT_NOFILE soft limit
+}
+
+// RulesStatus describes the live rules and the last attempt to load them.
+type RulesStatus struct {
+	Path          string    `json:"path"`
+	Hash          string    `json:"hash"`                // sha256 of the live rules' bytes, hex
+	LoadedAt      time.Time `json:"loadedAt"`            // when the live rules were loaded
+	LastError     string    `json:"lastError,omitempty"` // the last failed load, if it came after the live rules
+	LastErrorCode string    `json:"lastErrorCode,omitempty"`
+	LastErrorAt   time.Time `json:"lastErrorAt,omitzero"`
+}
+
+// FlowStats counts relayed flows since the daemon started.
+type FlowStats struct {
+	Active int64             `json:"active"`
+	Total  uint64            `json:"total"`
+	ByExit map[string]uint64 `json:"byExit,omitempty"` // decisions by exit; "refused" counts flows no exit could carry
+}

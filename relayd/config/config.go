@@ -1,0 +1,297 @@
+// Package config is kl-relayd's own settings file (/etc/kl/relayd.yaml): where the daemon
+// listens and keeps state, which rules file it serves, the capture port and mark, and the
+// upstreams behind the `proxy` exit and the named exits, with their credentials. Because it
+// may hold credentials it is readable by root only, unlike the rules file, which is mounted
+// into every container.
+//
+// It is not the rules file (package rules) and builds no live objects: Load reads, fills
+// defaults and validates plain data; the daemon turns it into listeners and dialers.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+)
+
+// DefaultPath is where kl-relayd looks for its settings unless told otherwise.
+const DefaultPath = "/etc/kl/relayd.yaml"
+
+// Defaults for the settings that are not shared with other components (those live in
+// relayd/api).
+const (
+	DefaultIdleTimeout    = 10 * time.Minute
+	DefaultConnectTimeout = 10 * time.Second
+	DefaultAuditMaxBytes  = 16 << 20
+	DefaultAuditKeep      = 3
+	DefaultAuditRing      = 256
+)
+
+// Config is the daemon's settings. Zero values mean "the default".
+type Config struct {
+	Socket         string              `yaml:"socket"`         // unix socket of the API (api.DefaultSocket)
+	StateDir       string              `yaml:"stateDir"`       // persisted registrations (api.DefaultStateDir)
+	Rules          string              `yaml:"rules"`          // the rules file (api.DefaultRulesPath)
+	RedirectPort   uint16              `yaml:"redirectPort"`   // transparent capture port in each pod netns
+	HTTPPort       uint16              `yaml:"httpPort"`       // proxy mode: HTTP proxy on the pod's loopback
+	SOCKSPort      uint16              `yaml:"socksPort"`      // proxy mode: SOCKS5 proxy on the pod's loopback
+	Mark           uint32              `yaml:"mark"`           // SO_MARK of the relay's own sockets
+	IdleTimeout    time.Duration       `yaml:"idleTimeout"`    // a flow with no bytes either way for this long is closed
+	ConnectTimeout time.Duration       `yaml:"connectTimeout"` // direct and gateway dials
+	Proxy          *Upstream           `yaml:"proxy"`          // the upstream behind the `proxy` exit
+	Exits          map[string]Upstream `yaml:"exits"`          // named exits (rules say `exit: NAME`)
+	Audit          Audit               `yaml:"audit"`
+	Metrics        string              `yaml:"metrics"` // host:port for Prometheus metrics; "" = off
+	Debug          bool                `yaml:"debug"`   // log destinations (off by default: SPEC §5)
+	Detached       bool                `yaml:"detached"`
+
+	// Gateway is not read from the file: it is the operator's KL_EGRESS_GATEWAY=1 opt-in,
+	// set by the caller from the environment.
+	Gateway bool `yaml:"-"`
+}
+
+// Upstream is one proxy the relay can hand flows to.
+type Upstream struct {
+	URL            string        `yaml:"url"`            // http://[user:pass@]host:port (CONNECT) or socks5://[user:pass@]host:port
+	ConnectTimeout time.Duration `yaml:"connectTimeout"` // default: Config.ConnectTimeout
+}
+
+// Audit says where decision records go.
+type Audit struct {
+	Path     string `yaml:"path"`     // JSON lines file; "" keeps records only in memory
+	MaxBytes int64  `yaml:"maxBytes"` // rotate beyond this size
+	Keep     int    `yaml:"keep"`     // rotated files kept
+	Ring     int    `yaml:"ring"`     // recent records kept for status
+}
+
+// Load reads the settings file at path, fills defaults and validates. A missing file at
+// DefaultPath means "all defaults"; a missing file named explicitly is an error.
+func Load(path string) (*Config, error) {
+	if path == "" {
+		path = DefaultPath
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) && path == DefaultPath {
+		c := &Config{}
+		return c, c.Fill()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read settings: %w", err)
+	}
+	c, err := Parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	if c.hasSecrets() {
+		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			return nil, fmt.Errorf("settings %s: holds upstream credentials but its mode is %v; make it readable by root only (chmod 600)", path, fi.Mode().Perm())
+		}
+	}
+	return c, nil
+}
+
+// Parse decodes settings from data (name is for messages), fills defaults and validates.
+func Parse(name string, data []byte) (*Config, error) {
+	c := &Config{}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	// An empty file (io.EOF) means "all defaults".
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("settings %s: %w", name, err)
+	}
+	if err := c.Fill(); err != nil {
+		return nil, fmt.Errorf("settings %s: %w", name, err)
+	}
+	return c, nil
+}
+
+// builtinExits are the exits whose names a named exit may not take.
+var builtinExits = []string{rules.ExitDirect, "cluster", rules.ExitProxy, rules.ExitDeny, "block", rules.ExitClient, rules.ExitGateway}
+
+// Fill sets every zero field to its default and validates the result.
+func (c *Config) Fill() error {
+	if c.Socket == "" {
+		c.Socket = api.DefaultSocket
+	}
+	if c.StateDir == "" {
+		c.StateDir = api.DefaultStateDir
+	}
+	if c.Rules == "" {
+		c.Rules = api.DefaultRulesPath
+	}
+	if c.RedirectPort == 0 {
+		c.RedirectPort = api.DefaultRedirectPort
+	}
+	if c.HTTPPort == 0 {
+		c.HTTPPort = api.DefaultHTTPPort
+	}
+	if c.SOCKSPort == 0 {
+		c.SOCKSPort = api.DefaultSOCKSPort
+	}
+	if c.Mark == 0 {
+		c.Mark = api.DefaultMark
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.Audit.MaxBytes == 0 {
+		c.Audit.MaxBytes = DefaultAuditMaxBytes
+	}
+	if c.Audit.Keep == 0 {
+		c.Audit.Keep = DefaultAuditKeep
+	}
+	if c.Audit.Ring == 0 {
+		c.Audit.Ring = DefaultAuditRing
+	}
+	var errs []error
+	for _, p := range []struct{ what, path string }{{"socket", c.Socket}, {"stateDir", c.StateDir}, {"rules", c.Rules}} {
+		if !filepath.IsAbs(p.path) {
+			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", p.what, p.path))
+		}
+	}
+	ports := map[uint16]string{}
+	for _, p := range []struct {
+		what string
+		port uint16
+	}{{"redirectPort", c.RedirectPort}, {"httpPort", c.HTTPPort}, {"socksPort", c.SOCKSPort}} {
+		if o, dup := ports[p.port]; dup {
+			errs = append(errs, fmt.Errorf("%s: port %d is also %s", p.what, p.port, o))
+		}
+		ports[p.port] = p.what
+	}
+	if c.IdleTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("idleTimeout: %v is shorter than 1s", c.IdleTimeout))
+	}
+	if c.ConnectTimeout < 0 {
+		errs = append(errs, fmt.Errorf("connectTimeout: %v is negative", c.ConnectTimeout))
+	}
+	if c.Proxy != nil {
+		if err := c.Proxy.fill(c.ConnectTimeout); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: %w", err))
+		}
+	}
+	for _, name := range c.ExitNames() {
+		u := c.Exits[name]
+		if err := checkExitName(name); err != nil {
+			errs = append(errs, fmt.Errorf("exits: %w", err))
+		}
+		if err := u.fill(c.ConnectTimeout); err != nil {
+			errs = append(errs, fmt.Errorf("exits: %s: %w", name, err))
+		}
+		c.Exits[name] = u
+	}
+	if c.Audit.MaxBytes < 0 || c.Audit.Keep < 0 || c.Audit.Ring < 0 {
+		errs = append(errs, errors.New("audit: maxBytes, keep and ring must not be negative"))
+	}
+	if c.Audit.Path != "" && !filepath.IsAbs(c.Audit.Path) {
+		errs = append(errs, fmt.Errorf("audit: path %q is not absolute", c.Audit.Path))
+	}
+	if c.Metrics != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics); err != nil {
+			errs = append(errs, fmt.Errorf("metrics: %q is not host:port: %w", c.Metrics, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkExitName(name string) error {
+	if name == "" {
+		return errors.New("an exit has an empty name")
+	}
+	for _, b := range builtinExits {
+		if strings.EqualFold(name, b) {
+			return fmt.Errorf("%q is a built-in exit and cannot be redefined", name)
+		}
+	}
+	for _, r := range name {
+		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return fmt.Errorf("exit name %q: only letters, digits, '-', '_' and '.' are allowed", name)
+		}
+	}
+	return nil
+}
+
+func (u *Upstream) fill(def time.Duration) error {
+	if u.ConnectTimeout == 0 {
+		u.ConnectTimeout = def
+	}
+	if u.ConnectTimeout < 0 {
+		return fmt.Errorf("connectTimeout %v is negative", u.ConnectTimeout)
+	}
+	if u.URL == "" {
+		return errors.New("url is missing")
+	}
+	p, err := url.Parse(u.URL)
+	if err != nil {
+		// url's own message repeats the URL, credentials included; keep it out.
+		return errors.New("url does not parse")
+	}
+	switch p.Scheme {
+	case "http", "socks5":
+	default:
+		return fmt.Errorf("url scheme %q is not http or socks5", p.Scheme)
+	}
+	if p.Hostname() == "" || p.Port() == "" {
+		return fmt.Errorf("url %s needs a host and a port", Redact(u.URL))
+	}
+	return nil
+}
+
+// ExitNames returns the named exits, sorted.
+func (c *Config) ExitNames() []string {
+	names := make([]string, 0, len(c.Exits))
+	for n := range c.Exits {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// HasExit reports whether a rules file may name exit: the built-ins, and the named exits
+// defined here. It is the rules.LoadOptions.Exits hook.
+func (c *Config) HasExit(name string) bool {
+	_, ok := c.Exits[name]
+	return ok
+}
+
+func (c *Config) hasSecrets() bool {
+	ups := []Upstream{}
+	if c.Proxy != nil {
+		ups = append(ups, *c.Proxy)
+	}
+	for _, u := range c.Exits {
+		ups = append(ups, u)
+	}
+	for _, u := range ups {
+		if p, err := url.Parse(u.URL); err == nil && p.User != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Redact returns rawURL with any password replaced, for messages and logs.
+func Redact(rawURL string) string {
+	p, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable url)"
+	}
+	return p.Redacted()
+}

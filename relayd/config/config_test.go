@@ -1,0 +1,106 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+)
+
+func TestParseDefaults(t *testing.T) {
+	c, err := Parse("empty", nil)
+	if err != nil {
+		t.Fatalf("Parse(empty) = %v", err)
+	}
+	if c.Socket != api.DefaultSocket || c.StateDir != api.DefaultStateDir || c.Rules != api.DefaultRulesPath ||
+		c.RedirectPort != api.DefaultRedirectPort || c.Mark != api.DefaultMark || c.IdleTimeout != DefaultIdleTimeout {
+		t.Errorf("defaults not filled: %+v", c)
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		wantErr string // substring; "" = valid
+		check   func(t *testing.T, c *Config)
+	}{
+		{name: "full", in: `
+socket: /run/x.sock
+stateDir: /var/lib/x
+rules: /etc/x/rules.yaml
+redirectPort: 16001
+mark: 0x99
+idleTimeout: 30s
+proxy: {url: "http://squid:3128"}
+exits:
+  egress-b: {url: "socks5://dante:1080", connectTimeout: 2s}
+`, check: func(t *testing.T, c *Config) {
+			if c.RedirectPort != 16001 || c.Mark != 0x99 || c.IdleTimeout != 30*time.Second {
+				t.Errorf("got %+v", c)
+			}
+			if c.Proxy.ConnectTimeout != DefaultConnectTimeout {
+				t.Errorf("proxy connect timeout = %v, want default", c.Proxy.ConnectTimeout)
+			}
+			if !c.HasExit("egress-b") || c.HasExit("egress-c") || c.Exits["egress-b"].ConnectTimeout != 2*time.Second {
+				t.Errorf("exits = %+v", c.Exits)
+			}
+		}},
+		{name: "unknown key", in: "sockt: /x\n", wantErr: "field sockt not found"},
+		{name: "relative socket", in: "socket: x.sock\n", wantErr: "socket: \"x.sock\" is not an absolute path"},
+		{name: "port clash", in: "redirectPort: 15080\n", wantErr: "port 15080 is also redirectPort"},
+		{name: "short idle", in: "idleTimeout: 10ms\n", wantErr: "idleTimeout"},
+		{name: "builtin exit", in: "exits: {direct: {url: 'http://a:1'}}\n", wantErr: `"direct" is a built-in exit`},
+		{name: "bad exit name", in: "exits: {'a b': {url: 'http://a:1'}}\n", wantErr: "only letters"},
+		{name: "bad scheme", in: "proxy: {url: 'ftp://a:1'}\n", wantErr: `scheme "ftp"`},
+		{name: "no port", in: "proxy: {url: 'http://user:secret@a'}\n", wantErr: "needs a host and a port"},
+		{name: "missing url", in: "exits: {b: {}}\n", wantErr: "exits: b: url is missing"},
+		{name: "metrics", in: "metrics: nonsense\n", wantErr: "metrics"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse("t.yaml", []byte(tt.in))
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Parse = %v", err)
+				}
+				tt.check(t, c)
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Parse = %v, want error containing %q", err, tt.wantErr)
+			}
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("error leaks a password: %v", err)
+			}
+		})
+	}
+}
+
+func TestLoadRefusesReadableSecrets(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "relayd.yaml")
+	if err := os.WriteFile(p, []byte("proxy: {url: 'socks5://u:pw@h:1080'}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("Load(0644 with credentials) = %v, want a refusal", err)
+	}
+	if err := os.Chmod(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(p); err != nil {
+		t.Fatalf("Load(0600) = %v", err)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); err == nil {
+		t.Fatal("Load(missing explicit path) succeeded")
+	}
+}
+
+func TestRedact(t *testing.T) {
+	if got := Redact("socks5://u:pw@h:1080"); strings.Contains(got, "pw") {
+		t.Errorf("Redact = %q", got)
+	}
+}

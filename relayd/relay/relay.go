@@ -1,0 +1,399 @@
+// Package relay is the data path of kl-relayd: for every registered workload it holds a
+// listener opened inside the workload's network namespace on the redirect port, and for
+// every captured connection it recovers the original destination, asks the live policy
+// for one decision and carries the bytes to the chosen exit (or resets the connection).
+//
+// It is not the registration API or its persistence (package daemon, package registry),
+// and it never enters a namespace itself: sockets in pod namespaces come from package
+// netns.
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+)
+
+// Decider is the live rule set; *rules.Policy implements it.
+type Decider interface {
+	Decide(f *rules.Flow) rules.Decision
+}
+
+// Dest is where a flow was going.
+type Dest struct {
+	Addr netip.AddrPort // the original destination
+	Host string         // its hostname when known ("" in plain transparent capture)
+}
+
+// DialFunc connects a flow of workload w to dst through one exit. The returned
+// connection should be a *net.TCPConn (or wrap one) for the copy to use splice.
+type DialFunc func(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, error)
+
+// Options configure a Relay. Policy and Log are required.
+type Options struct {
+	RedirectPort   uint16
+	Mark           uint32        // SO_MARK of the relay's dial sockets
+	IdleTimeout    time.Duration // default 10m
+	ConnectTimeout time.Duration // default 10s
+	Debug          bool          // log destinations (SPEC §5: never by default)
+	Policy         func() Decider
+	// Exits carries flows whose decision is not direct or deny, by exit name. An exit
+	// with no entry is refused (reset) with a logged reason.
+	Exits map[string]DialFunc
+	Log   *slog.Logger
+
+	// listen, dial and origDst are test seams (netns.Listen, netns.Dial, netns.OriginalDst).
+	listen  func(nsPath, network, addr string) (net.Listener, error)
+	dial    func(ctx context.Context, nsPath string, mark uint32, network, addr string) (net.Conn, error)
+	origDst func(c *net.TCPConn) (netip.AddrPort, error)
+}
+
+// Relay serves the workloads' listeners. Its methods are safe for concurrent use; the
+// caller serialises Open and Close for one id.
+type Relay struct {
+	o Options
+
+	mu   sync.Mutex
+	pods map[string]*pod
+	shut bool
+
+	flowWG  sync.WaitGroup
+	flowSeq atomic.Uint64
+	active  atomic.Int64
+	total   atomic.Uint64
+
+	exitMu sync.Mutex
+	byExit map[string]uint64
+}
+
+type pod struct {
+	w    atomic.Pointer[api.Workload]
+	ln   net.Listener
+	done chan struct{} // closed when the accept loop has returned
+
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// ErrClosed is returned by Open after Shutdown.
+var ErrClosed = errors.New("relay is shut down")
+
+// New returns a Relay with no workloads.
+func New(o Options) *Relay {
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 10 * time.Minute
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 10 * time.Second
+	}
+	if o.RedirectPort == 0 {
+		o.RedirectPort = api.DefaultRedirectPort
+	}
+	if o.listen == nil {
+		o.listen = netns.Listen
+	}
+	if o.dial == nil {
+		o.dial = netns.Dial
+	}
+	if o.origDst == nil {
+		o.origDst = netns.OriginalDst
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Relay{o: o, pods: map[string]*pod{}, byExit: map[string]uint64{}}
+}
+
+// Open starts serving workload w: for transparent mode a listener on the redirect port
+// inside w.Netns (one dual-stack socket; IPv4-only when the netns has no IPv6). When it
+// returns, the listener exists and accepts. Opening an id that is already open with the
+// same netns path only refreshes its metadata (labels, image).
+func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
+	if w.Mode != api.ModeTransparent {
+		return api.Listeners{}, fmt.Errorf("workload %s: mode %q: this relay serves transparent capture only (proxy-mode listeners are not built yet)", w.ID, w.Mode)
+	}
+	r.mu.Lock()
+	if r.shut {
+		r.mu.Unlock()
+		return api.Listeners{}, ErrClosed
+	}
+	if p, ok := r.pods[w.ID]; ok && p.w.Load().Netns == w.Netns {
+		wc := w
+		p.w.Store(&wc)
+		r.mu.Unlock()
+		return api.Listeners{Redirect: r.o.RedirectPort}, nil
+	}
+	r.mu.Unlock()
+	// A different netns under a known id: the sandbox was recreated.
+	r.Close(w.ID)
+
+	addr := fmt.Sprintf(":%d", r.o.RedirectPort)
+	ln, err := r.o.listen(w.Netns, "tcp", addr)
+	if err != nil {
+		// A netns without IPv6 cannot hold a dual-stack socket.
+		ln4, err4 := r.o.listen(w.Netns, "tcp4", addr)
+		if err4 != nil {
+			return api.Listeners{}, fmt.Errorf("workload %s: %w", w.ID, errors.Join(err, err4))
+		}
+		ln = ln4
+	}
+	p := &pod{ln: ln, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	wc := w
+	p.w.Store(&wc)
+	r.mu.Lock()
+	if r.shut {
+		r.mu.Unlock()
+		ln.Close()
+		return api.Listeners{}, ErrClosed
+	}
+	r.pods[w.ID] = p
+	r.mu.Unlock()
+	go r.serve(p)
+	return api.Listeners{Redirect: r.o.RedirectPort}, nil
+}
+
+// Close stops serving a workload: its listener and every flow it carries are closed (the
+// netns is going away). It reports whether the id was open.
+func (r *Relay) Close(id string) bool {
+	r.mu.Lock()
+	p, ok := r.pods[id]
+	delete(r.pods, id)
+	r.mu.Unlock()
+	if !ok {
+		return false
+	}
+	p.ln.Close()
+	<-p.done
+	p.closeConns()
+	return true
+}
+
+// IDs returns the ids being served.
+func (r *Relay) IDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]string, 0, len(r.pods))
+	for id := range r.pods {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Len is the number of workloads being served.
+func (r *Relay) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pods)
+}
+
+// Stats counts flows.
+func (r *Relay) Stats() api.FlowStats {
+	s := api.FlowStats{Active: r.active.Load(), Total: r.total.Load(), ByExit: map[string]uint64{}}
+	r.exitMu.Lock()
+	for k, v := range r.byExit {
+		s.ByExit[k] = v
+	}
+	r.exitMu.Unlock()
+	return s
+}
+
+// Shutdown stops accepting on every listener, lets established flows finish until ctx
+// is done, then closes them.
+func (r *Relay) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	r.shut = true
+	pods := r.pods
+	r.pods = map[string]*pod{}
+	r.mu.Unlock()
+	for _, p := range pods {
+		p.ln.Close()
+		<-p.done
+	}
+	drained := make(chan struct{})
+	go func() { r.flowWG.Wait(); close(drained) }()
+	select {
+	case <-drained:
+		return nil
+	case <-ctx.Done():
+	}
+	for _, p := range pods {
+		p.closeConns()
+	}
+	<-drained
+	return ctx.Err()
+}
+
+func (r *Relay) serve(p *pod) {
+	defer close(p.done)
+	var delay time.Duration
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors or a transient error: back off, keep the listener.
+			if delay == 0 {
+				delay = 5 * time.Millisecond
+			} else if delay < time.Second {
+				delay *= 2
+			}
+			r.o.Log.Warn("accept failed", "workload", p.w.Load().ID, "err", err, "retry", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		tc, ok := c.(*net.TCPConn)
+		if !ok || !p.track(c) {
+			c.Close()
+			continue
+		}
+		r.flowWG.Add(1)
+		go r.flow(p, tc)
+	}
+}
+
+func (p *pod) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.conns[c] = struct{}{}
+	return true
+}
+
+func (p *pod) untrack(c net.Conn) {
+	p.mu.Lock()
+	delete(p.conns, c)
+	p.mu.Unlock()
+}
+
+func (p *pod) closeConns() {
+	p.mu.Lock()
+	p.closed = true
+	conns := p.conns
+	p.conns = map[net.Conn]struct{}{}
+	p.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+}
+
+func (r *Relay) count(exit string) {
+	r.exitMu.Lock()
+	r.byExit[exit]++
+	r.exitMu.Unlock()
+}
+
+// reset aborts a connection with a TCP RST, so the client sees a refusal rather than a
+// clean end of stream.
+func reset(c *net.TCPConn) {
+	_ = c.SetLinger(0)
+	c.Close()
+}
+
+func addrPort(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+func (r *Relay) flow(p *pod, c *net.TCPConn) {
+	defer r.flowWG.Done()
+	defer p.untrack(c)
+	r.active.Add(1)
+	defer r.active.Add(-1)
+	r.total.Add(1)
+	w := p.w.Load()
+	id := r.flowSeq.Add(1)
+	log := r.o.Log
+
+	dst, err := r.o.origDst(c)
+	if err != nil {
+		r.count("refused")
+		log.Warn("flow refused: no original destination", "workload", w.ID, "flow", id, "err", r.redact(err))
+		reset(c)
+		return
+	}
+	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+	if dst == addrPort(c.LocalAddr()) {
+		// A connection made straight to the relay port, not redirected to it: carrying it
+		// "direct" would connect to ourselves, forever.
+		r.count("refused")
+		log.Warn("flow refused: connection to the relay port itself", "workload", w.ID, "flow", id)
+		reset(c)
+		return
+	}
+	f := rules.Flow{Labels: w.Labels, Image: w.Image, Dst: dst, Src: addrPort(c.RemoteAddr()).Addr(), At: time.Now(), ID: id}
+	d := r.o.Policy().Decide(&f)
+	if r.o.Debug {
+		log.Debug("decision", "workload", w.ID, "flow", id, "dst", dst, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+	}
+
+	var dial DialFunc
+	switch d.Exit {
+	case rules.ExitDeny:
+		r.count(rules.ExitDeny)
+		reset(c)
+		return
+	case rules.ExitDirect:
+		dial = r.dialDirect
+	default:
+		dial = r.o.Exits[d.Exit]
+	}
+	if dial == nil {
+		r.count("refused")
+		log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+		reset(c)
+		return
+	}
+	r.count(d.Exit)
+	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
+	up, err := dial(ctx, w, Dest{Addr: dst})
+	cancel()
+	if err != nil {
+		log.Info("flow failed: exit unreachable", "workload", w.ID, "flow", id, "exit", d.Exit, "err", r.redact(err))
+		reset(c)
+		return
+	}
+	if !p.track(up) {
+		up.Close()
+		reset(c)
+		return
+	}
+	defer p.untrack(up)
+	if err := r.pipe(c, up); err != nil && r.o.Debug {
+		log.Debug("flow ended", "workload", w.ID, "flow", id, "err", err)
+	}
+}
+
+func (r *Relay) dialDirect(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, error) {
+	return r.o.dial(ctx, w.Netns, r.o.Mark, "tcp", dst.Addr.String())
+}
+
+// redact keeps destinations out of the log unless debugging is on (SPEC §5): dial and
+// socket errors name the address they failed on.
+func (r *Relay) redact(err error) any {
+	if r.o.Debug {
+		return err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		return oe.Err.Error()
+	}
+	return "(details hidden; enable debug)"
+}

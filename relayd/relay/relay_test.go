@@ -1,0 +1,319 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+)
+
+// fakeDecider answers by destination port.
+type fakeDecider map[uint16]string
+
+func (f fakeDecider) Decide(fl *rules.Flow) rules.Decision {
+	if e, ok := f[fl.Dst.Port()]; ok {
+		return rules.Decision{Exit: e, Rule: 1, Priority: rules.PriorityPort, Dimension: rules.DimPort}
+	}
+	return rules.Decision{Exit: rules.ExitDirect, Priority: rules.PriorityDefault}
+}
+
+// harness is a relay whose "pod netns" is the test's own: listeners on loopback, the
+// original destination given by the test.
+type harness struct {
+	r    *Relay
+	dst  atomic.Pointer[netip.AddrPort] // what origDst answers
+	mu   sync.Mutex
+	lns  map[string]net.Listener
+	dial int
+}
+
+func newHarness(t *testing.T, dec fakeDecider, idle time.Duration, exits map[string]DialFunc) *harness {
+	t.Helper()
+	h := &harness{lns: map[string]net.Listener{}}
+	h.setDst(netip.AddrPort{})
+	o := Options{
+		IdleTimeout: idle,
+		Policy:      func() Decider { return dec },
+		Exits:       exits,
+		listen: func(nsPath, network, addr string) (net.Listener, error) {
+			ln, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err == nil {
+				h.mu.Lock()
+				h.lns[nsPath] = ln
+				h.mu.Unlock()
+			}
+			return ln, err
+		},
+		dial: func(ctx context.Context, nsPath string, mark uint32, network, addr string) (net.Conn, error) {
+			h.mu.Lock()
+			h.dial++
+			h.mu.Unlock()
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		},
+		origDst: func(*net.TCPConn) (netip.AddrPort, error) { return *h.dst.Load(), nil },
+	}
+	h.r = New(o)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		h.r.Shutdown(ctx)
+	})
+	return h
+}
+
+func (h *harness) setDst(a netip.AddrPort) { h.dst.Store(&a) }
+
+func (h *harness) dials() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.dial
+}
+
+func (h *harness) addr(t *testing.T, ns string) string {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ln, ok := h.lns[ns]
+	if !ok {
+		t.Fatalf("no listener for %s", ns)
+	}
+	return ln.Addr().String()
+}
+
+// echoServer echoes, and after the client half-closes it writes "bye" and closes.
+func echoServer(t *testing.T) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+				c.Write([]byte("bye"))
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+func workload(id string) api.Workload {
+	return api.Workload{ID: id, Netns: "/ns/" + id, Mode: api.ModeTransparent, Labels: map[string]string{"app": "x"}}
+}
+
+func TestDirectHalfClose(t *testing.T) {
+	h := newHarness(t, fakeDecider{}, time.Minute, nil)
+	h.setDst(echoServer(t))
+	if _, err := h.r.Open(workload("a")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("hello"))
+	c.(*net.TCPConn).CloseWrite()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if string(got) != "hellobye" {
+		t.Errorf("got %q, want %q (echo, then the server's reply after our half-close)", got, "hellobye")
+	}
+	s := h.r.Stats()
+	if s.Total != 1 || s.ByExit["direct"] != 1 {
+		t.Errorf("Stats = %+v", s)
+	}
+}
+
+// expectReset connects and expects a reset, either already at connect (on loopback the
+// RST can beat Go's post-connect checks) or at the first read.
+func expectReset(t *testing.T, addr string) {
+	t.Helper()
+	c, err := net.Dial("tcp4", addr)
+	if err == nil {
+		defer c.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("connect+read = %v, want a connection reset", err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	backend := echoServer(t)
+	tests := []struct {
+		name string
+		dst  netip.AddrPort
+		exit string
+	}{
+		{name: "deny", dst: netip.AddrPortFrom(backend.Addr(), 1), exit: "deny"},
+		{name: "exit not built", dst: netip.AddrPortFrom(backend.Addr(), 2), exit: "refused"},
+		{name: "named exit missing", dst: netip.AddrPortFrom(backend.Addr(), 3), exit: "refused"},
+		{name: "dial fails", dst: netip.AddrPortFrom(backend.Addr(), 4), exit: "proxy"},
+	}
+	exits := map[string]DialFunc{"proxy": func(context.Context, *api.Workload, Dest) (net.Conn, error) {
+		return nil, errors.New("upstream down")
+	}}
+	dec := fakeDecider{1: "deny", 2: "client", 3: "egress-b", 4: "proxy"}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, dec, time.Minute, exits)
+			h.setDst(tt.dst)
+			if _, err := h.r.Open(workload("a")); err != nil {
+				t.Fatal(err)
+			}
+			expectReset(t, h.addr(t, "/ns/a"))
+			if s := h.r.Stats(); s.ByExit[tt.exit] != 1 {
+				t.Errorf("Stats = %+v, want one %s", s, tt.exit)
+			}
+			if h.dials() != 0 {
+				t.Errorf("%d direct dials for a refused flow", h.dials())
+			}
+		})
+	}
+}
+
+func TestNotRedirectedIsRefused(t *testing.T) {
+	h := newHarness(t, fakeDecider{}, time.Minute, nil)
+	if _, err := h.r.Open(workload("a")); err != nil {
+		t.Fatal(err)
+	}
+	h.setDst(netip.MustParseAddrPort(h.addr(t, "/ns/a")))
+	expectReset(t, h.addr(t, "/ns/a"))
+	if h.dials() != 0 {
+		t.Error("the relay dialled itself")
+	}
+}
+
+func TestIdleTimeout(t *testing.T) {
+	h := newHarness(t, fakeDecider{}, 300*time.Millisecond, nil)
+	h.setDst(echoServer(t))
+	h.r.Open(workload("a"))
+	c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Keep it busy past the timeout: it must stay open.
+	buf := make([]byte, 4)
+	for i := 0; i < 6; i++ {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			t.Fatalf("active flow closed at round %d: %v", i, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	start := time.Now()
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	_, err = c.Read(buf)
+	if err == nil || errors.Is(err, syscall.ETIMEDOUT) || time.Since(start) > 2*time.Second {
+		t.Fatalf("idle flow: read = %v after %v, want closed within ~450ms", err, time.Since(start))
+	}
+}
+
+func TestCloseEndsFlowsAndReopen(t *testing.T) {
+	h := newHarness(t, fakeDecider{}, time.Minute, nil)
+	h.setDst(echoServer(t))
+	base := runtime.NumGoroutine()
+	if _, err := h.r.Open(workload("a")); err != nil {
+		t.Fatal(err)
+	}
+	// Refresh with new labels keeps the listener.
+	w := workload("a")
+	w.Labels = map[string]string{"app": "y"}
+	h.r.Open(w)
+	addr := h.addr(t, "/ns/a")
+	c, err := net.Dial("tcp4", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("x"))
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if !h.r.Close("a") || h.r.Close("a") {
+		t.Error("Close should report true once, then false")
+	}
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Error("flow survived Close of its workload")
+	}
+	if _, err := net.Dial("tcp4", addr); err == nil {
+		t.Error("listener survived Close")
+	}
+	if h.r.Len() != 0 {
+		t.Errorf("Len = %d", h.r.Len())
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > base {
+		t.Errorf("%d goroutines after Close, %d before Open", n, base)
+	}
+}
+
+func TestModeAndShutdown(t *testing.T) {
+	h := newHarness(t, fakeDecider{}, time.Minute, nil)
+	w := workload("p")
+	w.Mode = api.ModeProxy
+	if _, err := h.r.Open(w); err == nil || !strings.Contains(err.Error(), "transparent") {
+		t.Errorf("Open(proxy mode) = %v, want a clear refusal", err)
+	}
+	h.r.Shutdown(context.Background())
+	if _, err := h.r.Open(workload("a")); !errors.Is(err, ErrClosed) {
+		t.Errorf("Open after Shutdown = %v", err)
+	}
+}
+
+func TestBulkCopy(t *testing.T) {
+	h := newHarness(t, fakeDecider{}, time.Minute, nil)
+	h.setDst(echoServer(t))
+	h.r.Open(workload("a"))
+	c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	go func() {
+		c.Write(data)
+		c.(*net.TCPConn).CloseWrite()
+	}()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, append(data, "bye"...)) {
+		t.Errorf("got %d bytes, want %d", len(got), len(data)+3)
+	}
+}
