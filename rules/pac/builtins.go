@@ -23,6 +23,11 @@ func (w *worker) arg(fc goja.FunctionCall, i int, fn string) string {
 	return v.String()
 }
 
+// looseArg is argument i through ToString, for the parameters where the browsers'
+// code accepts anything (isInNet(dnsResolve(host), ...) with a null answer is the
+// common case: it is false, not an error).
+func looseArg(fc goja.FunctionCall, i int) string { return fc.Argument(i).String() }
+
 func (w *worker) install() {
 	vm := w.vm
 	set := func(name string, f func(goja.FunctionCall) goja.Value) {
@@ -37,7 +42,7 @@ func (w *worker) install() {
 		return vm.ToValue(strings.HasSuffix(w.arg(fc, 0, "dnsDomainIs"), w.arg(fc, 1, "dnsDomainIs")))
 	})
 	set("localHostOrDomainIs", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(localHostOrDomainIs(w.arg(fc, 0, "localHostOrDomainIs"), w.arg(fc, 1, "localHostOrDomainIs")))
+		return vm.ToValue(localHostOrDomainIs(looseArg(fc, 0), w.arg(fc, 1, "localHostOrDomainIs")))
 	})
 	set("dnsDomainLevels", func(fc goja.FunctionCall) goja.Value {
 		return vm.ToValue(strings.Count(w.arg(fc, 0, "dnsDomainLevels"), "."))
@@ -46,23 +51,23 @@ func (w *worker) install() {
 		return vm.ToValue(convertAddr(w.arg(fc, 0, "convert_addr")))
 	})
 	set("shExpMatch", func(fc goja.FunctionCall) goja.Value {
-		ok, err := w.shexp.match(w.arg(fc, 0, "shExpMatch"), w.arg(fc, 1, "shExpMatch"))
+		ok, err := w.shexp.match(looseArg(fc, 0), w.arg(fc, 1, "shExpMatch"))
 		if err != nil {
 			panic(vm.NewGoError(err))
 		}
 		return vm.ToValue(ok)
 	})
 	set("isInNet", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(isInNet(w.arg(fc, 0, "isInNet"), w.arg(fc, 1, "isInNet"), w.arg(fc, 2, "isInNet"), w.dnsResolve))
+		return vm.ToValue(isInNet(looseArg(fc, 0), w.arg(fc, 1, "isInNet"), w.arg(fc, 2, "isInNet"), w.dnsResolve))
 	})
 	set("dnsResolve", func(fc goja.FunctionCall) goja.Value {
-		if s, ok := w.dnsResolve(w.arg(fc, 0, "dnsResolve")); ok {
+		if s, ok := w.dnsResolve(looseArg(fc, 0)); ok {
 			return vm.ToValue(s)
 		}
 		return goja.Null()
 	})
 	set("isResolvable", func(fc goja.FunctionCall) goja.Value {
-		_, ok := w.dnsResolve(w.arg(fc, 0, "isResolvable"))
+		_, ok := w.dnsResolve(looseArg(fc, 0))
 		return vm.ToValue(ok)
 	})
 	set("myIpAddress", func(goja.FunctionCall) goja.Value {
@@ -72,10 +77,10 @@ func (w *worker) install() {
 		return vm.ToValue("127.0.0.1")
 	})
 	set("dnsResolveEx", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(w.dnsResolveEx(w.arg(fc, 0, "dnsResolveEx")))
+		return vm.ToValue(w.dnsResolveEx(looseArg(fc, 0)))
 	})
 	set("isResolvableEx", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(w.dnsResolveEx(w.arg(fc, 0, "isResolvableEx")) != "")
+		return vm.ToValue(w.dnsResolveEx(looseArg(fc, 0)) != "")
 	})
 	set("myIpAddressEx", func(goja.FunctionCall) goja.Value {
 		if a := w.call.MyIP; a.IsValid() {
@@ -84,7 +89,7 @@ func (w *worker) install() {
 		return vm.ToValue("")
 	})
 	set("isInNetEx", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(isInNetEx(w.arg(fc, 0, "isInNetEx"), w.arg(fc, 1, "isInNetEx")))
+		return vm.ToValue(isInNetEx(looseArg(fc, 0), looseArg(fc, 1)))
 	})
 	set("sortIpAddressList", func(fc goja.FunctionCall) goja.Value {
 		if s, ok := sortIPAddressList(w.arg(fc, 0, "sortIpAddressList")); ok {

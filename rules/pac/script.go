@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dop251/goja"
+	"github.com/dop251/goja/parser"
 )
 
 // Script is a compiled PAC program with its pool of runtimes. It is safe for
@@ -46,17 +47,9 @@ func Compile(name, src string, o Options) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
 	}
-	prog, err := goja.Compile(name, src, false)
+	prog, err := compileProgram(name, src)
 	if err != nil {
-		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
-		var se *goja.CompilerSyntaxError
-		if errors.As(err, &se) {
-			ce.Msg = se.Message
-			if se.File != nil {
-				ce.Line = se.File.Position(se.Offset).Line
-			}
-		}
-		return nil, ce
+		return nil, err
 	}
 	o = o.withDefaults()
 	n := 2 * runtime.GOMAXPROCS(0)
@@ -107,6 +100,44 @@ func Compile(name, src string, o Options) (*Script, error) {
 	s := &Script{p: p}
 	runtime.AddCleanup(s, func(p *pool) { p.close() }, p)
 	return s, nil
+}
+
+// compileProgram parses with goja's parser directly, because goja.Compile flattens
+// syntax errors into a message without their position.
+func compileProgram(name, src string) (*goja.Program, error) {
+	ast, err := parser.ParseFile(nil, name, src, 0)
+	if err != nil {
+		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
+		var el parser.ErrorList
+		if errors.As(err, &el) && len(el) > 0 {
+			ce.Msg = el[0].Message
+			ce.Line = el[0].Position.Line
+			if len(el) > 1 {
+				ce.Msg += fmt.Sprintf(" (and %d more errors)", len(el)-1)
+			}
+		}
+		return nil, ce
+	}
+	prog, err := goja.CompileAST(ast, false)
+	if err != nil {
+		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
+		var se *goja.CompilerSyntaxError
+		if errors.As(err, &se) {
+			ce.Msg = se.Message
+			if se.File != nil {
+				ce.Line = se.File.Position(se.Offset).Line
+			}
+		}
+		var re *goja.CompilerReferenceError
+		if errors.As(err, &re) {
+			ce.Msg = re.Message
+			if re.File != nil {
+				ce.Line = re.File.Position(re.Offset).Line
+			}
+		}
+		return nil, ce
+	}
+	return prog, nil
 }
 
 func (o Options) withDefaults() Options {

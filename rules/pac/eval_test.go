@@ -1,0 +1,153 @@
+package pac
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func mustCompile(t testing.TB, src string, o Options) *Script {
+	t.Helper()
+	s, err := Compile("test.pac", src, o)
+	if err != nil {
+		t.Fatalf("Compile: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+func TestEvalResults(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   string
+		exit   string
+		failed bool
+		reason string
+	}{
+		{"direct", `return "DIRECT"`, "direct", false, ""},
+		{"proxy list", `return "PROXY p.corp:8080; DIRECT"`, "client", false, ""},
+		{"null is the default", `return null`, "", false, ""},
+		{"undefined is the default", `return`, "", false, ""},
+		{"empty is the default", `return ""`, "", false, ""},
+		{"unrecognised is the default", `return "WHATEVER"`, "", false, ""},
+		{"number fails", `return 42`, "deny", true, "returned a number"},
+		{"boolean fails", `return true`, "deny", true, "returned a boolean"},
+		{"object fails", `return {}`, "deny", true, "returned a object"},
+		{"String object fails", `return new String("DIRECT")`, "deny", true, "returned a object"},
+		{"exception fails", `throw new Error("boom")`, "deny", true, "script threw: Error: boom"},
+		{"thrown string fails", `throw "boom"`, "deny", true, "script threw: boom"},
+		{"reference error fails", `return nosuch(host)`, "deny", true, "ReferenceError"},
+		{"deep recursion fails", `function f(n) { return f(n + 1) } return f(0)`, "deny", true, ""},
+		{"bad shExpMatch pattern fails", `return shExpMatch(host, "(") ? "DIRECT" : "DENY"`, "deny", true, "shExpMatch"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := mustCompile(t, "function FindProxyForURL(url, host) {"+tc.body+"}", Options{})
+			r := s.Eval(Call{Host: "www.example.com"})
+			if r.Exit != tc.exit || r.Failed != tc.failed || !strings.Contains(r.Reason, tc.reason) {
+				t.Errorf("Eval = %+v, want exit %q failed %v reason containing %q", r, tc.exit, tc.failed, tc.reason)
+			}
+		})
+	}
+}
+
+func TestEvalArguments(t *testing.T) {
+	s := mustCompile(t, `function FindProxyForURL(url, host) { return url + " " + host; }`, Options{})
+	c := Call{Host: `evil"); throw 1; ("`, Port: 8443}
+	got := rawEval(t, s, c)
+	want := `https://evil"); throw 1; (":8443/ evil"); throw 1; ("`
+	if got != want {
+		t.Errorf("FindProxyForURL saw %q, want %q (arguments are values, not source)", got, want)
+	}
+	r := s.Eval(c)
+	if r.Failed {
+		t.Errorf("Eval with a quoting host failed: %+v", r)
+	}
+}
+
+func TestEvalCorporate(t *testing.T) {
+	s := mustCompile(t, corporatePAC(t), Options{})
+	office := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC)
+	night := time.Date(2026, 3, 18, 22, 0, 0, 0, time.UTC)
+	tests := []struct {
+		host  string
+		at    time.Time
+		exit  string
+		proxy string
+	}{
+		{"intranet", office, "direct", ""},
+		{"10.1.2.3", office, "direct", ""},
+		{"100.64.1.1", office, "direct", ""},
+		{"a.corp.example.com", office, "direct", ""},
+		{"x.svc.cluster.local", office, "direct", ""},
+		{"ads.example.com", office, "deny", ""},
+		{"www.doubleclick.net", office, "deny", ""},
+		{"files.torrent.example", office, "deny", ""},
+		{"api.partner-a.example", office, "gateway", ""},
+		{"api7.payments.example", office, "gateway", ""},
+		{"a.b.c.d.e.f.g.example", office, "gateway", ""},
+		{"eu1.salesforce.com", office, "client", "http://sfdc-proxy.corp.example.com:8080"},
+		{"x.sharepoint.com", office, "client", "https://o365-proxy.corp.example.com:8443"},
+		{"api.github.com", office, "client", "socks5://dev-socks.corp.example.com:1080"},
+		{"updates.vendor.example", office, "client", "http://updates-proxy.corp.example.com:3128"},
+		{"updates.vendor.example", night, "client", "http://proxy.corp.example.com:3128"},
+		{"www.example.org", office, "client", "http://proxy.corp.example.com:3128"},
+	}
+	for _, tc := range tests {
+		r := s.Eval(Call{Host: tc.host, At: tc.at})
+		if r.Exit != tc.exit || r.Proxy != tc.proxy || r.Failed {
+			t.Errorf("Eval(%s at %s) = %+v, want exit %q proxy %q", tc.host, tc.at.Format(time.Kitchen), r, tc.exit, tc.proxy)
+		}
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		code string
+		line int
+		msg  string
+	}{
+		{"too large", strings.Repeat(" ", MaxScriptBytes+1), CodeTooLarge, 0, "bound"},
+		{"syntax", "function FindProxyForURL(url, host) {\n  return 'DIRECT'\n  if (\n}", CodeScript, 4, ""},
+		{"missing function", "var x = 1;", CodeScript, 0, "FindProxyForURL"},
+		{"not a function", "var FindProxyForURL = 'DIRECT';", CodeScript, 0, "FindProxyForURL"},
+		{"top-level throw", "\n\nthrow new Error('nope');\nfunction FindProxyForURL() {}", CodeScript, 3, "nope"},
+		{"top-level endless loop", "for (;;) {}\nfunction FindProxyForURL() {}", CodeScript, 0, "did not finish"},
+		{"require absent", "var fs = require('fs');\nfunction FindProxyForURL() {}", CodeScript, 1, "require"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Compile("test.pac", tc.src, Options{Deadline: 50 * time.Millisecond})
+			var ce *CompileError
+			if !errors.As(err, &ce) {
+				t.Fatalf("Compile error = %v, want a *CompileError", err)
+			}
+			if ce.Code != tc.code || (tc.line != 0 && ce.Line != tc.line) || !strings.Contains(ce.Msg, tc.msg) {
+				t.Errorf("Compile error = %+v, want code %s line %d msg containing %q", ce, tc.code, tc.line, tc.msg)
+			}
+		})
+	}
+	if _, err := Compile("ok.pac", strings.Repeat(" ", MaxScriptBytes-40)+"function FindProxyForURL(){}", Options{}); err != nil {
+		t.Errorf("a script of exactly the bound: %v", err)
+	}
+}
+
+func TestEvalMixedDst(t *testing.T) {
+	s := mustCompile(t, `function FindProxyForURL(url, host) {
+		if (isInNet(dnsResolve(host), "192.0.2.0", "255.255.255.0")) return "DENY";
+		if (isInNetEx(dnsResolveEx(host), "fd00::/8")) return "GATEWAY";
+		return "DIRECT";
+	}`, Options{})
+	for _, tc := range []struct {
+		dst  string
+		exit string
+	}{{"192.0.2.9", "deny"}, {"fd00::9", "gateway"}, {"198.51.100.1", "direct"}} {
+		if r := s.Eval(Call{Host: "svc.example", Dst: netip.MustParseAddr(tc.dst)}); r.Exit != tc.exit {
+			t.Errorf("Eval(dst %s) = %+v, want %s", tc.dst, r, tc.exit)
+		}
+	}
+}
