@@ -1,0 +1,49 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReason(t *testing.T) {
+	// A real refused dial to a closed loopback port.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	_, dialErr := net.DialTimeout("tcp", addr, time.Second)
+	if dialErr == nil {
+		t.Fatal("dial to a closed port succeeded")
+	}
+	tests := []struct {
+		name     string
+		err      error
+		want     string
+		mustMiss string
+	}{
+		{"nil", nil, "", ""},
+		{"refused dial", fmt.Errorf("direct exit: %w", dialErr), "direct exit: dial tcp: connect: connection refused", addr},
+		{"dns", fmt.Errorf("resolve: %w", &net.DNSError{Err: "no such host", Name: "secret.example", IsNotFound: true}),
+			"resolve: lookup failed: no such host", "secret.example"},
+		{"op without net", &net.OpError{Op: "read", Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 9), Port: 1}, Err: errors.New("reset")},
+			"read: reset", "203.0.113.9"},
+		{"plain", errors.New("denied by policy"), "denied by policy", ""},
+		{"context", context.DeadlineExceeded, "context deadline exceeded", ""},
+	}
+	for _, tt := range tests {
+		got := Reason(tt.err)
+		if got != tt.want {
+			t.Errorf("%s: Reason(%v) = %q, want %q", tt.name, tt.err, got, tt.want)
+		}
+		if tt.mustMiss != "" && strings.Contains(got, tt.mustMiss) {
+			t.Errorf("%s: Reason(%v) = %q still holds %q", tt.name, tt.err, got, tt.mustMiss)
+		}
+	}
+}
