@@ -1,0 +1,263 @@
+package install
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+)
+
+// CNI adds kl-cni as the last plugin of a CNI network configuration list (the chained
+// plugin runs after the main one has given the pod its interface and addresses), the
+// way istio-cni's install-cni inserts itself.
+type CNI struct {
+	Type string         // the plugin's type, i.e. its binary's name; DefaultCNIType when ""
+	Conf map[string]any // further keys of kl's entry (e.g. "socket"); written sorted by key
+}
+
+var _ Editor = CNI{}
+
+func (c CNI) typ() string {
+	if c.Type == "" {
+		return DefaultCNIType
+	}
+	return c.Type
+}
+
+// entry is kl's plugin entry: "type" first, then the other keys in sorted order.
+func (c CNI) entry() (orderedObject, error) {
+	o := orderedObject{{"type", c.typ()}}
+	keys := make([]string, 0, len(c.Conf))
+	for k := range c.Conf {
+		if k == "type" {
+			return nil, fmt.Errorf("kl's CNI entry: %q is set by Type", k)
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		o = append(o, kv{k, c.Conf[k]})
+	}
+	return o, nil
+}
+
+// conflist locates the plugins array of a conflist and kl's entries in it.
+func (c CNI) conflist(data []byte) (root, plugins *span, kl []int, err error) {
+	root, err = parseSpans(data)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if root.Kind != '{' {
+		return nil, nil, nil, errors.New("not a CNI configuration: the top level is not an object")
+	}
+	plugins = root.get("plugins")
+	if plugins == nil {
+		if root.get("type") != nil {
+			return nil, nil, nil, errors.New(`a single-plugin network configuration (no "plugins" list) cannot chain kl-cni; convert it to a .conflist`)
+		}
+		return nil, nil, nil, errors.New(`not a CNI configuration list: no "plugins" list`)
+	}
+	if plugins.Kind != '[' {
+		return nil, nil, nil, errors.New(`"plugins" is not a list`)
+	}
+	for i, p := range plugins.Elems {
+		if p.Kind != '{' {
+			return nil, nil, nil, fmt.Errorf("plugins[%d] is not an object", i)
+		}
+		if t := p.get("type"); t != nil && t.Kind == '"' {
+			var s string
+			if err := json.Unmarshal(data[t.Start:t.End], &s); err == nil && s == c.typ() {
+				kl = append(kl, i)
+			}
+		}
+	}
+	return root, plugins, kl, nil
+}
+
+// Install appends kl's entry to the plugins list. It is a no-op when the list already
+// ends with exactly that entry; an entry elsewhere or with other settings is replaced.
+func (c CNI) Install(old []byte) ([]byte, error) {
+	if len(strings.TrimSpace(string(old))) == 0 {
+		return nil, errors.New("no CNI configuration to chain kl-cni to (the file is empty)")
+	}
+	want, err := c.entry()
+	if err != nil {
+		return nil, err
+	}
+	_, plugins, kl, err := c.conflist(old)
+	if err != nil {
+		return nil, err
+	}
+	if len(kl) == 1 && kl[0] == len(plugins.Elems)-1 {
+		e := plugins.Elems[kl[0]]
+		if sameJSON(old[e.Start:e.End], want) {
+			return old, nil
+		}
+	}
+	base := old
+	if len(kl) > 0 {
+		if base, err = c.Uninstall(old); err != nil {
+			return nil, err
+		}
+	}
+	root, plugins, _, err := c.conflist(base)
+	if err != nil {
+		return nil, err
+	}
+	unit := indentUnit(base, root)
+	starts, ends := entries(plugins)
+	next, err := insertLast(base, plugins, starts, ends, unit, func(ind string, multi bool) (string, error) {
+		return render(want, ind, unit, multi)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.check(base, next, true); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// Uninstall removes every kl entry from the plugins list.
+func (c CNI) Uninstall(old []byte) ([]byte, error) {
+	if len(strings.TrimSpace(string(old))) == 0 {
+		return old, nil
+	}
+	next := old
+	for {
+		_, plugins, kl, err := c.conflist(next)
+		if err != nil {
+			return nil, err
+		}
+		if len(kl) == 0 {
+			break
+		}
+		starts, ends := entries(plugins)
+		next = removeEntry(next, starts, ends, kl[len(kl)-1])
+	}
+	if err := c.check(old, next, false); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// check proves an edit changed nothing but kl's entries: the two documents, with kl's
+// entries taken out, decode to the same value, and after installing, the last plugin is
+// kl's.
+func (c CNI) check(before, after []byte, installed bool) error {
+	var a, b map[string]any
+	if err := json.Unmarshal(before, &a); err != nil {
+		return fmt.Errorf("re-read original: %w", err)
+	}
+	if err := json.Unmarshal(after, &b); err != nil {
+		return fmt.Errorf("edit produced invalid JSON (a bug): %w", err)
+	}
+	strip := func(m map[string]any) (last map[string]any) {
+		ps, _ := m["plugins"].([]any)
+		kept := ps[:0:0]
+		for i, p := range ps {
+			pm, _ := p.(map[string]any)
+			if pm["type"] == c.typ() {
+				if i == len(ps)-1 {
+					last = pm
+				}
+				continue
+			}
+			kept = append(kept, p)
+		}
+		m["plugins"] = kept
+		return last
+	}
+	strip(a)
+	last := strip(b)
+	if !reflect.DeepEqual(a, b) {
+		return errors.New("edit would change more than kl's plugin entry (a bug); nothing written")
+	}
+	if installed && last == nil {
+		return errors.New("kl-cni is not the last plugin after the edit (a bug); nothing written")
+	}
+	return nil
+}
+
+// FindCNIConfig returns the network configuration a CNI runtime uses in dir: the first
+// .conf, .conflist or .json file in lexical order, as libcni, containerd and CRI-O pick
+// it.
+func FindCNIConfig(dir string) (string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("read CNI configuration directory: %w", err)
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		switch filepath.Ext(e.Name()) {
+		case ".conf", ".conflist", ".json":
+			names = append(names, e.Name())
+		}
+	}
+	if len(names) == 0 {
+		return "", fmt.Errorf("no CNI network configuration in %s (is the cluster's network plugin installed?)", dir)
+	}
+	sort.Strings(names)
+	return filepath.Join(dir, names[0]), nil
+}
+
+// sameJSON reports whether raw decodes to the same value as v.
+func sameJSON(raw []byte, v any) bool {
+	var a, b any
+	if json.Unmarshal(raw, &a) != nil {
+		return false
+	}
+	enc, err := json.Marshal(v)
+	if err != nil || json.Unmarshal(enc, &b) != nil {
+		return false
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+// orderedObject is a JSON object that keeps its keys in the order given.
+type orderedObject []kv
+
+type kv struct {
+	K string
+	V any
+}
+
+func (o orderedObject) MarshalJSON() ([]byte, error) {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, e := range o {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(e.K)
+		if err != nil {
+			return nil, err
+		}
+		v, err := marshalNoEscape(e.V)
+		if err != nil {
+			return nil, fmt.Errorf("key %q: %w", e.K, err)
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return []byte(b.String()), nil
+}
+
+func marshalNoEscape(v any) ([]byte, error) {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return []byte(strings.TrimSuffix(b.String(), "\n")), nil
+}

@@ -1,0 +1,180 @@
+// Package install puts kl into a node's existing configuration and takes it out again:
+// the kl-cni entry of the CNI conflist, the kl runtime of containerd's config.toml and of
+// dockerd's daemon.json. Every edit is idempotent, touches only kl's own entry (the rest
+// of the file keeps its bytes: order, comments, formatting), is checked by re-parsing
+// the result and comparing it with the original, keeps a timestamped backup, and comes
+// with a unified diff so `kl-ctl install … --dry-run` can show what would change.
+//
+// It does not restart containerd or dockerd, and it does not install packages; kl-ctl
+// and the Kubernetes install-cni container call it.
+package install
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Where the things kl edits live on a stock node.
+const (
+	DefaultCNIConfDir       = "/etc/cni/net.d"
+	DefaultCNIBinDir        = "/opt/cni/bin"
+	DefaultContainerdConfig = "/etc/containerd/config.toml"
+	DefaultDockerConfig     = "/etc/docker/daemon.json"
+	DefaultRuntimeBinary    = "/usr/bin/kl-runtime"
+	DefaultRuntimeName      = "kl"
+	DefaultCNIType          = "kl-cni"
+)
+
+// Editor turns the bytes of one configuration file into its form with kl installed, or
+// uninstalled. Both directions are idempotent, and Uninstall(Install(x)) == x for a file
+// that did not hold kl before.
+type Editor interface {
+	Install(old []byte) ([]byte, error)
+	Uninstall(old []byte) ([]byte, error)
+}
+
+// Options control how Apply writes.
+type Options struct {
+	Uninstall bool             // take kl out instead of putting it in
+	DryRun    bool             // compute the change and its diff, write nothing
+	Now       func() time.Time // clock for the backup's name; time.Now when nil
+}
+
+// Change is what Apply did (or, with DryRun, would do) to one file.
+type Change struct {
+	Path    string // the file edited
+	Changed bool   // false when kl was already in (or, uninstalling, already out)
+	Created bool   // the file did not exist before
+	Backup  string // where the previous contents were saved; "" when nothing was written
+	Diff    string // unified diff from the old contents to the new; "" when unchanged
+}
+
+// Apply runs e on the file at path and, unless DryRun, writes the result atomically
+// (same directory, same mode and owner), after saving the previous contents to
+// path.kl-backup-<UTC timestamp>. A file that does not exist is treated as empty when
+// installing and left alone when uninstalling.
+func Apply(path string, e Editor, o Options) (Change, error) {
+	ch := Change{Path: path}
+	old, err := os.ReadFile(path)
+	missing := errors.Is(err, fs.ErrNotExist)
+	switch {
+	case missing && o.Uninstall:
+		return ch, nil
+	case missing:
+		ch.Created = true
+	case err != nil:
+		return ch, fmt.Errorf("read %s: %w", path, err)
+	}
+	var next []byte
+	if o.Uninstall {
+		next, err = e.Uninstall(old)
+	} else {
+		next, err = e.Install(old)
+	}
+	if err != nil {
+		return ch, fmt.Errorf("%s: %w", path, err)
+	}
+	if bytes.Equal(old, next) && !ch.Created {
+		return ch, nil
+	}
+	ch.Changed = true
+	ch.Diff = UnifiedDiff(path, path, old, next)
+	if o.DryRun {
+		return ch, nil
+	}
+	mode := fs.FileMode(0o644)
+	var st fs.FileInfo
+	if !missing {
+		if st, err = os.Stat(path); err != nil {
+			return ch, fmt.Errorf("stat %s: %w", path, err)
+		}
+		mode = st.Mode().Perm()
+		now := time.Now
+		if o.Now != nil {
+			now = o.Now
+		}
+		ch.Backup = backupName(path, now())
+		if err := writeAtomic(ch.Backup, old, mode, st); err != nil {
+			return ch, fmt.Errorf("back up %s: %w", path, err)
+		}
+	} else if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return ch, fmt.Errorf("create directory for %s: %w", path, err)
+	}
+	if err := writeAtomic(path, next, mode, st); err != nil {
+		return ch, fmt.Errorf("write %s: %w", path, err)
+	}
+	return ch, nil
+}
+
+// backupName is path.kl-backup-<stamp>; the suffix keeps CNI from reading it as a
+// network config (libcni only reads .conf, .conflist and .json files).
+func backupName(path string, t time.Time) string {
+	base := path + ".kl-backup-" + t.UTC().Format("20060102T150405Z")
+	name := base
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(name); errors.Is(err, fs.ErrNotExist) {
+			return name
+		}
+		name = fmt.Sprintf("%s.%d", base, i)
+	}
+}
+
+// writeAtomic writes data to a temporary file beside path and renames it over path, so
+// a reader (containerd, dockerd, a CNI runtime) never sees a half-written file. The new
+// file gets mode, and the owner of like when like is not nil.
+func writeAtomic(path string, data []byte, mode fs.FileMode, like fs.FileInfo) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".kl-tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after the rename
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if like != nil {
+		if err := chownLike(f, like); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// CopyBinary installs the executable src as dir/name atomically (mode 0755), the way
+// the install-cni container puts kl-cni into the node's CNI bin directory. It is a
+// no-op when the destination already has the same contents.
+func CopyBinary(src, dir, name string) (string, error) {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", src, err)
+	}
+	dst := filepath.Join(dir, name)
+	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, data) {
+		return dst, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := writeAtomic(dst, data, 0o755, nil); err != nil {
+		return "", fmt.Errorf("install %s: %w", dst, err)
+	}
+	return dst, nil
+}

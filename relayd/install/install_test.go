@@ -1,0 +1,340 @@
+package install
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// update regenerates the golden files instead of comparing with them.
+var update = os.Getenv("KL_UPDATE_GOLDEN") == "1"
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name)
+	if update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with KL_UPDATE_GOLDEN=1 to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file:\n%s", name, UnifiedDiff("golden", "got", want, got))
+	}
+}
+
+func read(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// The round trip every editor must honour on realistic configs: the installed form is
+// the golden one, installing twice changes nothing, uninstalling gives back the original
+// byte for byte, and uninstalling something without kl changes nothing.
+func TestRoundTrip(t *testing.T) {
+	cases := []struct {
+		name  string
+		file  string
+		e     Editor
+		clean bool // the file holds no kl entry to begin with
+	}{
+		{"calico", "10-calico.conflist", CNI{}, true},
+		{"flannel", "10-flannel.conflist", CNI{}, true},
+		{"containerd-net", "10-containerd-net.conflist", CNI{Conf: map[string]any{"socket": "/run/kl/relayd.sock"}}, true},
+		{"compact-kl-in-middle", "05-compact-kl-in-middle.conflist", CNI{}, false},
+		{"containerd-v2", "containerd-v2.toml", Containerd{}, true},
+		{"containerd-v2-kubeadm", "containerd-v2-kubeadm.toml", Containerd{}, true},
+		{"containerd-v2-minimal", "containerd-v2-minimal.toml", Containerd{}, true},
+		{"containerd-v3", "containerd-v3.toml", Containerd{BinaryName: "/usr/local/bin/kl-runtime"}, true},
+		{"containerd-v1", "containerd-v1.toml", Containerd{}, true},
+		{"docker", "daemon.json", Docker{}, true},
+		{"docker-default", "daemon-minimal.json", Docker{Default: true}, false},
+		{"docker-minimal", "daemon-minimal.json", Docker{}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			orig := read(t, tc.file)
+			got, err := tc.e.Install(orig)
+			if err != nil {
+				t.Fatalf("Install: %v", err)
+			}
+			golden(t, tc.name+".installed", got)
+			golden(t, tc.name+".diff", []byte(UnifiedDiff("a/"+tc.file, "b/"+tc.file, orig, got)))
+			again, err := tc.e.Install(got)
+			if err != nil {
+				t.Fatalf("second Install: %v", err)
+			}
+			if !bytes.Equal(again, got) {
+				t.Errorf("second Install changed the file:\n%s", UnifiedDiff("once", "twice", got, again))
+			}
+			back, err := tc.e.Uninstall(got)
+			if err != nil {
+				t.Fatalf("Uninstall: %v", err)
+			}
+			if tc.clean && !bytes.Equal(back, orig) {
+				t.Errorf("Uninstall(Install(x)) != x:\n%s", UnifiedDiff("original", "uninstalled", orig, back))
+			}
+			if !tc.clean {
+				golden(t, tc.name+".uninstalled", back)
+			}
+			twice, err := tc.e.Uninstall(back)
+			if err != nil {
+				t.Fatalf("second Uninstall: %v", err)
+			}
+			if !bytes.Equal(twice, back) {
+				t.Errorf("Uninstall of a file without kl changed it:\n%s", UnifiedDiff("once", "twice", back, twice))
+			}
+		})
+	}
+}
+
+func TestInstallErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		e    Editor
+		in   string
+		want string // substring of the error
+	}{
+		{"cni single plugin", CNI{}, string(read(t, "99-single.conf")), "single-plugin"},
+		{"cni not json", CNI{}, "{\"plugins\": [", "invalid JSON"},
+		{"cni plugins not a list", CNI{}, `{"name":"x","plugins":{}}`, `"plugins" is not a list`},
+		{"cni plugin not an object", CNI{}, `{"name":"x","plugins":["bridge"]}`, "plugins[0] is not an object"},
+		{"cni empty", CNI{}, "", "empty"},
+		{"cni type in Conf", CNI{Conf: map[string]any{"type": "x"}}, `{"plugins":[]}`, "set by Type"},
+		{"docker not an object", Docker{}, `[]`, "top level is not an object"},
+		{"docker runtimes not an object", Docker{}, `{"runtimes": []}`, `"runtimes" is not an object`},
+		{"docker other default", Docker{Default: true}, `{"default-runtime": "nvidia"}`, `"default-runtime" is "nvidia"`},
+		{"containerd bad toml", Containerd{}, "version = 2\n[plugins\n", "invalid TOML at line"},
+		{"containerd empty no version", Containerd{}, "", "choose the layout"},
+		{"containerd version 4", Containerd{}, "version = 4\n", "unsupported containerd config version 4"},
+		{"containerd inline runtimes", Containerd{}, string(read(t, "containerd-inline.toml")), "invalid TOML"},
+		{"containerd relative binary", Containerd{BinaryName: "kl-runtime"}, "version = 2\n", "absolute path"},
+		{"containerd quote in binary", Containerd{BinaryName: "/usr/bin/k\"l"}, "version = 2\n", "without quotes"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.e.Install([]byte(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Install(%q) error = %v, want one containing %q", tc.in, err, tc.want)
+			}
+		})
+	}
+}
+
+// An empty containerd config gets the layout the caller names; docker's gets created.
+func TestInstallIntoEmpty(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		e    Editor
+		want string
+	}{
+		{"containerd v2", Containerd{Version: 2}, "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"},
+		{"containerd v3", Containerd{Version: 3}, "version = 3\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n\n  [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"},
+		{"docker", Docker{}, "{\n  \"runtimes\": {\n    \"kl\": {\n      \"path\": \"/usr/bin/kl-runtime\"\n    }\n  }\n}\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.e.Install(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("Install(empty) =\n%s\nwant\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+// A stale kl entry under the same name is replaced, not duplicated.
+func TestInstallReplacesStale(t *testing.T) {
+	orig := read(t, "containerd-v3.toml")
+	old, err := Containerd{BinaryName: "/opt/old/kl-runtime"}.Install(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Containerd{}.Install(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(got, []byte("/opt/old")) || bytes.Count(got, []byte("runtimes.kl]")) != 1 {
+		t.Errorf("stale runtime not replaced:\n%s", UnifiedDiff("orig", "got", orig, got))
+	}
+	back, err := Containerd{}.Uninstall(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, orig) {
+		t.Errorf("uninstall after replace:\n%s", UnifiedDiff("orig", "back", orig, back))
+	}
+
+	d, err := Docker{}.Install([]byte(`{"runtimes": {"kl": {"path": "/old"}, "crun": {"path": "/usr/bin/crun"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"runtimes": {"crun": {"path": "/usr/bin/crun"}, "kl": {"path":"/usr/bin/kl-runtime"}}}`; string(d) != want {
+		t.Errorf("docker replace = %s, want %s", d, want)
+	}
+}
+
+// SystemdCgroup follows the default runtime, so kl's pods use the kubelet's driver.
+func TestContainerdSystemdCgroup(t *testing.T) {
+	got, err := Containerd{}.Install(read(t, "containerd-v2-kubeadm.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(got, []byte("BinaryName = \"/usr/bin/kl-runtime\"\n            SystemdCgroup = true\n")) {
+		t.Errorf("SystemdCgroup not copied from runc:\n%s", got)
+	}
+}
+
+func TestApply(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "10-calico.conflist")
+	orig := read(t, "10-calico.conflist")
+	if err := os.WriteFile(path, orig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	now := func() time.Time { return time.Date(2026, 11, 30, 4, 5, 6, 0, time.UTC) }
+
+	// Dry run: a diff, nothing written.
+	ch, err := Apply(path, CNI{}, Options{DryRun: true, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ch.Changed || ch.Diff == "" || ch.Backup != "" {
+		t.Errorf("dry run = %+v, want a change with a diff and no backup", ch)
+	}
+	if cur, _ := os.ReadFile(path); !bytes.Equal(cur, orig) {
+		t.Error("dry run wrote the file")
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("dry run left %d files in the directory", len(ents))
+	}
+
+	// The diff is a real patch: applying it gives the installed file.
+	if _, err := exec.LookPath("patch"); err == nil {
+		cp := filepath.Join(dir, "patched")
+		if err := os.WriteFile(cp, orig, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("patch", "-s", cp)
+		cmd.Stdin = strings.NewReader(ch.Diff)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("patch: %v\n%s\n%s", err, out, ch.Diff)
+		}
+		want, _ := CNI{}.Install(orig)
+		if got, _ := os.ReadFile(cp); !bytes.Equal(got, want) {
+			t.Errorf("patched file differs from Install's output:\n%s", UnifiedDiff("install", "patched", want, got))
+		}
+		os.Remove(cp)
+	}
+
+	// Install: backup with the old contents, same mode, CNI ignores the backup.
+	ch, err = Apply(path, CNI{}, Options{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantBackup := path + ".kl-backup-20261130T040506Z"
+	if ch.Backup != wantBackup {
+		t.Errorf("backup = %q, want %q", ch.Backup, wantBackup)
+	}
+	if b, _ := os.ReadFile(wantBackup); !bytes.Equal(b, orig) {
+		t.Error("backup does not hold the original contents")
+	}
+	for _, p := range []string{path, wantBackup} {
+		if st, err := os.Stat(p); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("mode of %s = %v (%v), want 0600", p, st.Mode().Perm(), err)
+		}
+	}
+	if found, err := FindCNIConfig(dir); err != nil || found != path {
+		t.Errorf("FindCNIConfig = %q, %v; want %q", found, err, path)
+	}
+
+	// Again: nothing to do, no second backup.
+	ch, err = Apply(path, CNI{}, Options{Now: now})
+	if err != nil || ch.Changed || ch.Backup != "" {
+		t.Errorf("second Apply = %+v, %v; want no change", ch, err)
+	}
+
+	// Uninstall restores the original bytes, with a second backup beside the first.
+	ch, err = Apply(path, CNI{}, Options{Uninstall: true, Now: now})
+	if err != nil || !ch.Changed {
+		t.Fatalf("uninstall = %+v, %v", ch, err)
+	}
+	if ch.Backup != wantBackup+".1" {
+		t.Errorf("second backup = %q, want %q", ch.Backup, wantBackup+".1")
+	}
+	if cur, _ := os.ReadFile(path); !bytes.Equal(cur, orig) {
+		t.Errorf("uninstall did not restore the original:\n%s", UnifiedDiff("orig", "cur", orig, cur))
+	}
+
+	// A missing file: uninstall leaves it missing, install creates it.
+	missing := filepath.Join(dir, "docker", "daemon.json")
+	if ch, err := Apply(missing, Docker{}, Options{Uninstall: true}); err != nil || ch.Changed {
+		t.Errorf("uninstall of a missing file = %+v, %v", ch, err)
+	}
+	ch, err = Apply(missing, Docker{}, Options{})
+	if err != nil || !ch.Created || !ch.Changed {
+		t.Fatalf("install into a missing file = %+v, %v", ch, err)
+	}
+	if st, err := os.Stat(missing); err != nil || st.Mode().Perm() != 0o644 {
+		t.Errorf("created daemon.json: %v %v", st, err)
+	}
+
+	// Errors name the file and leave it alone.
+	bad := filepath.Join(dir, "bad.conflist")
+	if err := os.WriteFile(bad, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(bad, CNI{}, Options{}); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("Apply(bad) error = %v, want one naming %s", err, bad)
+	}
+}
+
+func TestFindCNIConfig(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := FindCNIConfig(dir); err == nil {
+		t.Error("empty directory: want an error")
+	}
+	for _, n := range []string{"99-b.conf", "10-a.conflist.kl-backup-x", "README", "20-c.conflist", "05-z.json"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := FindCNIConfig(dir); err != nil || filepath.Base(got) != "05-z.json" {
+		t.Errorf("FindCNIConfig = %q, %v; want 05-z.json", got, err)
+	}
+}
+
+func TestCopyBinary(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.WriteFile(src, []byte("#!/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dst, err := CopyBinary(src, filepath.Join(dir, "bin"), "kl-cni")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dst)
+	if err != nil || st.Mode().Perm() != 0o755 {
+		t.Fatalf("installed binary: %v %v", st, err)
+	}
+	if _, err := CopyBinary(filepath.Join(dir, "nope"), dir, "x"); err == nil {
+		t.Error("missing source: want an error")
+	}
+}
