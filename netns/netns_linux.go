@@ -78,9 +78,13 @@ func doLocked(nsPath string, target int, fn func() error) (err error) {
 
 // Listen opens a TCP listener whose socket is created inside the netns at nsPath; it stays
 // bound there after the thread leaves (the in-pod listener model of Istio's ztunnel).
-// network is "tcp", "tcp4" or "tcp6". "tcp" with an unspecified host (":15001") gives ONE
-// dual-stack socket on [::] that also accepts IPv4 (as v4-mapped addresses); OriginalDst
-// handles both families on it, so the relay needs one listener per netns.
+// network is "tcp", "tcp4" or "tcp6".
+//
+// For the capture redirect, listen on loopback once per family: ("tcp4", "127.0.0.1:P")
+// and ("tcp6", "[::1]:P"). Redirect in the output hook always rewrites to 127.0.0.1 or
+// ::1, so that is all the relay needs, and other hosts cannot reach the port through the
+// pod's address. ("tcp", ":P") also works — one dual-stack [::] socket that accepts IPv4 as
+// v4-mapped addresses, which OriginalDst handles — but it is reachable from the network.
 func Listen(nsPath, network, addr string) (net.Listener, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
@@ -186,6 +190,10 @@ const ip6tSOOriginalDst = 80
 // table rewrote it: SO_ORIGINAL_DST for IPv4 (also on a dual-stack socket, where the peer
 // is a v4-mapped address) and IP6T_SO_ORIGINAL_DST for IPv6. It works on the socket in
 // place (no file descriptor is duplicated).
+//
+// A connection that was not redirected (a client inside the pod dialing 127.0.0.1:P
+// itself, which the program exempts) has no NAT: the result is the listener's own address.
+// Callers must refuse such flows rather than dial them, or they loop.
 func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	if c == nil {
 		return netip.AddrPort{}, errors.New("original destination: nil connection")

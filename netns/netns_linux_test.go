@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"runtime"
 	"strings"
 	"sync"
@@ -264,9 +267,20 @@ func newTopology(t *testing.T) *topology {
 }
 
 // relay listens on the redirect port in the pod and answers "relay <original dst>".
-func (tp *topology) relay(t *testing.T) net.Listener {
+// With dualStack it opens one [::] socket, otherwise one per family on loopback only.
+func (tp *topology) relay(t *testing.T, dualStack bool) {
 	t.Helper()
-	ln, err := Listen(tp.pod.Path, "tcp", fmt.Sprintf(":%d", relayPort))
+	if dualStack {
+		tp.relayOn(t, "tcp", fmt.Sprintf(":%d", relayPort))
+		return
+	}
+	tp.relayOn(t, "tcp4", fmt.Sprintf("127.0.0.1:%d", relayPort))
+	tp.relayOn(t, "tcp6", fmt.Sprintf("[::1]:%d", relayPort))
+}
+
+func (tp *topology) relayOn(t *testing.T, network, addr string) {
+	t.Helper()
+	ln, err := Listen(tp.pod.Path, network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +300,6 @@ func (tp *topology) relay(t *testing.T) net.Listener {
 			c.Close()
 		}
 	}()
-	return ln
 }
 
 // connect opens a TCP connection from the pod (unmarked unless mark != 0) and returns the
@@ -302,6 +315,12 @@ func (tp *topology) connect(mark uint32, addr string) (string, error) {
 }
 
 func TestCaptureRedirects(t *testing.T) {
+	for _, dual := range []bool{true, false} {
+		t.Run(fmt.Sprintf("dual-stack=%v", dual), func(t *testing.T) { testCaptureRedirects(t, dual) })
+	}
+}
+
+func testCaptureRedirects(t *testing.T, dualStack bool) {
 	tp := newTopology(t)
 	c := Capture{RedirectPort: relayPort, Mark: 0x539, IPv6: true, RejectQUIC: true,
 		ExcludeCIDRs: prefixes("198.51.100.0/24", "fd00:1::/64"), ExcludePorts: []uint16{2222}}
@@ -312,7 +331,7 @@ func TestCaptureRedirects(t *testing.T) {
 	if err := Verify(tp.pod.Path, c); err != nil {
 		t.Fatalf("Verify right after Install: %v", err)
 	}
-	tp.relay(t)
+	tp.relay(t, dualStack)
 
 	tests := []struct {
 		name string
@@ -579,6 +598,21 @@ func TestRemove(t *testing.T) {
 		t.Error("Verify on a deleted netns succeeded")
 	}
 	testutil.Run(t, "ip", "netns", "add", gone.Name) // for the cleanup's delete
+
+	// A mount point whose namespace was unmounted (a runtime cleaning up half-way) is gone
+	// too, and so is a /proc path of a process that exited.
+	stale := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{stale, "/proc/999999999/ns/net"} {
+		if err := Remove(p); err != nil {
+			t.Errorf("Remove(%s) = %v, want nil", p, err)
+		}
+		if err := Install(p, c); err == nil {
+			t.Errorf("Install(%s) succeeded", p)
+		}
+	}
 }
 
 func TestOriginalDstUnredirected(t *testing.T) {
@@ -620,4 +654,125 @@ func immediateRefusal(err error) bool {
 		}
 	}
 	return false
+}
+
+func BenchmarkInstall(b *testing.B) {
+	testutil.RequireTool(b, "nft")
+	ns := testutil.NewNetns(b, "klbi")
+	c := goldenCaptures[4].c
+	for b.Loop() {
+		if err := Install(ns.Path, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkVerify(b *testing.B) {
+	testutil.RequireTool(b, "nft")
+	ns := testutil.NewNetns(b, "klbv")
+	c := goldenCaptures[4].c
+	if err := Install(ns.Path, c); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := Verify(ns.Path, c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkInstallRemove(b *testing.B) {
+	testutil.RequireTool(b, "nft")
+	ns := testutil.NewNetns(b, "klbr")
+	c := goldenCaptures[0].c
+	for b.Loop() {
+		if err := Install(ns.Path, c); err != nil {
+			b.Fatal(err)
+		}
+		if err := Remove(ns.Path); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDo(b *testing.B) {
+	ns := testutil.NewNetns(b, "klbd")
+	for b.Loop() {
+		if err := Do(ns.Path, func() error { return nil }); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkListen(b *testing.B) {
+	ns := testutil.NewNetns(b, "klbl")
+	for b.Loop() {
+		ln, err := Listen(ns.Path, "tcp4", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		ln.Close()
+	}
+}
+
+func BenchmarkDial(b *testing.B) {
+	ns := testutil.NewNetns(b, "klbdl")
+	ln, err := Listen(ns.Path, "tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	ctx := context.Background()
+	for b.Loop() {
+		c, err := Dial(ctx, ns.Path, 0x539, "tcp4", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Close()
+	}
+}
+
+// BenchmarkInstallFresh measures what a CNI ADD and DEL pay: Install into a netns that has
+// never had a nat chain (the kernel sets up conntrack and nat for it), then Remove.
+func BenchmarkInstallFresh(b *testing.B) {
+	testutil.RequireTool(b, "nft")
+	c := goldenCaptures[0].c
+	var install, remove []time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		name := testutil.Name("klbf")
+		testutil.Run(b, "ip", "netns", "add", name)
+		path := "/var/run/netns/" + name
+		b.StartTimer()
+		t0 := time.Now()
+		if err := Install(path, c); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := Remove(path); err != nil {
+			b.Fatal(err)
+		}
+		install = append(install, t1.Sub(t0))
+		remove = append(remove, time.Since(t1))
+		b.StopTimer()
+		testutil.Run(b, "ip", "netns", "del", name)
+		b.StartTimer()
+	}
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"install", install}, {"remove", remove}} {
+		slices.Sort(m.d)
+		b.ReportMetric(float64(m.d[len(m.d)/2].Microseconds()), m.name+"-p50-µs")
+		b.ReportMetric(float64(m.d[len(m.d)*99/100].Microseconds()), m.name+"-p99-µs")
+	}
 }
