@@ -1,0 +1,220 @@
+// Package hook is kl-hook, the OCI hook kl-runtime adds to every container it edits.
+//
+// At createRuntime (`kl-hook create`), once the container's namespaces exist, it makes
+// sure the container's network namespace is served by kl-relayd: unless some registration
+// (kl-cni's for a Kubernetes pod, another container's sharing the netns) already covers
+// that netns, it registers the container and, in transparent mode, installs the nftables
+// capture through netns/. At poststop (`kl-hook delete`) it removes its own registration.
+// Host-network containers are left alone, with a log line. Any failure fails container
+// creation (fail closed) unless the operator set fail_open.
+//
+// It reads the OCI state from stdin and never writes to stdout.
+package hook
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/shim/config"
+	"github.com/kl-egress/kl/shim/docker"
+	"github.com/kl-egress/kl/shim/workload"
+)
+
+// Relay is the part of api.Client the hook uses.
+type Relay interface {
+	Register(ctx context.Context, w api.Workload) (api.Registration, error)
+	Deregister(ctx context.Context, id string) error
+	Get(ctx context.Context, id string) (api.Registration, bool, error)
+	List(ctx context.Context) ([]api.Registration, error)
+}
+
+// Test seams.
+var (
+	newRelay = func(cfg *config.Config) Relay { return api.NewClient(cfg.RelaySocket, cfg.RelayTimeout) }
+	backend  netns.Backend // nil: the real nftables backend
+	procRoot = "/proc"
+	hostNet  = "/proc/self/ns/net"
+	sameNs   = netns.SameNetns
+	lookup   = func(cfg *config.Config) workload.Lookup {
+		if cfg.DockerSocket == "-" {
+			return nil
+		}
+		return docker.Client{Socket: cfg.DockerSocket}
+	}
+)
+
+// Run is kl-hook's main: args are os.Args, stdin carries the OCI state.
+func Run(ctx context.Context, args []string, stdin io.Reader) error {
+	fs := flag.NewFlagSet("kl-hook", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfgPath := fs.String("config", "", "kl runtime settings file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
+	mode := fs.String("mode", "", "egress mode kl-runtime chose for this container")
+	if err := fs.Parse(args[1:]); err != nil {
+		return fmt.Errorf("usage: kl-hook [--config FILE] [--mode MODE] create|delete: %w", err)
+	}
+	if fs.NArg() != 1 || (fs.Arg(0) != "create" && fs.Arg(0) != "delete") {
+		return fmt.Errorf("usage: kl-hook [--config FILE] [--mode MODE] create|delete (got %q)", fs.Args())
+	}
+	if *mode != "" && !config.ValidMode(*mode) {
+		return fmt.Errorf("--mode %q: want env, proxy or transparent", *mode)
+	}
+	cfg, err := config.Load(config.Resolve(*cfgPath))
+	if err != nil {
+		return err
+	}
+	log, closeLog := cfg.Logger("kl-hook")
+	defer closeLog()
+	st, err := ParseState(stdin)
+	if err != nil {
+		return err
+	}
+	h := &Hook{Config: cfg, Relay: newRelay(cfg), Log: log.With("id", st.ID, "stage", fs.Arg(0))}
+	if fs.Arg(0) == "create" {
+		err = h.Create(ctx, st, *mode)
+	} else {
+		err = h.Delete(ctx, st)
+	}
+	if err != nil && cfg.FailOpen {
+		h.Log.Error("fail_open: continuing without kl", "err", err)
+		return nil
+	}
+	if err != nil {
+		h.Log.Error("hook failed", "err", err)
+	}
+	return err
+}
+
+// Hook holds what one hook run needs.
+type Hook struct {
+	Config *config.Config
+	Relay  Relay
+	Log    *slog.Logger
+}
+
+// Create covers the container's netns, if no registration does yet.
+func (h *Hook) Create(ctx context.Context, st State, mode string) error {
+	if st.Pid <= 0 {
+		return fmt.Errorf("%w: createRuntime state without a pid", ErrBadState)
+	}
+	info, err := workload.Identify(ctx, h.Config, st.ID, st.Annotations, lookup(h.Config), h.Log)
+	if err != nil {
+		return err
+	}
+	if info.Exempt != "" {
+		h.Log.Info("exempt: not captured", "why", info.Exempt)
+		return nil
+	}
+	if mode == "" {
+		mode = info.Mode
+	}
+	if mode == api.ModeEnv {
+		h.Log.Debug("env mode: nothing to set up")
+		return nil
+	}
+	nsPath := procRoot + "/" + strconv.Itoa(st.Pid) + "/ns/net"
+	host, err := sameNs(nsPath, hostNet)
+	if err != nil {
+		return fmt.Errorf("container %s: network namespace of pid %d: %w", st.ID, st.Pid, err)
+	}
+	if host {
+		h.Log.Warn("host network: container shares the node's network namespace; not captured", "mode", mode)
+		return nil
+	}
+	regs, err := h.Relay.List(ctx)
+	if err != nil {
+		return fmt.Errorf("container %s: list relay registrations: %w", st.ID, err)
+	}
+	for _, r := range regs {
+		if r.Workload.Netns == "" {
+			continue
+		}
+		same, err := sameNs(r.Workload.Netns, nsPath)
+		if err != nil {
+			continue // a stale registration whose netns is gone
+		}
+		if same {
+			h.Log.Info("netns already registered; left as it is", "registered_id", r.Workload.ID, "source", r.Workload.Source)
+			return nil
+		}
+	}
+	w := api.Workload{
+		ID: st.ID, Netns: nsPath, Mode: mode, Source: "hook",
+		Namespace: info.Namespace, Name: info.Name, Labels: info.Labels,
+		Annotations: st.Annotations, Image: info.Image,
+	}
+	reg, err := h.Relay.Register(ctx, w)
+	if err != nil {
+		return fmt.Errorf("container %s: register with kl-relayd: %w", st.ID, err)
+	}
+	if mode == api.ModeTransparent {
+		c, err := h.capture(reg)
+		if err == nil {
+			err = install(nsPath, c)
+		}
+		if err != nil {
+			if derr := h.Relay.Deregister(ctx, st.ID); derr != nil {
+				h.Log.Warn("roll back registration", "err", derr)
+			}
+			return fmt.Errorf("container %s: capture: %w", st.ID, err)
+		}
+	}
+	h.Log.Info("registered", "mode", mode, "netns", nsPath, "engine", info.Engine, "image", info.Image,
+		"redirect", reg.Listeners.Redirect, "http", reg.Listeners.HTTP, "socks", reg.Listeners.SOCKS)
+	return nil
+}
+
+// Delete removes the registration this hook made for the container, if any. A
+// registration made by kl-cni (same id, other source) belongs to kl-cni's DEL.
+func (h *Hook) Delete(ctx context.Context, st State) error {
+	reg, found, err := h.Relay.Get(ctx, st.ID)
+	if err != nil {
+		return fmt.Errorf("container %s: look up registration: %w", st.ID, err)
+	}
+	if !found {
+		h.Log.Debug("not registered")
+		return nil
+	}
+	if reg.Workload.Source != "hook" {
+		h.Log.Info("registration belongs to another source; left as it is", "source", reg.Workload.Source)
+		return nil
+	}
+	if err := h.Relay.Deregister(ctx, st.ID); err != nil {
+		return fmt.Errorf("container %s: deregister: %w", st.ID, err)
+	}
+	h.Log.Info("deregistered")
+	return nil
+}
+
+func (h *Hook) capture(reg api.Registration) (netns.Capture, error) {
+	cc := h.Config.Capture
+	c := netns.Capture{RedirectPort: cc.RedirectPort, Mark: cc.Mark, ExcludePorts: cc.ExcludePorts}
+	if c.RedirectPort == 0 {
+		c.RedirectPort = reg.Listeners.Redirect
+	}
+	if c.RedirectPort == 0 {
+		c.RedirectPort = api.DefaultRedirectPort
+	}
+	c.IPv6 = cc.IPv6 == nil || *cc.IPv6
+	c.RejectQUIC = cc.RejectQUIC == nil || *cc.RejectQUIC
+	for _, s := range cc.ExcludeCIDRs {
+		p, err := config.ParsePrefix(s)
+		if err != nil {
+			return c, fmt.Errorf("exclude_cidrs %q: %w", s, err)
+		}
+		c.ExcludeCIDRs = append(c.ExcludeCIDRs, p)
+	}
+	return c, nil
+}
+
+func install(nsPath string, c netns.Capture) error {
+	if backend != nil {
+		return netns.InstallWith(backend, nsPath, c)
+	}
+	return netns.Install(nsPath, c)
+}

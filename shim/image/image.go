@@ -1,0 +1,164 @@
+// Package image normalizes container image references the way Docker and containerd
+// do, so that `nginx`, `library/nginx` and `docker.io/library/nginx:latest` name the same
+// image in labels, registrations and rules. It does not pull or resolve anything.
+package image
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ErrBadReference marks a string that is not an image reference.
+var ErrBadReference = errors.New("invalid image reference")
+
+const maxRefLen = 4096
+
+// Normalize returns the fully qualified form of ref: registry host, repository path
+// (with `library/` for official Docker Hub images) and a tag (`latest` when neither a tag
+// nor a digest is given); a digest is kept. Image ids (`sha256:<hex>`) are returned as
+// they are.
+func Normalize(ref string) (string, error) {
+	if ref == "" {
+		return "", fmt.Errorf("%w: empty", ErrBadReference)
+	}
+	if len(ref) > maxRefLen {
+		return "", fmt.Errorf("%w: longer than %d bytes", ErrBadReference, maxRefLen)
+	}
+	if strings.HasPrefix(ref, "sha256:") {
+		if !isHex(ref[len("sha256:"):], 64) {
+			return "", fmt.Errorf("%w: %q: bad image id", ErrBadReference, ref)
+		}
+		return ref, nil
+	}
+	name, digest, hasDigest := strings.Cut(ref, "@")
+	if hasDigest {
+		if err := checkDigest(digest); err != nil {
+			return "", fmt.Errorf("%w: %q: %w", ErrBadReference, ref, err)
+		}
+	}
+	tag := ""
+	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') {
+		name, tag = name[:i], name[i+1:]
+		if err := checkTag(tag); err != nil {
+			return "", fmt.Errorf("%w: %q: %w", ErrBadReference, ref, err)
+		}
+	}
+	domain, path := "docker.io", name
+	if first, rest, ok := strings.Cut(name, "/"); ok && (strings.ContainsAny(first, ".:") || first == "localhost") {
+		domain, path = first, rest
+		if err := checkDomain(domain); err != nil {
+			return "", fmt.Errorf("%w: %q: %w", ErrBadReference, ref, err)
+		}
+	}
+	if domain == "index.docker.io" {
+		domain = "docker.io"
+	}
+	if domain == "docker.io" && !strings.Contains(path, "/") {
+		path = "library/" + path
+	}
+	if err := checkPath(path); err != nil {
+		return "", fmt.Errorf("%w: %q: %w", ErrBadReference, ref, err)
+	}
+	out := domain + "/" + path
+	if tag != "" {
+		out += ":" + tag
+	} else if !hasDigest {
+		out += ":latest"
+	}
+	if hasDigest {
+		out += "@" + digest
+	}
+	return out, nil
+}
+
+func checkPath(path string) error {
+	for _, comp := range strings.Split(path, "/") {
+		if comp == "" {
+			return errors.New("empty path component")
+		}
+		for i := 0; i < len(comp); i++ {
+			c := comp[i]
+			switch {
+			case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+			case c == '.' || c == '_' || c == '-':
+				if i == 0 || i == len(comp)-1 {
+					return fmt.Errorf("path component %q starts or ends with a separator", comp)
+				}
+			default:
+				return fmt.Errorf("character %q not allowed in repository path %q (lowercase letters, digits, . _ -)", c, path)
+			}
+		}
+	}
+	return nil
+}
+
+func checkDomain(d string) error {
+	host, port, hasPort := strings.Cut(d, ":")
+	if host == "" {
+		return errors.New("empty registry host")
+	}
+	if hasPort && (port == "" || !isDigits(port)) {
+		return fmt.Errorf("bad registry port %q", port)
+	}
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '[' || c == ']') {
+			return fmt.Errorf("character %q not allowed in registry host %q", c, host)
+		}
+	}
+	return nil
+}
+
+func checkTag(t string) error {
+	if t == "" || len(t) > 128 {
+		return fmt.Errorf("tag %q must be 1 to 128 characters", t)
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || (i > 0 && (c == '.' || c == '-'))
+		if !ok {
+			return fmt.Errorf("character %q not allowed in tag %q", c, t)
+		}
+	}
+	return nil
+}
+
+func checkDigest(d string) error {
+	alg, hex, ok := strings.Cut(d, ":")
+	if !ok || alg == "" || len(hex) < 32 {
+		return fmt.Errorf("bad digest %q", d)
+	}
+	for i := 0; i < len(alg); i++ {
+		c := alg[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("bad digest algorithm %q", alg)
+		}
+	}
+	if !isHex(hex, len(hex)) {
+		return fmt.Errorf("bad digest %q", d)
+	}
+	return nil
+}
+
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func isDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}

@@ -1,0 +1,48 @@
+package image
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestNormalize(t *testing.T) {
+	const dg = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	tests := []struct {
+		name, in, want string
+	}{
+		{"official", "nginx", "docker.io/library/nginx:latest"},
+		{"official tag", "nginx:1.25", "docker.io/library/nginx:1.25"},
+		{"library", "library/nginx", "docker.io/library/nginx:latest"},
+		{"hub user", "bitnami/redis:7", "docker.io/bitnami/redis:7"},
+		{"hub explicit", "docker.io/nginx", "docker.io/library/nginx:latest"},
+		{"index host", "index.docker.io/library/nginx:1", "docker.io/library/nginx:1"},
+		{"registry", "ghcr.io/org/app", "ghcr.io/org/app:latest"},
+		{"registry port", "localhost:5000/app:v2", "localhost:5000/app:v2"},
+		{"localhost", "localhost/app", "localhost/app:latest"},
+		{"digest", "nginx@" + dg, "docker.io/library/nginx@" + dg},
+		{"tag and digest", "nginx:1@" + dg, "docker.io/library/nginx:1@" + dg},
+		{"image id", dg, dg},
+		{"deep path", "quay.io/a/b/c:x.y-z", "quay.io/a/b/c:x.y-z"},
+		{"already normal", "docker.io/library/busybox:latest", "docker.io/library/busybox:latest"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Normalize(tt.in)
+			if err != nil || got != tt.want {
+				t.Fatalf("Normalize(%q) = %q, %v, want %q", tt.in, got, err, tt.want)
+			}
+			again, err := Normalize(got)
+			if err != nil || again != got {
+				t.Fatalf("Normalize(%q) = %q, %v: not idempotent", got, again, err)
+			}
+		})
+	}
+}
+
+func TestNormalizeBad(t *testing.T) {
+	for _, in := range []string{"", "Nginx", "nginx:", "nginx:-x", "a//b", "nginx@sha256:zz", "sha256:abc", "ex ample", "reg:port/x", "/x", "x/"} {
+		if got, err := Normalize(in); !errors.Is(err, ErrBadReference) {
+			t.Errorf("Normalize(%q) = %q, %v, want ErrBadReference", in, got, err)
+		}
+	}
+}

@@ -1,0 +1,229 @@
+package oci
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// A Modifier makes one kind of edit to a spec. Applying it twice gives the same spec as
+// applying it once.
+type Modifier interface {
+	Modify(s *Spec) error
+	String() string
+}
+
+// List applies modifiers in order and stops at the first error.
+type List []Modifier
+
+// Modify applies every modifier of the list.
+func (l List) Modify(s *Spec) error {
+	for _, m := range l {
+		if err := m.Modify(s); err != nil {
+			return fmt.Errorf("%s: %w", m, err)
+		}
+	}
+	return nil
+}
+
+func (l List) String() string {
+	names := make([]string, len(l))
+	for i, m := range l {
+		names[i] = m.String()
+	}
+	return "[" + strings.Join(names, ", ") + "]"
+}
+
+// Var is one environment variable to inject.
+type Var struct{ Name, Value string }
+
+// Env injects environment variables into process.env. Names are grouped without regard
+// to case (HTTP_PROXY and http_proxy are one group) because tools disagree about which
+// spelling they read: if the spec already sets any spelling of a group, the whole group is
+// left to the spec, unless the group is forced, in which case every spelling the spec had
+// is replaced by kl's.
+type Env struct {
+	Vars  []Var
+	Force []string // group names (any case) kl overrides
+}
+
+var _ Modifier = Env{}
+
+func (e Env) String() string { return fmt.Sprintf("env(%d variables)", len(e.Vars)) }
+
+// Modify implements Modifier.
+func (e Env) Modify(s *Spec) error {
+	env, err := s.Env()
+	if err != nil {
+		return err
+	}
+	forced := func(group string) bool {
+		return slices.ContainsFunc(e.Force, func(f string) bool { return f == "*" || strings.EqualFold(f, group) })
+	}
+	present := map[string]bool{}
+	for _, kv := range env {
+		present[strings.ToUpper(envName(kv))] = true
+	}
+	// Decide per group first: a group is skipped when the spec had it before this call.
+	skip := map[string]bool{}
+	for _, v := range e.Vars {
+		g := strings.ToUpper(v.Name)
+		if forced(g) {
+			continue
+		}
+		if present[g] {
+			skip[g] = true
+		}
+	}
+	// A forced group takes the place of the spec's first entry of that group, so a second
+	// application leaves the order as the first one did; other new groups are appended.
+	byGroup := map[string][]string{}
+	var order []string
+	for _, v := range e.Vars {
+		g := strings.ToUpper(v.Name)
+		if skip[g] {
+			continue
+		}
+		if _, ok := byGroup[g]; !ok {
+			order = append(order, g)
+		}
+		byGroup[g] = append(byGroup[g], v.Name+"="+v.Value)
+	}
+	emitted := map[string]bool{}
+	out := env[:0:0]
+	for _, kv := range env {
+		g := strings.ToUpper(envName(kv))
+		if _, ours := byGroup[g]; !ours {
+			out = append(out, kv)
+			continue
+		}
+		if !emitted[g] {
+			out = append(out, byGroup[g]...)
+			emitted[g] = true
+		}
+	}
+	for _, g := range order {
+		if !emitted[g] {
+			out = append(out, byGroup[g]...)
+		}
+	}
+	return s.setEnv(out)
+}
+
+func envName(kv string) string {
+	if i := strings.IndexByte(kv, '='); i >= 0 {
+		return kv[:i]
+	}
+	return kv
+}
+
+// Mount adds a mount. Any mount the spec already has at the same destination is removed
+// first, so a workload cannot put its own file where kl's belongs.
+type Mount struct {
+	Destination string
+	Type        string
+	Source      string
+	Options     []string
+}
+
+var _ Modifier = Mount{}
+
+func (m Mount) String() string { return fmt.Sprintf("mount(%s -> %s)", m.Source, m.Destination) }
+
+// Modify implements Modifier.
+func (m Mount) Modify(s *Spec) error {
+	if !filepath.IsAbs(m.Destination) || !filepath.IsAbs(m.Source) {
+		return fmt.Errorf("mount source %q and destination %q must be absolute paths", m.Source, m.Destination)
+	}
+	list, _ := s.doc["mounts"].([]any)
+	dst := filepath.Clean(m.Destination)
+	out := make([]any, 0, len(list)+1)
+	for _, x := range list {
+		if mm, ok := x.(map[string]any); ok {
+			if d, _ := mm["destination"].(string); d != "" && filepath.Clean(d) == dst {
+				continue
+			}
+		}
+		out = append(out, x)
+	}
+	opts := make([]any, len(m.Options))
+	for i, o := range m.Options {
+		opts[i] = o
+	}
+	out = append(out, map[string]any{
+		"destination": m.Destination,
+		"type":        m.Type,
+		"source":      m.Source,
+		"options":     opts,
+	})
+	s.doc["mounts"] = out
+	return nil
+}
+
+// Hook adds one OCI hook at a lifecycle stage (createRuntime, poststop, …). An existing
+// hook with the same path and the same last argument (the hook's subcommand) is replaced,
+// so the hook is never listed twice.
+type Hook struct {
+	Stage   string
+	Path    string
+	Args    []string // args[0] is the program name, as in the OCI spec
+	Timeout int      // seconds; 0 = none
+}
+
+var _ Modifier = Hook{}
+
+func (h Hook) String() string { return fmt.Sprintf("hook(%s %s)", h.Stage, strings.Join(h.Args, " ")) }
+
+// Modify implements Modifier.
+func (h Hook) Modify(s *Spec) error {
+	if !filepath.IsAbs(h.Path) {
+		return fmt.Errorf("hook path %q must be absolute", h.Path)
+	}
+	hooks, _ := s.doc["hooks"].(map[string]any)
+	if hooks == nil {
+		hooks = map[string]any{}
+	}
+	var list []any
+	if x, ok := hooks[h.Stage]; ok && x != nil {
+		l, ok := x.([]any)
+		if !ok {
+			return fmt.Errorf("%w: hooks.%s is %s, not an array", ErrMalformed, h.Stage, kind(x))
+		}
+		list = l
+	}
+	out := make([]any, 0, len(list)+1)
+	for _, x := range list {
+		if h.same(x) {
+			continue
+		}
+		out = append(out, x)
+	}
+	args := make([]any, len(h.Args))
+	for i, a := range h.Args {
+		args[i] = a
+	}
+	entry := map[string]any{"path": h.Path, "args": args}
+	if h.Timeout > 0 {
+		entry["timeout"] = h.Timeout
+	}
+	hooks[h.Stage] = append(out, entry)
+	s.doc["hooks"] = hooks
+	return nil
+}
+
+func (h Hook) same(x any) bool {
+	m, ok := x.(map[string]any)
+	if !ok {
+		return false
+	}
+	if p, _ := m["path"].(string); p != h.Path {
+		return false
+	}
+	args, _ := m["args"].([]any)
+	if len(args) == 0 || len(h.Args) == 0 {
+		return len(args) == len(h.Args)
+	}
+	last, _ := args[len(args)-1].(string)
+	return last == h.Args[len(h.Args)-1]
+}

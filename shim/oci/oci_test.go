@@ -1,0 +1,178 @@
+package oci
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func testMods() List {
+	return List{
+		Env{Vars: []Var{
+			{"HTTP_PROXY", "http://127.0.0.1:15080"}, {"http_proxy", "http://127.0.0.1:15080"},
+			{"HTTPS_PROXY", "http://127.0.0.1:15080"}, {"https_proxy", "http://127.0.0.1:15080"},
+			{"NODE_USE_ENV_PROXY", "1"},
+		}, Force: []string{"http_proxy"}},
+		Mount{Destination: "/etc/kl/rules.yaml", Type: "bind", Source: "/etc/kl/rules.yaml", Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+		Hook{Stage: "createRuntime", Path: "/usr/local/bin/kl-hook", Args: []string{"kl-hook", "create"}, Timeout: 30},
+		Hook{Stage: "poststop", Path: "/usr/local/bin/kl-hook", Args: []string{"kl-hook", "delete"}, Timeout: 30},
+	}
+}
+
+// TestGolden applies the modifiers to a spec full of fields kl does not model and
+// compares with testdata/spec.golden.json (KL_UPDATE_GOLDEN=1 rewrites it).
+func TestGolden(t *testing.T) {
+	data, err := os.ReadFile("testdata/spec.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Parse("spec.json", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testMods().Modify(s); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const golden = "testdata/spec.golden.json"
+	if os.Getenv("KL_UPDATE_GOLDEN") == "1" {
+		if err := os.WriteFile(golden, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run with KL_UPDATE_GOLDEN=1 to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("edited spec differs from %s:\n%s", golden, got)
+	}
+	// Fields kl does not model survive exactly, numbers included.
+	for _, frag := range []string{`18446744073709551615`, `12345678901234567890`, `1e400`, `1.50`, `"X=<&>"`, `"x-process-future"`, `"/usr/bin/nvidia"`, `"prestart"`} {
+		if !bytes.Contains(got, []byte(frag)) {
+			t.Errorf("edited spec lost %s", frag)
+		}
+	}
+	if bytes.Contains(got, []byte("/home/evil")) {
+		t.Errorf("the workload's own mount at /etc/kl/rules.yaml survived")
+	}
+}
+
+func TestIdempotent(t *testing.T) {
+	data, _ := os.ReadFile("testdata/spec.json")
+	s, err := Parse("spec.json", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range testMods() {
+		if err := m.Modify(s); err != nil {
+			t.Fatal(err)
+		}
+		once, _ := s.Marshal()
+		if err := m.Modify(s); err != nil {
+			t.Fatal(err)
+		}
+		twice, _ := s.Marshal()
+		if !bytes.Equal(once, twice) {
+			t.Errorf("%s applied twice differs from once:\n%s\n---\n%s", m, once, twice)
+		}
+	}
+}
+
+func TestEnv(t *testing.T) {
+	tests := []struct {
+		name  string
+		env   []string
+		force []string
+		want  []string
+	}{
+		{"added", []string{"PATH=/bin"}, nil, []string{"PATH=/bin", "HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
+		{"image wins, both spellings", []string{"http_proxy=img"}, nil, []string{"http_proxy=img", "NO_PROXY=n", "no_proxy=n"}},
+		{"forced replaces", []string{"http_proxy=img", "A=1"}, []string{"HTTP_PROXY"}, []string{"HTTP_PROXY=k", "http_proxy=k", "A=1", "NO_PROXY=n", "no_proxy=n"}},
+		{"force all", []string{"NO_PROXY=x", "HTTP_PROXY=y"}, []string{"*"}, []string{"NO_PROXY=n", "no_proxy=n", "HTTP_PROXY=k", "http_proxy=k"}},
+		{"nil env", nil, nil, []string{"HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Spec{doc: map[string]any{"process": map[string]any{}}}
+			if tt.env != nil {
+				_ = s.setEnv(tt.env)
+			}
+			m := Env{Vars: []Var{{"HTTP_PROXY", "k"}, {"http_proxy", "k"}, {"NO_PROXY", "n"}, {"no_proxy", "n"}}, Force: tt.force}
+			if err := m.Modify(s); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := s.Env()
+			if strings.Join(got, " ") != strings.Join(tt.want, " ") {
+				t.Errorf("env = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseBad(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"empty", ``, "EOF"},
+		{"array", `[]`, "top level is an array"},
+		{"trailing", `{} {}`, "trailing data"},
+		{"process string", `{"process":"x"}`, `"process" is a string`},
+		{"env object", `{"process":{"env":{}}}`, "process.env is an object"},
+		{"env number", `{"process":{"env":[1]}}`, "process.env[0] is a number"},
+		{"mounts object", `{"mounts":{}}`, `"mounts" is an object`},
+		{"annotation number", `{"annotations":{"a":1}}`, `annotation "a" is a number`},
+		{"garbage", `{"a":`, "unexpected EOF"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("config.json", []byte(tt.in))
+			if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "config.json") {
+				t.Errorf("Parse(%q) = %v, want ErrMalformed mentioning %q and the file", tt.in, err, tt.want)
+			}
+		})
+	}
+	if err := (Hook{Stage: "poststop", Path: "/x", Args: []string{"x"}}).Modify(&Spec{doc: map[string]any{"hooks": map[string]any{"poststop": "no"}}}); !errors.Is(err, ErrMalformed) {
+		t.Errorf("hook into a non-array stage: %v", err)
+	}
+}
+
+func TestSaveAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, ConfigName)
+	if err := os.WriteFile(p, []byte(`{"process":{"env":[]},"z":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (Env{Vars: []Var{{"A", "1"}}}).Modify(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(dir); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(p)
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode after save = %v, want 0600", fi.Mode().Perm())
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("bundle has %d entries after save, want just config.json", len(ents))
+	}
+	again, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env, _ := again.Env(); len(env) != 1 || env[0] != "A=1" {
+		t.Errorf("env after save = %q", env)
+	}
+	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing bundle) = %v, want ErrNotExist", err)
+	}
+}

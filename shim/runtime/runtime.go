@@ -1,0 +1,226 @@
+// Package runtime is kl-runtime, a runc-compatible OCI runtime wrapper. On `create` and
+// `run` it edits the bundle's config.json (proxy variables for the container's egress
+// mode, a read-only bind mount of the node's rules file, kl-hook at createRuntime and
+// poststop) and then execs the real runtime (runc, crun) with the command line exactly as
+// it came; every other command is exec'd straight away. It never writes to stdout.
+//
+// It is not the hook: capture and registration with kl-relayd happen in shim/hook, once
+// the container's namespaces exist.
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/shim/config"
+	"github.com/kl-egress/kl/shim/docker"
+	"github.com/kl-egress/kl/shim/oci"
+	"github.com/kl-egress/kl/shim/workload"
+)
+
+// Test seams.
+var (
+	execve     = syscall.Exec
+	dockerFrom = func(cfg *config.Config) workload.Lookup {
+		if cfg.DockerSocket == "-" {
+			return nil
+		}
+		return docker.Client{Socket: cfg.DockerSocket, Timeout: 5 * time.Second}
+	}
+)
+
+// Run is kl-runtime's main. It returns only on failure; on success the process has
+// become the real runtime.
+func Run(ctx context.Context, args []string) error {
+	inv, perr := ParseArgs(args[1:])
+	edit := inv.Command == "create" || inv.Command == "run"
+	cfg, cerr := config.Load(config.Resolve(""))
+	if cerr != nil {
+		if edit {
+			return report(inv, cerr)
+		}
+		// Never strand a running container because the settings file broke: state,
+		// kill and delete still reach a runtime.
+		fmt.Fprintf(os.Stderr, "kl-runtime: %v; passing %q through to runc\n", cerr, inv.Command)
+		cfg = &config.Config{Runtime: "runc"}
+	}
+	log, closeLog := config.Discard(), func() {}
+	if cerr == nil {
+		log, closeLog = cfg.Logger("kl-runtime")
+	}
+	real, err := resolveRuntime(cfg.Runtime)
+	if err != nil {
+		closeLog()
+		return report(inv, err)
+	}
+	if edit {
+		err := perr
+		if err == nil {
+			err = Prepare(ctx, cfg, inv, os.Environ(), log)
+		}
+		if err != nil {
+			if !cfg.FailOpen {
+				log.Error("container not created", "id", inv.ContainerID, "err", err)
+				closeLog()
+				return report(inv, err)
+			}
+			log.Error("fail_open: starting the container without kl", "id", inv.ContainerID, "err", err)
+		}
+	}
+	closeLog()
+	argv := append([]string{real}, args[1:]...)
+	if err := execve(real, argv, os.Environ()); err != nil {
+		return report(inv, fmt.Errorf("exec %s: %w", real, err))
+	}
+	return nil
+}
+
+// Prepare edits the spec of the container that inv creates. A spec it cannot read or
+// edit is left untouched.
+func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []string, log *slog.Logger) error {
+	bundle := inv.Bundle
+	if bundle == "" {
+		wd, err := os.Getwd()
+		if err != nil {
+			return fmt.Errorf("find bundle: %w", err)
+		}
+		bundle = wd
+	}
+	bundle, err := filepath.Abs(bundle)
+	if err != nil {
+		return fmt.Errorf("find bundle %q: %w", inv.Bundle, err)
+	}
+	fi, err := os.Stat(bundle)
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("bundle %s is not a directory", bundle)
+	}
+	specPath := filepath.Join(bundle, oci.ConfigName)
+	if inv.ConfigFile != "" {
+		specPath = inv.ConfigFile
+		if !filepath.IsAbs(specPath) {
+			specPath = filepath.Join(bundle, specPath)
+		}
+	}
+	spec, err := oci.LoadFile(specPath)
+	if err != nil {
+		return err
+	}
+	ann, _ := spec.Annotations() // checked by LoadFile
+	info, err := workload.Identify(ctx, cfg, inv.ContainerID, ann, dockerFrom(cfg), log)
+	if err != nil {
+		return err
+	}
+	if info.Exempt != "" {
+		log.Info("exempt: spec left as it is", "id", info.ID, "why", info.Exempt)
+		return nil
+	}
+	hasNet, netPath := spec.HasNamespace("network")
+	mods, err := Modifiers(cfg, info, !hasNet, environ)
+	if err != nil {
+		return err
+	}
+	if err := mods.Modify(spec); err != nil {
+		return fmt.Errorf("edit %s: %w", specPath, err)
+	}
+	if err := spec.SaveFile(specPath); err != nil {
+		return err
+	}
+	log.Info("spec edited", "id", info.ID, "mode", info.Mode, "mode_from", info.ModeFrom, "engine", info.Engine,
+		"image", info.Image, "host_network", !hasNet, "netns_path", netPath, "edits", mods.String())
+	return nil
+}
+
+// Modifiers returns the edits for one container. hostNetwork is true when the container
+// shares the host's network namespace: proxy-mode variables would point at listeners that
+// do not exist there, so they are left out (the hook logs that it skips the container).
+func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ []string) (oci.List, error) {
+	var mods oci.List
+	if !(hostNetwork && info.Mode == api.ModeProxy) {
+		if vars := ProxyVars(cfg, info.Mode, environ); len(vars) > 0 {
+			mods = append(mods, oci.Env{Vars: vars, Force: cfg.Force})
+		}
+	}
+	if cfg.Rules != "-" {
+		if _, err := os.Stat(cfg.Rules); err != nil {
+			return nil, fmt.Errorf("rules file to mount at %s: %w", config.ContainerRulesPath, err)
+		}
+		mods = append(mods, oci.Mount{
+			Destination: config.ContainerRulesPath,
+			Type:        "bind",
+			Source:      cfg.Rules,
+			Options:     []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+		})
+	}
+	if info.Mode == api.ModeProxy || info.Mode == api.ModeTransparent {
+		base := []string{filepath.Base(cfg.Hook)}
+		if cfg.Path() != "" {
+			base = append(base, "--config", cfg.Path())
+		}
+		base = append(base, "--mode", info.Mode)
+		for _, h := range []struct{ stage, cmd string }{{"createRuntime", "create"}, {"poststop", "delete"}} {
+			mods = append(mods, oci.Hook{
+				Stage:   h.stage,
+				Path:    cfg.Hook,
+				Args:    append(append([]string(nil), base...), h.cmd),
+				Timeout: cfg.HookTimeout,
+			})
+		}
+	}
+	return mods, nil
+}
+
+// resolveRuntime finds the real runtime and refuses kl-runtime itself (a PATH where
+// "runc" is kl-runtime would otherwise loop forever).
+func resolveRuntime(name string) (string, error) {
+	p := name
+	if !strings.Contains(name, "/") {
+		var err error
+		if p, err = exec.LookPath(name); err != nil {
+			return "", fmt.Errorf("real runtime %q: %w", name, err)
+		}
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", fmt.Errorf("real runtime: %w", err)
+	}
+	if self, err := os.Executable(); err == nil {
+		if sfi, err := os.Stat(self); err == nil && os.SameFile(fi, sfi) {
+			return "", fmt.Errorf("real runtime %s is kl-runtime itself: set runtime in %s to runc or crun", p, config.DefaultPath)
+		}
+	}
+	return p, nil
+}
+
+// report adds err to the runtime log the engine asked for with --log (containerd and
+// dockerd show its last error to the user), and returns it for stderr.
+func report(inv Invocation, err error) error {
+	if inv.Log == "" || err == nil {
+		return err
+	}
+	f, ferr := os.OpenFile(inv.Log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if ferr != nil {
+		return err
+	}
+	defer f.Close()
+	msg := "kl-runtime: " + err.Error()
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	if inv.LogFormat == "json" {
+		line, _ := json.Marshal(map[string]string{"level": "error", "msg": msg, "time": now})
+		f.Write(append(line, '\n'))
+	} else {
+		fmt.Fprintf(f, "time=%q level=error msg=%q\n", now, msg)
+	}
+	return err
+}

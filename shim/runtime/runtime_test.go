@@ -1,0 +1,239 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kl-egress/kl/shim/config"
+	"github.com/kl-egress/kl/shim/docker"
+	"github.com/kl-egress/kl/shim/oci"
+	"github.com/kl-egress/kl/shim/workload"
+)
+
+type fakeDocker map[string]docker.Container
+
+func (f fakeDocker) Lookup(_ context.Context, id string) (docker.Container, bool, error) {
+	c, ok := f[id]
+	return c, ok, nil
+}
+
+func testConfig(t *testing.T, yaml string) *config.Config {
+	t.Helper()
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("default: direct\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "runtime.yaml")
+	body := "rules: " + rules + "\nhook: /opt/kl/kl-hook\n" + yaml
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func writeBundle(t *testing.T, spec string) string {
+	t.Helper()
+	b := t.TempDir()
+	if err := os.WriteFile(filepath.Join(b, "config.json"), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+const baseSpec = `{"process":{"env":["PATH=/bin"],"args":["sh"]},"linux":{"namespaces":[{"type":"network"}]},"future":{"x":1}%s}`
+
+func specWith(extra string) string { return strings.Replace(baseSpec, "%s", extra, 1) }
+
+func TestPrepare(t *testing.T) {
+	tests := []struct {
+		name     string
+		cfg      string
+		spec     string
+		docker   fakeDocker
+		wantEnv  []string // must be present
+		noEnv    []string // must be absent (name= prefix)
+		wantHook string   // mode passed to the hook, "" = no hooks
+		wantNone bool     // spec untouched
+	}{
+		{name: "node default transparent", cfg: "mode: transparent\n", spec: specWith(""),
+			noEnv: []string{"HTTP_PROXY=", "NODE_USE_ENV_PROXY="}, wantHook: "transparent"},
+		{name: "annotation proxy", cfg: "mode: transparent\n", spec: specWith(`,"annotations":{"kl.egress.mode":"proxy"}`),
+			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080", "https_proxy=http://127.0.0.1:15080", "ALL_PROXY=socks5h://127.0.0.1:15081",
+				"NO_PROXY=localhost,127.0.0.1,::1,169.254.169.254,corp.example,10.0.0.0/8", "NODE_USE_ENV_PROXY=1"}, wantHook: "proxy"},
+		{name: "docker label proxy", cfg: "mode: transparent\n", spec: specWith(""),
+			docker:  fakeDocker{"c1": {ID: "c1", Image: "busybox", Labels: map[string]string{"kl.egress.mode": "proxy"}}},
+			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080"}, wantHook: "proxy"},
+		{name: "env mode from config", cfg: "mode: env\nenv:\n  http_proxy: http://corp:3128\n  no_proxy: .internal,*.svc\n", spec: specWith(""),
+			wantEnv: []string{"HTTP_PROXY=http://corp:3128", "http_proxy=http://corp:3128", "NO_PROXY=localhost,127.0.0.1,::1,169.254.169.254,internal,svc,corp.example,10.0.0.0/8"},
+			noEnv:   []string{"HTTPS_PROXY=", "ALL_PROXY="}},
+		{name: "host network proxy gets no variables", cfg: "mode: proxy\n", spec: `{"process":{"env":[]},"linux":{"namespaces":[{"type":"pid"}]},"future":1}`,
+			noEnv: []string{"HTTP_PROXY="}, wantHook: "proxy"},
+		{name: "exempt image", cfg: "mode: proxy\nexempt:\n  images: ['docker.io/library/registry:*']\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.image-name":"registry:2"}`), wantNone: true},
+		{name: "exempt namespace", cfg: "mode: proxy\nexempt:\n  namespaces: [kube-system]\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.sandbox-namespace":"kube-system"}`), wantNone: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t, tt.cfg+"no_proxy: [corp.example, 10.0.0.0/8]\n")
+			dockerFrom = func(*config.Config) workload.Lookup { return tt.docker }
+			t.Cleanup(func() { dockerFrom = func(*config.Config) workload.Lookup { return nil } })
+			b := writeBundle(t, tt.spec)
+			before, _ := os.ReadFile(filepath.Join(b, "config.json"))
+			err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: "c1", Bundle: b}, []string{"HTTP_PROXY=http://from-env:1"}, config.Discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, _ := os.ReadFile(filepath.Join(b, "config.json"))
+			if tt.wantNone {
+				if string(before) != string(after) {
+					t.Errorf("exempt container's spec changed:\n%s", after)
+				}
+				return
+			}
+			s, err := oci.Load(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env, _ := s.Env()
+			for _, w := range tt.wantEnv {
+				if !slices.Contains(env, w) {
+					t.Errorf("env %q lacks %q", env, w)
+				}
+			}
+			for _, n := range tt.noEnv {
+				if slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, n) }) {
+					t.Errorf("env %q has %q", env, n)
+				}
+			}
+			hooks, _ := s.Field("hooks")
+			if tt.wantHook == "" {
+				if hooks != nil {
+					t.Errorf("hooks = %v, want none", hooks)
+				}
+			} else {
+				cr := hooks.(map[string]any)["createRuntime"].([]any)[0].(map[string]any)
+				args := cr["args"].([]any)
+				if cr["path"] != "/opt/kl/kl-hook" || args[len(args)-1] != "create" || args[len(args)-2] != tt.wantHook || args[2] != cfg.Path() {
+					t.Errorf("createRuntime hook = %v", cr)
+				}
+			}
+			mounts, _ := s.Field("mounts")
+			m := mounts.([]any)[0].(map[string]any)
+			if m["destination"] != "/etc/kl/rules.yaml" || m["source"] != cfg.Rules {
+				t.Errorf("mount = %v", m)
+			}
+			if f, _ := s.Field("future"); f == nil {
+				t.Errorf("unknown field lost")
+			}
+		})
+	}
+}
+
+func TestPrepareBad(t *testing.T) {
+	cfg := testConfig(t, "")
+	dockerFrom = func(*config.Config) workload.Lookup { return nil }
+	tests := []struct {
+		name, spec, want string
+		bundle           func(b string) string
+		cfg              *config.Config
+	}{
+		{name: "malformed", spec: `{"process":`, want: "malformed OCI spec"},
+		{name: "not object", spec: `"x"`, want: "not an object"},
+		{name: "missing config", spec: "", want: "config.json: no such file"},
+		{name: "missing bundle", spec: `{}`, want: "no such file", bundle: func(b string) string { return b + "/nope" }},
+		{name: "bad mode", spec: `{"process":{},"annotations":{"kl.egress.mode":"off"}}`, want: `kl.egress.mode="off"`},
+		{name: "rules file missing", spec: `{"process":{}}`, want: "rules file", cfg: func() *config.Config { c := *cfg; c.Rules = "/nonexistent/rules.yaml"; return &c }()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := t.TempDir()
+			if tt.spec != "" {
+				os.WriteFile(filepath.Join(b, "config.json"), []byte(tt.spec), 0o644)
+			}
+			before, _ := os.ReadFile(filepath.Join(b, "config.json"))
+			bundle := b
+			if tt.bundle != nil {
+				bundle = tt.bundle(b)
+			}
+			c := cfg
+			if tt.cfg != nil {
+				c = tt.cfg
+			}
+			err := Prepare(context.Background(), c, Invocation{Command: "create", ContainerID: "c1", Bundle: bundle}, nil, config.Discard())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Prepare = %v, want error containing %q", err, tt.want)
+			}
+			after, _ := os.ReadFile(filepath.Join(b, "config.json"))
+			if string(before) != string(after) {
+				t.Errorf("bundle changed on error")
+			}
+			if ents, _ := os.ReadDir(b); len(ents) > 1 {
+				t.Errorf("bundle has leftovers: %v", ents)
+			}
+		})
+	}
+}
+
+// TestRunExec checks the exec seam: argv after argv[0] goes to the real runtime unchanged,
+// for edited and passthrough commands alike, and errors land in runc's --log file.
+func TestRunExec(t *testing.T) {
+	cfg := testConfig(t, "runtime: /bin/true\nmode: proxy\n")
+	t.Setenv(config.EnvPath, cfg.Path())
+	dockerFrom = func(*config.Config) workload.Lookup { return nil }
+	var gotPath string
+	var gotArgv []string
+	execve = func(p string, argv, env []string) error { gotPath, gotArgv = p, argv; return nil }
+	t.Cleanup(func() { execve = nil })
+	b := writeBundle(t, specWith(""))
+	for _, args := range [][]string{
+		{"--root", "/r", "--log", filepath.Join(b, "log.json"), "create", "--bundle", b, "c 1", "--pid-file=x y"},
+		{"state", "c1"},
+		{"delete", "--force", "c1"},
+	} {
+		if err := Run(context.Background(), append([]string{"kl-runtime"}, args...)); err != nil {
+			t.Fatalf("Run(%q) = %v", args, err)
+		}
+		if gotPath != "/bin/true" || !slices.Equal(gotArgv[1:], args) {
+			t.Errorf("exec %s %q, want /bin/true %q", gotPath, gotArgv, args)
+		}
+	}
+
+	bad := writeBundle(t, `{"process":`)
+	logf := filepath.Join(bad, "log.json")
+	gotPath = ""
+	err := Run(context.Background(), []string{"kl-runtime", "--log", logf, "--log-format", "json", "create", "-b", bad, "c2"})
+	if err == nil || gotPath != "" {
+		t.Fatalf("Run on a malformed spec = %v, exec %q: want an error and no exec", err, gotPath)
+	}
+	data, _ := os.ReadFile(logf)
+	if !strings.Contains(string(data), `"level":"error"`) || !strings.Contains(string(data), "malformed OCI spec") {
+		t.Errorf("runtime log = %s", data)
+	}
+}
+
+func TestResolveRuntimeSelf(t *testing.T) {
+	self, _ := os.Executable()
+	if _, err := resolveRuntime(self); err == nil || !strings.Contains(err.Error(), "kl-runtime itself") {
+		t.Errorf("resolveRuntime(self) = %v", err)
+	}
+	if _, err := resolveRuntime("no-such-runtime-kl"); !errors.Is(err, os.ErrNotExist) && err == nil {
+		t.Errorf("resolveRuntime(missing) = nil")
+	}
+}
+
+func TestNoProxy(t *testing.T) {
+	got := NoProxy([]string{"localhost", "127.0.0.1"}, []string{" .Corp.Example ", "*.svc.", "[::1]", "10.1.2.3/8", "localhost", "", "api.example.com:8443"})
+	want := "localhost,127.0.0.1,corp.example,svc,::1,10.0.0.0/8,api.example.com:8443"
+	if got != want {
+		t.Errorf("NoProxy = %q, want %q", got, want)
+	}
+}
