@@ -36,8 +36,15 @@ func Remove(nsPath string) error { return RemoveWith(defaultBackend, nsPath) }
 // is missing, different or unexpected compared with c's program.
 func Verify(nsPath string, c Capture) error { return VerifyWith(defaultBackend, nsPath, c) }
 
+// errNoPath refuses an empty netns path: for the nftables functions it would silently mean
+// the caller's own (the host's) netns.
+var errNoPath = errors.New("netns path is empty (use /proc/self/ns/net to mean the current one)")
+
 // InstallWith is Install on a given backend.
 func InstallWith(b Backend, nsPath string, c Capture) error {
+	if nsPath == "" {
+		return fmt.Errorf("install nftables table inet %s: %w", TableName, errNoPath)
+	}
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -49,6 +56,9 @@ func InstallWith(b Backend, nsPath string, c Capture) error {
 
 // RemoveWith is Remove on a given backend.
 func RemoveWith(b Backend, nsPath string) error {
+	if nsPath == "" {
+		return fmt.Errorf("remove nftables table inet %s: %w", TableName, errNoPath)
+	}
 	if err := b.Delete(nsPath, TableName); err != nil {
 		return fmt.Errorf("remove nftables table inet %s in %s: %w", TableName, nsPath, err)
 	}
@@ -57,6 +67,9 @@ func RemoveWith(b Backend, nsPath string) error {
 
 // VerifyWith is Verify on a given backend.
 func VerifyWith(b Backend, nsPath string, c Capture) error {
+	if nsPath == "" {
+		return fmt.Errorf("verify nftables table inet %s: %w", TableName, errNoPath)
+	}
 	if err := c.Validate(); err != nil {
 		return err
 	}

@@ -89,11 +89,20 @@ func (c Capture) Validate() error {
 // install, which Install refuses.
 func (c Capture) Render() string { return c.Program().Render() }
 
-// Program builds the table Install applies. The nat chain is laid out in three parts:
-// exemptions, decisions, redirect. The decision part is empty today; it is where kernel
-// decided verdicts (accept sets, verdict maps) go, after the exemptions that no policy may
-// override and before the catch-all redirect.
-func (c Capture) Program() *Table {
+// Program builds the table Install applies.
+func (c Capture) Program() *Table { return c.build(extension{}) }
+
+// extension is what a later stage adds to the program: its own sets (accept sets, verdict
+// maps) after the exclusion sets, and decision rules in the nat chain after the exemptions
+// that no policy may override and before the catch-all redirect. Kernel-decided flows
+// (issue 9) plug in here; today nothing does.
+type extension struct {
+	sets      []Set
+	decisions []Rule
+}
+
+// build lays the nat chain out in three parts: exemptions, decisions, redirect.
+func (c Capture) build(ext extension) *Table {
 	t := &Table{Name: TableName}
 	var v4, v6 []netip.Prefix
 	for _, p := range c.ExcludeCIDRs {
@@ -124,11 +133,13 @@ func (c Capture) Program() *Table {
 		t.Sets = append(t.Sets, Set{Name: ExcludePortSet, Type: SetPort, Ports: ports})
 	}
 
+	t.Sets = append(t.Sets, ext.sets...)
+
 	exempt := c.exemptions(len(v4) > 0, len(v6) > 0, len(ports) > 0)
 
 	nat := Chain{Name: NATChain, Type: ChainNAT, Priority: NATPriority}
 	nat.Rules = append(nat.Rules, exempt...)
-	// Decisions (issue 9) will be inserted here.
+	nat.Rules = append(nat.Rules, ext.decisions...)
 	redirect := Rule{Match: []Match{MatchL4Proto{ProtoTCP}}, Action: Redirect{c.RedirectPort}}
 	if !c.IPv6 {
 		redirect.Match = append([]Match{MatchNFProto{4}}, redirect.Match...)

@@ -40,7 +40,7 @@ var goldenCaptures = []struct {
 	}},
 	{"exclusions-ipv4-only", Capture{
 		RedirectPort: 15001, Mark: 0x539,
-		ExcludeCIDRs: prefixes("192.0.2.0/24", "fd00::/8"),
+		ExcludeCIDRs: prefixes("192.0.2.0/24", "fd00::/8", "ffff::/16"),
 		ExcludePorts: []uint16{2222},
 	}},
 }
@@ -261,8 +261,47 @@ func TestFakeInstallVerifyRemove(t *testing.T) {
 	if len(f.Tables) != 0 {
 		t.Errorf("tables left after Remove: %v", f.Tables)
 	}
+	for _, err := range []error{InstallWith(f, "", c), RemoveWith(f, ""), VerifyWith(f, "", c)} {
+		if err == nil || !strings.Contains(err.Error(), "netns path is empty") {
+			t.Errorf("empty netns path: %v, want a refusal", err)
+		}
+	}
 	f.ApplyErr = errors.New("boom")
 	if err := InstallWith(f, ns, c); err == nil || !strings.Contains(err.Error(), "boom") {
 		t.Errorf("Install with a failing backend = %v", err)
+	}
+}
+
+// The extension point places a later stage's sets after the exclusion sets and its
+// decisions between the exemptions and the redirect, in both what Render prints and what
+// a backend receives.
+func TestExtensionPlacement(t *testing.T) {
+	c := goldenCaptures[4].c
+	accept := Set{Name: "direct_v4", Type: SetIPv4, Addrs: mergeRanges(prefixes("203.0.113.0/24"))}
+	decision := Rule{Match: []Match{MatchDaddrSet{4, "direct_v4"}}, Action: Accept}
+	p := c.build(extension{sets: []Set{accept}, decisions: []Rule{decision}})
+	if got := p.Sets[len(p.Sets)-1].Name; got != "direct_v4" {
+		t.Errorf("last set = %s, want the extension's", got)
+	}
+	nat := p.Chains[0].Rules
+	if got := nat[len(nat)-2].String(); got != "ip daddr @direct_v4 accept" {
+		t.Errorf("rule before the redirect = %q, want the decision", got)
+	}
+	base := c.Program()
+	if len(nat) != len(base.Chains[0].Rules)+1 {
+		t.Errorf("nat chain has %d rules, want %d", len(nat), len(base.Chains[0].Rules)+1)
+	}
+	if len(p.Chains[1].Rules) != len(base.Chains[1].Rules) {
+		t.Errorf("the filter chain changed")
+	}
+	f := NewFake()
+	if err := f.Apply("/ns", p); err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(p, f.Tables["/ns"]); len(d) != 0 {
+		t.Errorf("Diff = %v", d)
+	}
+	if d := Diff(base, f.Tables["/ns"]); len(d) != 2 {
+		t.Errorf("Diff against the plain program = %q, want the extra set and rule", d)
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -774,5 +774,33 @@ func BenchmarkInstallFresh(b *testing.B) {
 		slices.Sort(m.d)
 		b.ReportMetric(float64(m.d[len(m.d)/2].Microseconds()), m.name+"-p50-µs")
 		b.ReportMetric(float64(m.d[len(m.d)*99/100].Microseconds()), m.name+"-p99-µs")
+	}
+}
+
+// The kernel backend applies and reads back an extended program exactly.
+func TestExtensionRoundTrip(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	ns := testutil.NewNetns(t, "klext")
+	p := goldenCaptures[1].c.build(extension{
+		sets: []Set{{Name: "direct_v4", Type: SetIPv4, Addrs: mergeRanges(prefixes("203.0.113.0/24", "192.0.2.64/26"))}},
+		decisions: []Rule{
+			{Match: []Match{MatchDaddrSet{4, "direct_v4"}}, Action: Accept},
+			{Match: []Match{MatchDaddr{netip.MustParsePrefix("198.51.100.0/22")}, MatchDport{ProtoTCP, 5432}}, Action: Accept},
+			{Match: []Match{MatchDaddr{netip.MustParsePrefix("fd00:ab::/33")}}, Action: Drop},
+		},
+	})
+	if err := defaultBackend.Apply(ns.Path, p); err != nil {
+		t.Fatal(err)
+	}
+	got, err := defaultBackend.Get(ns.Path, TableName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(p, got); len(d) != 0 {
+		t.Errorf("read back differs: %q\n%s", d, got)
+	}
+	listed := counterValues.ReplaceAllString(ns.Exec(t, "nft", "list", "table", "inet", "kl"), "counter")
+	if a, b := strings.Join(strings.Fields(listed), " "), strings.Join(strings.Fields(p.Render()), " "); a != b {
+		t.Errorf("nft lists\n%s\nbut Render gives\n%s", listed, p.Render())
 	}
 }
