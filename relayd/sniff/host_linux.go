@@ -1,0 +1,84 @@
+package sniff
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, MaxPeek); return &b }}
+
+// Host peeks at the first bytes the client sent on c (recv with MSG_PEEK, so nothing is
+// consumed) and returns the TLS server name or HTTP Host it finds, or "" when neither
+// shows up within wait, the client sends something else, or it closes. It keeps peeking
+// as more bytes arrive, so a ClientHello split across segments or records is still read.
+// A server-first protocol (the client waits silently) costs at most wait. The error is
+// non-nil only when the socket itself failed.
+func Host(c *net.TCPConn, wait time.Duration) (string, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return "", fmt.Errorf("sniff: %w", err)
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+
+	var (
+		host    string
+		seen    int // bytes seen at the last peek; wait for more than this
+		sockErr error
+	)
+	peek := func(fd uintptr) bool {
+		n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		switch {
+		case err == unix.EINTR:
+			return false
+		case err == unix.EAGAIN:
+			return false // nothing yet: wait for readability
+		case err != nil:
+			sockErr = err
+			return true
+		case n == 0:
+			// The client closed without sending a name.
+			return true
+		case n == seen && n < len(buf):
+			return false // woken without new bytes
+		}
+		seen = n
+		h, perr := Parse(buf[:n])
+		if errors.Is(perr, ErrIncomplete) && n < len(buf) {
+			return false
+		}
+		if perr == nil {
+			host = h
+		}
+		return true
+	}
+
+	if wait <= 0 {
+		// One look at what is already there.
+		err = rc.Control(func(fd uintptr) { peek(fd) })
+	} else {
+		if err := c.SetReadDeadline(time.Now().Add(wait)); err != nil {
+			return "", fmt.Errorf("sniff: %w", err)
+		}
+		err = rc.Read(peek)
+		if derr := c.SetReadDeadline(time.Time{}); derr != nil && err == nil {
+			err = derr
+		}
+	}
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("sniff: %w", err)
+	case sockErr != nil:
+		return "", fmt.Errorf("sniff: peek: %w", sockErr)
+	}
+	return host, nil
+}

@@ -1,0 +1,141 @@
+package sniff
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+)
+
+// maxMethod bounds the request method token (the longest common one is 7 bytes; WebDAV
+// and friends stay well under this).
+const maxMethod = 24
+
+// HTTPHost returns the Host header of the HTTP/1.x request at the start of b, without
+// its port and lowercased. ErrIncomplete means b ends before the header block does.
+func HTTPHost(b []byte) (string, error) {
+	// Request line: method SP request-target SP HTTP/1.x CRLF.
+	i := 0
+	for ; i < len(b) && i <= maxMethod; i++ {
+		if b[i] == ' ' {
+			break
+		}
+		if !isTokenChar(b[i]) {
+			return "", ErrNotHTTP
+		}
+	}
+	switch {
+	case i == len(b):
+		return "", ErrIncomplete
+	case i == 0 || i > maxMethod:
+		return "", ErrNotHTTP
+	}
+	eol := bytes.IndexByte(b, '\n')
+	if eol < 0 {
+		// Reject early what can never become a request line.
+		for _, c := range b[i+1:] {
+			if (c < 0x20 && c != '\r') || c == 0x7f {
+				return "", ErrNotHTTP
+			}
+		}
+		return "", ErrIncomplete
+	}
+	line := bytes.TrimSuffix(b[:eol], []byte("\r"))
+	sp := bytes.LastIndexByte(line, ' ')
+	if sp <= i || !bytes.HasPrefix(line[sp+1:], []byte("HTTP/1.")) || len(line[sp+1:]) != 8 {
+		return "", ErrNotHTTP
+	}
+	rest := b[eol+1:]
+	for {
+		eol := bytes.IndexByte(rest, '\n')
+		if eol < 0 {
+			return "", ErrIncomplete
+		}
+		h := bytes.TrimSuffix(rest[:eol], []byte("\r"))
+		rest = rest[eol+1:]
+		if len(h) == 0 {
+			return "", nil // end of headers, no Host (HTTP/1.0)
+		}
+		colon := bytes.IndexByte(h, ':')
+		if colon < 0 {
+			return "", fmt.Errorf("%w: header line without a colon", ErrMalformed)
+		}
+		if colon != 4 || !asciiEqualFold(h[:4], "host") {
+			continue
+		}
+		v := string(bytes.TrimSpace(h[colon+1:]))
+		host := stripPort(v)
+		if n := normalize(host); n != "" {
+			return n, nil
+		}
+		return "", fmt.Errorf("%w: Host header %q", ErrMalformed, truncate(v))
+	}
+}
+
+// stripPort removes a :port and the brackets of an IPv6 literal.
+func stripPort(v string) string {
+	if strings.HasPrefix(v, "[") {
+		end := strings.IndexByte(v, ']')
+		if end < 0 {
+			return "" // unbalanced bracket: not a host
+		}
+		if rest := v[end+1:]; rest != "" && !isPort(strings.TrimPrefix(rest, ":")) {
+			return ""
+		}
+		return v[1:end]
+	}
+	if i := strings.IndexByte(v, ':'); i >= 0 && strings.Count(v, ":") == 1 {
+		if !isPort(v[i+1:]) {
+			return ""
+		}
+		return v[:i]
+	}
+	return v
+}
+
+func isPort(s string) bool {
+	if s == "" || len(s) > 5 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func asciiEqualFold(b []byte, lower string) bool {
+	if len(b) != len(lower) {
+		return false
+	}
+	for i := range b {
+		c := b[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// isTokenChar reports whether c may appear in an HTTP token (RFC 9110 §5.6.2).
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	switch c {
+	case '!', '#', '$', '%', '&', '\'', '*', '+', '-', '.', '^', '_', '`', '|', '~':
+		return true
+	}
+	return false
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64]
+	}
+	return s
+}

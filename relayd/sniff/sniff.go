@@ -1,0 +1,65 @@
+// Package sniff learns a flow's destination hostname from the first bytes the client
+// sends, without consuming them: the server name (SNI) of a TLS ClientHello, or the Host
+// header of an HTTP/1.x request. The relay uses it in transparent mode, where it knows
+// only the original destination address, so that domain rules can still match.
+//
+// It is not a protocol implementation and never answers the client. The parsers are pure
+// functions over a byte slice (fuzzed); Host peeks at a live connection with MSG_PEEK, so
+// the relay can still splice the original bytes to the destination.
+package sniff
+
+import (
+	"errors"
+	"strings"
+)
+
+// MaxPeek bounds how many bytes Host looks at. A ClientHello is usually under 2 KiB
+// (about 1.8 KiB with a post-quantum key share); one larger than this yields no name.
+const MaxPeek = 16 << 10
+
+// Parser outcomes. A nil error with an empty name means the protocol was recognised but
+// carries no name (a ClientHello without SNI, an HTTP/1.0 request without Host).
+var (
+	ErrIncomplete = errors.New("sniff: need more data")
+	ErrNotTLS     = errors.New("sniff: not a TLS ClientHello")
+	ErrNotHTTP    = errors.New("sniff: not an HTTP/1.x request")
+	ErrMalformed  = errors.New("sniff: malformed")
+	// ErrUnsupported: Host cannot peek on this operating system.
+	ErrUnsupported = errors.New("sniff: peeking is not supported on this system")
+)
+
+// Parse looks for a name in b, trying TLS then HTTP. It returns ErrIncomplete while b is
+// a prefix of something that may still carry a name.
+func Parse(b []byte) (string, error) {
+	if len(b) == 0 {
+		return "", ErrIncomplete
+	}
+	if b[0] == recordHandshake {
+		return ServerName(b)
+	}
+	return HTTPHost(b)
+}
+
+// normalize lowercases a name, strips a trailing dot, and rejects anything that is not a
+// plausible DNS name or IP literal (so garbage never reaches the rule engine).
+func normalize(h string) string {
+	h = strings.TrimSuffix(h, ".")
+	if h == "" || len(h) > 253 || h[0] == '.' || h[len(h)-1] == '.' || strings.Contains(h, "..") {
+		return "" // empty labels
+	}
+	var lower bool
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.', c == '_', c == ':':
+		case c >= 'A' && c <= 'Z':
+			lower = true
+		default:
+			return ""
+		}
+	}
+	if lower {
+		return strings.ToLower(h)
+	}
+	return h
+}

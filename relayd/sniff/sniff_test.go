@@ -1,0 +1,245 @@
+package sniff
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// recordConn captures what a TLS client writes and then fails its reads, so a client
+// handshake stops right after sending the ClientHello.
+type recordConn struct {
+	net.Conn
+	buf bytes.Buffer
+}
+
+func (c *recordConn) Write(p []byte) (int, error) { return c.buf.Write(p) }
+func (c *recordConn) Read(p []byte) (int, error)  { return 0, errors.New("recorded") }
+func (c *recordConn) Close() error                { return nil }
+func (c *recordConn) SetDeadline(time.Time) error { return nil }
+func (c *recordConn) SetWriteDeadline(time.Time) error {
+	return nil
+}
+
+// clientHello returns the bytes a crypto/tls client sends first with this config.
+func clientHello(t testing.TB, cfg *tls.Config) []byte {
+	t.Helper()
+	rc := &recordConn{}
+	_ = tls.Client(rc, cfg).Handshake()
+	if rc.buf.Len() == 0 {
+		t.Fatal("the TLS client wrote nothing")
+	}
+	return rc.buf.Bytes()
+}
+
+// resplit moves the handshake message of a single-record hello into records of at most
+// size bytes each (valid TLS: handshake messages may be fragmented across records).
+func resplit(t testing.TB, hello []byte, size int) []byte {
+	t.Helper()
+	n := int(hello[3])<<8 | int(hello[4])
+	if len(hello) != 5+n {
+		t.Fatalf("hello is not one record: %d bytes, record of %d", len(hello), n)
+	}
+	msg := hello[5:]
+	var out []byte
+	for len(msg) > 0 {
+		k := min(size, len(msg))
+		out = append(out, 0x16, 0x03, 0x01, byte(k>>8), byte(k))
+		out = append(out, msg[:k]...)
+		msg = msg[k:]
+	}
+	return out
+}
+
+func helloCases(t testing.TB) []struct {
+	name  string
+	hello []byte
+	want  string
+} {
+	big := &tls.Config{ServerName: "big.example.org", InsecureSkipVerify: true,
+		CurvePreferences: []tls.CurveID{tls.X25519MLKEM768, tls.X25519, tls.CurveP256, tls.CurveP384, tls.CurveP521},
+		NextProtos:       []string{"h2", "http/1.1", strings.Repeat("p", 200), strings.Repeat("q", 200)}}
+	bigHello := clientHello(t, big)
+	return []struct {
+		name  string
+		hello []byte
+		want  string
+	}{
+		{"sni", clientHello(t, &tls.Config{ServerName: "www.example.com"}), "www.example.com"},
+		{"sni mixed case", clientHello(t, &tls.Config{ServerName: "API.Example.COM", InsecureSkipVerify: true}), "api.example.com"},
+		{"no sni", clientHello(t, &tls.Config{InsecureSkipVerify: true}), ""},
+		{"ipv4 literal sends no sni", clientHello(t, &tls.Config{ServerName: "192.0.2.1"}), ""},
+		{"ipv6 literal sends no sni", clientHello(t, &tls.Config{ServerName: "2001:db8::1"}), ""},
+		{"tls12 only", clientHello(t, &tls.Config{ServerName: "old.example.net", MaxVersion: tls.VersionTLS12}), "old.example.net"},
+		{"big key share and alpn", bigHello, "big.example.org"},
+		{"split into 100-byte records", resplit(t, bigHello, 100), "big.example.org"},
+		{"split into 1-byte records", resplit(t, clientHello(t, &tls.Config{ServerName: "tiny.example"}), 1), "tiny.example"},
+	}
+}
+
+func TestServerName(t *testing.T) {
+	for _, tt := range helloCases(t) {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ServerName(tt.hello)
+			if err != nil || got != tt.want {
+				t.Fatalf("ServerName(%d bytes) = %q, %v; want %q", len(tt.hello), got, err, tt.want)
+			}
+			if got, err := Parse(tt.hello); err != nil || got != tt.want {
+				t.Fatalf("Parse = %q, %v; want %q", got, err, tt.want)
+			}
+			// Every proper prefix is incomplete, never a wrong answer.
+			for i := range len(tt.hello) {
+				if h, err := ServerName(tt.hello[:i]); !errors.Is(err, ErrIncomplete) {
+					t.Fatalf("ServerName(prefix %d of %d) = %q, %v; want ErrIncomplete", i, len(tt.hello), h, err)
+				}
+			}
+			// Bytes after the hello (early data, a second record) change nothing.
+			if got, err := ServerName(append(bytes.Clone(tt.hello), 0x17, 0x03, 0x03, 0, 1, 0)); err != nil || got != tt.want {
+				t.Fatalf("ServerName(hello + more) = %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+	if len(helloCases(t)[6].hello) < 1500 {
+		t.Fatalf("the big hello is only %d bytes; it should exercise a large key share", len(helloCases(t)[6].hello))
+	}
+}
+
+func TestServerNameRejects(t *testing.T) {
+	hello := clientHello(t, &tls.Config{ServerName: "x.example"})
+	corrupt := bytes.Clone(hello)
+	corrupt[5+4+2+32] = 0xff // session id length way past the end
+	tests := []struct {
+		name string
+		b    []byte
+		want error
+	}{
+		{"http", []byte("GET / HTTP/1.1\r\n"), ErrNotTLS},
+		{"alert record", []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28}, ErrNotTLS},
+		{"ssl2-ish", []byte{0x16, 0x02, 0x00}, ErrNotTLS},
+		{"server hello", []byte{0x16, 0x03, 0x03, 0x00, 0x04, 0x02, 0x00, 0x00, 0x00}, ErrNotTLS},
+		{"zero-length record", []byte{0x16, 0x03, 0x01, 0x00, 0x00}, ErrMalformed},
+		{"huge record", []byte{0x16, 0x03, 0x01, 0xff, 0xff}, ErrMalformed},
+		{"truncated body", corrupt, ErrMalformed},
+		{"empty", nil, ErrIncomplete},
+	}
+	for _, tt := range tests {
+		if h, err := ServerName(tt.b); !errors.Is(err, tt.want) {
+			t.Errorf("%s: ServerName = %q, %v; want %v", tt.name, h, err, tt.want)
+		}
+	}
+}
+
+func TestHTTPHost(t *testing.T) {
+	tests := []struct {
+		name string
+		req  string
+		want string
+		err  error
+	}{
+		{"simple", "GET / HTTP/1.1\r\nHost: example.com\r\n\r\n", "example.com", nil},
+		{"port and case", "POST /x HTTP/1.1\r\nUser-Agent: a\r\nhOsT:  WWW.Example.Com:8080 \r\n\r\n", "www.example.com", nil},
+		{"ipv6 literal", "GET / HTTP/1.1\r\nHost: [2001:db8::1]:8080\r\n\r\n", "2001:db8::1", nil},
+		{"ipv6 no port", "GET / HTTP/1.1\r\nHost: [::1]\r\n\r\n", "::1", nil},
+		{"ipv4", "GET / HTTP/1.1\r\nHost: 192.0.2.7:80\r\n\r\n", "192.0.2.7", nil},
+		{"trailing dot", "GET / HTTP/1.1\r\nHost: example.com.\r\n\r\n", "example.com", nil},
+		{"bare LF", "GET / HTTP/1.0\nHost: lf.example\n\n", "lf.example", nil},
+		{"host before end of headers", "GET / HTTP/1.1\r\nHost: early.example\r\nAccept: x", "early.example", nil},
+		{"no host http/1.0", "GET / HTTP/1.0\r\nAccept: */*\r\n\r\n", "", nil},
+		{"absolute uri keeps host header", "GET http://other.example/ HTTP/1.1\r\nHost: hdr.example\r\n\r\n", "hdr.example", nil},
+		{"incomplete line", "GET /index.html HTT", "", ErrIncomplete},
+		{"incomplete headers", "GET / HTTP/1.1\r\nAccept: */*\r\n", "", ErrIncomplete},
+		{"method only", "OPTIONS", "", ErrIncomplete},
+		{"ssh", "SSH-2.0-OpenSSH_9.6\r\n", "", ErrNotHTTP},
+		{"smtp-ish binary", "\x00\x01\x02", "", ErrNotHTTP},
+		{"http2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "", ErrNotHTTP},
+		{"long method", strings.Repeat("A", 40) + " / HTTP/1.1\r\n", "", ErrNotHTTP},
+		{"control in target", "GET /\x01", "", ErrNotHTTP},
+		{"bad host", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "", ErrMalformed},
+		{"header without colon", "GET / HTTP/1.1\r\nbogus\r\n\r\n", "", ErrMalformed},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := HTTPHost([]byte(tt.req))
+			if got != tt.want || !errors.Is(err, tt.err) || (tt.err == nil && err != nil) {
+				t.Fatalf("HTTPHost(%q) = %q, %v; want %q, %v", tt.req, got, err, tt.want, tt.err)
+			}
+		})
+	}
+}
+
+func TestParseAllocs(t *testing.T) {
+	hello := clientHello(t, &tls.Config{ServerName: "www.example.com"})
+	req := []byte("GET / HTTP/1.1\r\nHost: www.example.com\r\n\r\n")
+	for name, b := range map[string][]byte{"tls": hello, "http": req} {
+		// The host string itself is the one allocation.
+		if n := testing.AllocsPerRun(200, func() { _, _ = Parse(b) }); n > 1 {
+			t.Errorf("Parse(%s) allocates %v times, want at most 1", name, n)
+		}
+	}
+}
+
+func FuzzServerName(f *testing.F) {
+	f.Add(clientHello(f, &tls.Config{ServerName: "fuzz.example"}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ServerName(b)
+		checkResult(t, b, h, err)
+	})
+}
+
+func FuzzHTTPHost(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: fuzz.example:80\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := HTTPHost(b)
+		checkResult(t, b, h, err)
+		ph, perr := Parse(b)
+		if len(b) > 0 && b[0] != 0x16 && (ph != h || !errors.Is(perr, errors.Unwrap(err)) && perr != err) {
+			t.Fatalf("Parse(%q) = %q, %v but HTTPHost = %q, %v", b, ph, perr, h, err)
+		}
+	})
+}
+
+func checkResult(t *testing.T, b []byte, h string, err error) {
+	t.Helper()
+	if err != nil && h != "" {
+		t.Fatalf("(%q) returned both %q and %v", b, h, err)
+	}
+	if h != "" && normalize(h) != h {
+		t.Fatalf("(%q) returned a non-normalized name %q", b, h)
+	}
+}
+
+// TestWriteSeedCorpus regenerates testdata/fuzz from real clients (KL_UPDATE_GOLDEN=1).
+func TestWriteSeedCorpus(t *testing.T) {
+	if os.Getenv("KL_UPDATE_GOLDEN") != "1" {
+		return
+	}
+	write := func(fuzz, name string, b []byte) {
+		dir := filepath.Join("testdata", "fuzz", fuzz)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range helloCases(t) {
+		write("FuzzServerName", fmt.Sprintf("hello-%d", i), c.hello)
+	}
+	for i, r := range []string{
+		"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n",
+		"CONNECT x:443 HTTP/1.1\r\nHost: [2001:db8::1]:443\r\nProxy-Authorization: Basic eA==\r\n\r\n",
+		"GET / HTTP/1.0\nAccept: */*\n\n",
+		"POST /a HTTP/1.1\r\nhost: UPPER.Example.:8080\r\nContent-Length: 1\r\n\r\nx",
+		"SSH-2.0-OpenSSH_9.6\r\n",
+	} {
+		write("FuzzHTTPHost", fmt.Sprintf("req-%d", i), []byte(r))
+	}
+}
