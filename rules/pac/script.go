@@ -41,8 +41,8 @@ type pool struct {
 const maxStack = 1000
 
 // Compile checks and compiles a PAC script once: size bound, syntax, then its top-level
-// code runs (under the deadline) and must define a function FindProxyForURL. The error
-// is a *CompileError.
+// code runs (within max(10*Deadline, 1s)) and must define a function FindProxyForURL.
+// The error is a *CompileError.
 func Compile(name, src string, o Options) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
@@ -66,36 +66,21 @@ func Compile(name, src string, o Options) (*Script, error) {
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
-	// The first runtime proves the script loads: its top-level code runs and
-	// FindProxyForURL must be a function. It then joins the pool.
+	// The first runtime proves the script loads: its top-level code runs within the
+	// deadline and FindProxyForURL must be a function. Then the pool warms up to one
+	// runtime per core in the background.
 	p.slots <- struct{}{}
-	w := p.newWorker()
-	timer := time.NewTimer(p.deadline)
-	defer timer.Stop()
-	w.req <- request{init: true}
-	select {
-	case r := <-w.resp:
-		if w.broken {
-			<-p.slots
-			close(w.req)
-			return nil, w.initErr
+	w, err := p.start(p.setupLimit())
+	if err != nil {
+		return nil, err
+	}
+	p.idle <- w
+	for i := 1; i < runtime.GOMAXPROCS(0); i++ {
+		select {
+		case p.slots <- struct{}{}:
+			go p.grow()
+		default:
 		}
-		_ = r
-		p.idle <- w
-	case <-timer.C:
-		if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
-			w.vm.Interrupt(errDeadline)
-			p.abandoned.Add(1)
-			<-p.slots
-			return nil, &CompileError{Code: CodeScript, Msg: fmt.Sprintf("top-level code did not finish within %v", p.deadline)}
-		}
-		<-w.resp
-		if w.broken {
-			<-p.slots
-			close(w.req)
-			return nil, w.initErr
-		}
-		p.idle <- w
 	}
 	s := &Script{p: p}
 	runtime.AddCleanup(s, func(p *pool) { p.close() }, p)
@@ -153,8 +138,9 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Close releases the idle runtimes. Calls after Close still work, on fresh runtimes
-// that are released when they finish. It is safe to call more than once.
+// Close releases the idle runtimes. Calls after Close still work, each on a fresh
+// runtime that is released when it finishes (slowly: avoid it). It is safe to call
+// more than once.
 func (s *Script) Close() { s.p.close() }
 
 func (p *pool) close() {
@@ -205,6 +191,12 @@ func (s *Script) Eval(c Call) Result {
 	if w == nil {
 		return deny(fmt.Sprintf("no runtime free within the %v deadline", p.deadline))
 	}
+	// Check again: while this call waited, others may have been abandoned. With the
+	// check here, at most MaxAbandoned-1 plus the pool size runtimes are ever stuck.
+	if n := p.abandoned.Load(); n >= p.maxAbandoned {
+		p.release(w)
+		return deny(fmt.Sprintf("%d runtimes are stuck past their deadline", n))
+	}
 	w.state.Store(stateRunning)
 	w.req <- request{call: c}
 	select {
@@ -232,15 +224,64 @@ func (p *pool) acquire(timer *time.Timer) *worker {
 		return w
 	default:
 	}
+	// None idle: grow the pool if it may, off this call's path, and wait for
+	// whichever runtime is free first.
+	select {
+	case p.slots <- struct{}{}:
+		go p.grow()
+	default:
+	}
 	select {
 	case w := <-p.idle:
 		return w
-	case p.slots <- struct{}{}:
-		return p.newWorker()
 	case <-timer.C:
 		return nil
 	}
 }
+
+// start makes a runtime and runs the script's top-level code in it within limit. The
+// caller holds a slot for it; on failure the slot is given back.
+func (p *pool) start(limit time.Duration) (*worker, error) {
+	w := p.newWorker()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	w.req <- request{init: true}
+	select {
+	case <-w.resp:
+	case <-timer.C:
+		if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
+			w.vm.Interrupt(errDeadline)
+			p.abandoned.Add(1)
+			<-p.slots
+			return nil, &CompileError{Code: CodeScript, Msg: fmt.Sprintf("top-level code did not finish within %v", limit)}
+		}
+		<-w.resp
+	}
+	if w.broken {
+		p.retire(w)
+		return nil, w.initErr
+	}
+	return w, nil
+}
+
+// grow adds one runtime to the pool (the caller holds its slot).
+func (p *pool) grow() {
+	w, err := p.start(p.setupLimit())
+	if err != nil {
+		if p.log != nil {
+			p.log.Warn("pac: cannot add a runtime", "script", p.name, "err", err)
+		}
+		return
+	}
+	// Into the pool even when it is closed: a call is waiting for it, and release
+	// retires it afterwards.
+	p.idle <- w
+}
+
+// setupLimit bounds setting up a runtime and running the script's top-level code.
+// That is not a flow's evaluation, so it gets more than the deadline: a busy machine
+// must not turn a load or pool growth into a failure.
+func (p *pool) setupLimit() time.Duration { return max(10*p.deadline, time.Second) }
 
 func (p *pool) release(w *worker) {
 	if w.broken || p.closed.Load() {

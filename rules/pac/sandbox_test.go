@@ -1,0 +1,217 @@
+package pac
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// slack is how late past its deadline a call may return in these tests: generous,
+// because the machine is shared; what matters is that the call returns at all while
+// the script is still running.
+const slack = 2 * time.Second
+
+func TestSandboxGlobals(t *testing.T) {
+	w := testWorker(t, Options{})
+	for _, name := range []string{"require", "module", "exports", "process", "fetch", "XMLHttpRequest",
+		"WebSocket", "setTimeout", "setInterval", "setImmediate", "clearTimeout", "queueMicrotask",
+		"console", "Deno", "Bun", "importScripts", "navigator", "window"} {
+		if got := w.evalString(Call{}, "typeof "+name); got != "undefined" {
+			t.Errorf("typeof %s = %q, want undefined", name, got)
+		}
+	}
+	if got := w.evalString(Call{}, `(function(){ try { import("fs"); return "imported" } catch (e) { return "refused" } })()`); got == "imported" {
+		t.Errorf("dynamic import is available")
+	}
+	// The PAC built-ins are there.
+	for _, name := range []string{"isPlainHostName", "dnsDomainIs", "localHostOrDomainIs", "isResolvable",
+		"isInNet", "dnsResolve", "convert_addr", "myIpAddress", "dnsDomainLevels", "shExpMatch",
+		"weekdayRange", "dateRange", "timeRange", "alert", "isResolvableEx", "isInNetEx", "dnsResolveEx",
+		"myIpAddressEx", "sortIpAddressList"} {
+		if got := w.evalString(Call{}, "typeof "+name); got != "function" {
+			t.Errorf("typeof %s = %q, want function", name, got)
+		}
+	}
+}
+
+// stuckPAC loops forever in JavaScript for "loop" and spends about a second in goja's
+// backtracking RegExp (native code that Interrupt cannot stop) for "regex".
+const stuckPAC = `function FindProxyForURL(url, host) {
+	if (host == "loop") { for (;;) {} }
+	if (host == "regex") { /^(?=a)(a+)+$/.test("aaaaaaaaaaaaaaaaaaaaa!"); return "DIRECT"; }
+	return "PROXY p.example:3128";
+}`
+
+func evalTimed(s *Script, host string) (Result, time.Duration) {
+	start := time.Now()
+	r := s.Eval(Call{Host: host})
+	return r, time.Since(start)
+}
+
+func waitAbandoned(t *testing.T, s *Script) {
+	t.Helper()
+	for end := time.Now().Add(60 * time.Second); s.p.abandoned.Load() > 0; {
+		if time.Now().After(end) {
+			t.Fatalf("%d abandoned runtimes still running after 60s", s.p.abandoned.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestDeadline(t *testing.T) {
+	const deadline = 30 * time.Millisecond
+	s := mustCompile(t, stuckPAC, Options{Deadline: deadline})
+	for _, host := range []string{"loop", "regex"} {
+		t.Run(host, func(t *testing.T) {
+			r, took := evalTimed(s, host)
+			if r.Exit != "deny" || !r.Failed || !strings.Contains(r.Reason, "did not finish") {
+				t.Errorf("Eval(%s) = %+v, want a deadline deny", host, r)
+			}
+			if took > deadline+slack {
+				t.Errorf("Eval(%s) returned after %v, deadline %v", host, took, deadline)
+			}
+			// The pool is still usable, straight away.
+			if r := s.Eval(Call{Host: "ok.example"}); r.Exit != "client" || r.Failed {
+				t.Errorf("Eval after a stuck call = %+v, want client", r)
+			}
+		})
+	}
+	waitAbandoned(t, s)
+	if r := s.Eval(Call{Host: "ok.example"}); r.Exit != "client" {
+		t.Errorf("Eval once the stuck runtimes finished = %+v", r)
+	}
+}
+
+func TestStuckStorm(t *testing.T) {
+	const (
+		deadline     = 20 * time.Millisecond
+		maxAbandoned = 4
+		calls        = 3000
+	)
+	s := mustCompile(t, stuckPAC, Options{Deadline: deadline, MaxAbandoned: maxAbandoned})
+	poolSize := cap(s.p.slots)
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	baseG := runtime.NumGoroutine()
+
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		worst   time.Duration
+		notDeny int
+		peakAb  int64
+		stop    = make(chan struct{})
+	)
+	go func() { // sample the number of abandoned runtimes while the storm runs
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+				if n := s.p.abandoned.Load(); n > peakAb {
+					peakAb = n
+				}
+			}
+		}
+	}()
+	start := make(chan struct{})
+	for i := 0; i < calls; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			<-start
+			host := "regex"
+			if i%3 == 0 {
+				host = "loop"
+			}
+			r, took := evalTimed(s, host)
+			mu.Lock()
+			defer mu.Unlock()
+			if took > worst {
+				worst = took
+			}
+			if r.Exit != "deny" || !r.Failed {
+				notDeny++
+			}
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	close(stop)
+	if notDeny > 0 {
+		t.Errorf("%d of %d calls to a stuck script did not deny", notDeny, calls)
+	}
+	if worst > deadline+slack {
+		t.Errorf("slowest call returned after %v, deadline %v", worst, deadline)
+	}
+	if peakAb > int64(maxAbandoned+poolSize) {
+		t.Errorf("peak abandoned runtimes %d, bound %d", peakAb, maxAbandoned+poolSize)
+	}
+	// Right after the storm: only the pool's and the stuck runtimes' goroutines remain.
+	if g := runtime.NumGoroutine(); g > baseG+poolSize+maxAbandoned+poolSize+5 {
+		t.Errorf("goroutines after the storm: %d, before %d", g, baseG)
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grow := int64(after.HeapAlloc) - int64(before.HeapAlloc); grow > 256<<20 {
+		t.Errorf("heap grew by %d MiB in the storm", grow>>20)
+	}
+	t.Logf("%d calls: slowest %v, peak abandoned %d (bound %d), goroutines %d -> %d",
+		calls, worst, peakAb, maxAbandoned+poolSize, baseG, runtime.NumGoroutine())
+	waitAbandoned(t, s)
+	if r := s.Eval(Call{Host: "ok.example"}); r.Exit != "client" {
+		t.Errorf("Eval after the storm = %+v, want client", r)
+	}
+}
+
+func TestConcurrentEval(t *testing.T) {
+	s := mustCompile(t, corporatePAC(t), Options{})
+	var wg sync.WaitGroup
+	errs := make(chan string, 64)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				host, want := "x.sharepoint.com", "client"
+				if (g+i)%2 == 0 {
+					host, want = "ads.example.com", "deny"
+				}
+				if r := s.Eval(Call{Host: host}); r.Exit != want {
+					select {
+					case errs <- host + ": " + r.Exit + " " + r.Reason:
+					default:
+					}
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+func TestClose(t *testing.T) {
+	s, err := Compile("c.pac", `function FindProxyForURL() { return "DIRECT" }`, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := runtime.NumGoroutine()
+	s.Close()
+	s.Close()
+	for end := time.Now().Add(5 * time.Second); runtime.NumGoroutine() >= base && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g >= base {
+		t.Errorf("goroutines after Close: %d, before %d", g, base)
+	}
+	if r := s.Eval(Call{Host: "a"}); r.Exit != "direct" {
+		t.Errorf("Eval after Close = %+v", r)
+	}
+}
