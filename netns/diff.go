@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // Diff compares a wanted table with one read back and returns one line per difference:
@@ -131,8 +132,10 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // Fake is an in-memory Backend for unit tests: it keeps the last table applied per netns
-// path, and reports errors set in ApplyErr.
+// path, and reports errors set in ApplyErr. Its methods are safe for concurrent use; read
+// the fields directly only when no call is running.
 type Fake struct {
+	mu       sync.Mutex
 	Tables   map[string]*Table // by netns path
 	Applied  int               // number of successful Apply calls
 	ApplyErr error
@@ -145,6 +148,8 @@ var _ Backend = (*Fake)(nil)
 
 // Apply records t (a deep copy) for nsPath.
 func (f *Fake) Apply(nsPath string, t *Table) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.ApplyErr != nil {
 		return f.ApplyErr
 	}
@@ -155,6 +160,8 @@ func (f *Fake) Apply(nsPath string, t *Table) error {
 
 // Delete forgets nsPath's table.
 func (f *Fake) Delete(nsPath, table string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if t, ok := f.Tables[nsPath]; ok && t.Name == table {
 		delete(f.Tables, nsPath)
 	}
@@ -163,6 +170,8 @@ func (f *Fake) Delete(nsPath, table string) error {
 
 // Get returns a copy of the recorded table or ErrNoTable.
 func (f *Fake) Get(nsPath, table string) (*Table, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	t, ok := f.Tables[nsPath]
 	if !ok || t.Name != table {
 		return nil, ErrNoTable

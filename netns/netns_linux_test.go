@@ -532,6 +532,8 @@ func TestVerifyCatchesHandEdits(t *testing.T) {
 			[]string{"set exclude_v4 has unexpected element 192.0.2.0/24"}},
 		{"chain deleted", []string{"delete", "chain", "inet", "kl", "filter_output"}, []string{"chain filter_output is missing"}},
 		{"table deleted", []string{"delete", "table", "inet", "kl"}, []string{"no kl table"}},
+		{"policy changed", []string{"chain", "inet", "kl", "filter_output", "{", "policy", "drop", ";", "}"},
+			[]string{"chain filter_output is type filter (hook output, policy drop) priority 0, want type filter priority 0"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

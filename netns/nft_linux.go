@@ -161,7 +161,7 @@ func (nftBackend) Get(nsPath, table string) (*Table, error) {
 		}
 		if nc.Hooknum == nil || *nc.Hooknum != *nftables.ChainHookOutput || nc.Policy == nil || *nc.Policy != nftables.ChainPolicyAccept {
 			// Not a chain kl writes: make it differ from any wanted chain.
-			ch.Type = ChainType(fmt.Sprintf("%s (hook %v, policy %v)", nc.Type, deref(nc.Hooknum), deref(nc.Policy)))
+			ch.Type = ChainType(fmt.Sprintf("%s (hook %s, policy %s)", nc.Type, hookName(nc.Hooknum), policyName(nc.Policy)))
 		}
 		rules, err := c.GetRules(nt, nc)
 		if err != nil {
@@ -175,11 +175,26 @@ func (nftBackend) Get(nsPath, table string) (*Table, error) {
 	return out, nil
 }
 
-func deref[T any](p *T) any {
-	if p == nil {
-		return nil
+func hookName(h *nftables.ChainHook) string {
+	switch {
+	case h == nil:
+		return "none"
+	case *h == *nftables.ChainHookOutput:
+		return "output"
 	}
-	return *p
+	return fmt.Sprint(*h)
+}
+
+func policyName(p *nftables.ChainPolicy) string {
+	switch {
+	case p == nil:
+		return "none"
+	case *p == nftables.ChainPolicyAccept:
+		return "accept"
+	case *p == nftables.ChainPolicyDrop:
+		return "drop"
+	}
+	return fmt.Sprint(*p)
 }
 
 func cmpString(a, b string) int {
