@@ -1,0 +1,309 @@
+// Package cni is kl-cni, the CNI chained plugin (CNI 1.0 and 1.1) that puts a pod under
+// kl's egress capture when its sandbox is created.
+//
+// ADD, in transparent mode, installs the pod's nftables table (package netns) and then
+// registers the sandbox with kl-relayd, returning only once the relay listens inside the
+// pod netns; in proxy mode it only registers; in env mode it does nothing. DEL undoes it,
+// CHECK verifies it, STATUS asks whether the relay is reachable.
+//
+// Failure is closed: the table is installed before the registration, and when the
+// registration fails ADD fails and leaves the table in place. Until the runtime tears the
+// sandbox down (it calls DEL after a failed ADD) every TCP connection the pod attempts is
+// redirected to a port where nothing listens and is refused: a pod can never run with its
+// egress silently uncaptured, even under a runtime that ignored the error.
+//
+// What is captured: TCP over IPv4 and IPv6 to anything but loopback, 169.254.0.0/16,
+// fe80::/10 and the configured exclusions. Not captured: UDP (DNS passes as before); UDP
+// to port 443 (QUIC) is rejected by default so clients fall back to TCP; other protocols
+// (ICMP, SCTP) pass untouched.
+//
+// The plugin writes only the CNI protocol to stdout; logs go to stderr.
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+)
+
+// ErrPluginNotAvailable is the CNI 1.1 STATUS error code for "the plugin cannot serve
+// ADDs now" (here: kl-relayd is unreachable).
+const ErrPluginNotAvailable uint = 50
+
+// Relay is the part of the kl-relayd client the plugin uses (*api.Client).
+type Relay interface {
+	Register(ctx context.Context, w api.Workload) (api.Registration, error)
+	Deregister(ctx context.Context, id string) error
+	Get(ctx context.Context, id string) (api.Registration, bool, error)
+	Ping(ctx context.Context) error
+}
+
+// Plugin runs the CNI commands. The zero value is not usable; New returns the real one.
+type Plugin struct {
+	Backend  netns.Backend                                    // nftables; a fake in unit tests
+	NewRelay func(socket string, timeout time.Duration) Relay // the daemon client
+	Stdout   io.Writer                                        // the CNI protocol
+	Log      *slog.Logger                                     // stderr
+	Ctx      context.Context
+}
+
+// New returns the plugin as the kl-cni binary runs it.
+func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
+	level := slog.LevelWarn
+	if debugLog {
+		level = slog.LevelDebug
+	}
+	return &Plugin{
+		Backend:  nil,
+		NewRelay: func(s string, t time.Duration) Relay { return api.NewClient(s, t) },
+		Stdout:   stdout,
+		Log:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("plugin", "kl-cni"),
+		Ctx:      ctx,
+	}
+}
+
+// Versions are the CNI spec versions kl-cni speaks.
+var Versions = version.PluginSupports("1.0.0", "1.1.0")
+
+// Run is kl-cni's main: it dispatches on CNI_COMMAND, prints the result or the CNI error
+// on stdout, and returns the error (the binary then exits 1).
+func Run(ctx context.Context, _ []string) error {
+	p := New(ctx, os.Stdout, os.Stderr, os.Getenv("KL_CNI_DEBUG") == "1")
+	if e := skel.PluginMainFuncsWithError(p.Funcs(), Versions, "kl-cni: kl's CNI chained plugin for egress capture"); e != nil {
+		if err := e.Print(); err != nil {
+			fmt.Fprintln(os.Stderr, "kl-cni: write error:", err)
+		}
+		return e
+	}
+	return nil
+}
+
+// Funcs are the skel callbacks, each turning a panic into a CNI error.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{
+		Add:    p.guard("ADD", p.Add),
+		Del:    p.guard("DEL", p.Del),
+		Check:  p.guard("CHECK", p.Check),
+		Status: p.guard("STATUS", p.Status),
+	}
+}
+
+func (p *Plugin) guard(cmd string, fn func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				p.Log.Error("panic", "command", cmd, "panic", r, "stack", string(debug.Stack()))
+				err = types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni %s: internal error: %v", cmd, r), "")
+			}
+		}()
+		return fn(args)
+	}
+}
+
+func (p *Plugin) ctx() context.Context {
+	if p.Ctx != nil {
+		return p.Ctx
+	}
+	return context.Background()
+}
+
+func (p *Plugin) install(ns string, c netns.Capture) error {
+	if p.Backend != nil {
+		return netns.InstallWith(p.Backend, ns, c)
+	}
+	return netns.Install(ns, c)
+}
+
+func (p *Plugin) remove(ns string) error {
+	if p.Backend != nil {
+		return netns.RemoveWith(p.Backend, ns)
+	}
+	return netns.Remove(ns)
+}
+
+func (p *Plugin) verify(ns string, c netns.Capture) error {
+	if p.Backend != nil {
+		return netns.VerifyWith(p.Backend, ns, c)
+	}
+	return netns.Verify(ns, c)
+}
+
+func configError(err error) error {
+	return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+}
+
+// workload builds the registration for this sandbox.
+func workload(args *skel.CmdArgs, c *Config, mode string) (api.Workload, error) {
+	pa := parseArgs(args.Args)
+	w := api.Workload{
+		ID:          args.ContainerID,
+		Netns:       args.Netns,
+		Mode:        mode,
+		Source:      "cni",
+		Namespace:   pa.Namespace,
+		Name:        pa.Name,
+		Labels:      c.RuntimeConfig.Labels,
+		Annotations: c.annotations(),
+	}
+	if c.PrevResult != nil {
+		res, err := types100.NewResultFromResult(c.PrevResult)
+		if err != nil {
+			return w, fmt.Errorf("read prevResult: %w", err)
+		}
+		for _, ip := range res.IPs {
+			// Addresses of the sandbox's own interfaces (skip the host side of a veth).
+			if ip.Interface != nil && *ip.Interface >= 0 && *ip.Interface < len(res.Interfaces) &&
+				res.Interfaces[*ip.Interface].Sandbox == "" {
+				continue
+			}
+			if a, ok := netipFromIP(ip.Address.IP); ok {
+				w.Addrs = append(w.Addrs, a)
+			}
+		}
+	}
+	return w, nil
+}
+
+// Add captures the sandbox. See the package documentation for the failure model.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return configError(err)
+	}
+	if c.PrevResult == nil {
+		return configError(errors.New("kl-cni is a chained plugin: it needs a prevResult (put it after the main plugin in the conflist)"))
+	}
+	mode, err := c.podMode()
+	if err != nil {
+		return configError(err)
+	}
+	log := p.Log.With("container", args.ContainerID, "mode", mode)
+	if mode != api.ModeEnv {
+		w, err := workload(args, c, mode)
+		if err != nil {
+			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+		}
+		if mode == api.ModeTransparent {
+			if err := p.install(args.Netns, c.capture()); err != nil {
+				return types.NewError(types.ErrInternal, "kl-cni: install capture: "+err.Error(), "")
+			}
+		}
+		ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
+		defer cancel()
+		start := time.Now()
+		if _, err := p.NewRelay(c.Socket, c.timeout).Register(ctx, w); err != nil {
+			// Fail closed: the table stays (see the package doc); DEL removes it.
+			msg := "kl-cni: register sandbox with kl-relayd: " + err.Error()
+			if errors.Is(err, api.ErrUnreachable) {
+				msg = fmt.Sprintf("kl-cni: kl-relayd is not reachable at %s; egress capture fails closed, the sandbox cannot start: %v", c.Socket, err)
+				return types.NewError(types.ErrTryAgainLater, msg, "")
+			}
+			return types.NewError(types.ErrInternal, msg, "")
+		}
+		log.Debug("captured", "took", time.Since(start))
+	}
+	return p.print(c)
+}
+
+// print writes prevResult, unchanged, in the config's version.
+func (p *Plugin) print(c *Config) error {
+	r, err := c.PrevResult.GetAsVersion(c.CNIVersion)
+	if err != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, err.Error(), "")
+	}
+	if err := r.PrintTo(p.Stdout); err != nil {
+		return types.NewError(types.ErrIOFailure, err.Error(), "")
+	}
+	return nil
+}
+
+// Del releases the sandbox: deregister first (the listeners close, so for a moment the
+// still-installed table refuses connections rather than letting them out), then remove
+// the table. It succeeds when the netns is gone and when called twice. An unreachable
+// relay does not block the teardown: the relay drops registrations whose netns has
+// disappeared, at its next sweep or restart.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return configError(err)
+	}
+	log := p.Log.With("container", args.ContainerID)
+	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
+	defer cancel()
+	if err := p.NewRelay(c.Socket, c.timeout).Deregister(ctx, args.ContainerID); err != nil {
+		if !errors.Is(err, api.ErrUnreachable) {
+			return types.NewError(types.ErrInternal, "kl-cni: deregister sandbox from kl-relayd: "+err.Error(), "")
+		}
+		log.Warn("kl-relayd unreachable at DEL; it drops the registration when the netns is gone", "err", err)
+	}
+	if args.Netns != "" {
+		if err := p.remove(args.Netns); err != nil {
+			return types.NewError(types.ErrInternal, "kl-cni: "+err.Error(), "")
+		}
+	}
+	return nil
+}
+
+// Check fails when the table, one of its rules or the registration is missing or wrong.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return configError(err)
+	}
+	if c.PrevResult == nil {
+		return configError(errors.New("kl-cni CHECK needs a prevResult"))
+	}
+	mode, err := c.podMode()
+	if err != nil {
+		return configError(err)
+	}
+	if mode == api.ModeEnv {
+		return nil
+	}
+	if mode == api.ModeTransparent {
+		if err := p.verify(args.Netns, c.capture()); err != nil {
+			return types.NewError(types.ErrInternal, "kl-cni CHECK: "+err.Error(), "")
+		}
+	}
+	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
+	defer cancel()
+	reg, found, err := p.NewRelay(c.Socket, c.timeout).Get(ctx, args.ContainerID)
+	switch {
+	case err != nil:
+		return types.NewError(types.ErrTryAgainLater, "kl-cni CHECK: "+err.Error(), "")
+	case !found:
+		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is not registered with kl-relayd", args.ContainerID), "")
+	case reg.Workload.Netns != args.Netns:
+		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is registered with netns %s, not %s", args.ContainerID, reg.Workload.Netns, args.Netns), "")
+	case reg.Workload.Mode != mode:
+		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is registered in mode %s, not %s", args.ContainerID, reg.Workload.Mode, mode), "")
+	}
+	return nil
+}
+
+// Status reports whether kl-relayd answers (CNI 1.1).
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return configError(err)
+	}
+	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
+	defer cancel()
+	if err := p.NewRelay(c.Socket, c.timeout).Ping(ctx); err != nil {
+		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("kl-relayd is not ready at %s", c.Socket), err.Error())
+	}
+	return nil
+}

@@ -1,0 +1,327 @@
+package cni
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+)
+
+// fakeRelay records calls; down makes every call fail as unreachable.
+type fakeRelay struct {
+	down  bool
+	regs  map[string]api.Workload
+	calls []string
+}
+
+func (f *fakeRelay) err() error {
+	if f.down {
+		return fmt.Errorf("%w at /run/x.sock: connection refused", api.ErrUnreachable)
+	}
+	return nil
+}
+
+func (f *fakeRelay) Register(_ context.Context, w api.Workload) (api.Registration, error) {
+	f.calls = append(f.calls, "register "+w.ID)
+	if err := f.err(); err != nil {
+		return api.Registration{}, err
+	}
+	f.regs[w.ID] = w
+	return api.Registration{Workload: w, Listeners: api.Listeners{Redirect: 15001}}, nil
+}
+
+func (f *fakeRelay) Deregister(_ context.Context, id string) error {
+	f.calls = append(f.calls, "deregister "+id)
+	if err := f.err(); err != nil {
+		return err
+	}
+	delete(f.regs, id)
+	return nil
+}
+
+func (f *fakeRelay) Get(_ context.Context, id string) (api.Registration, bool, error) {
+	if err := f.err(); err != nil {
+		return api.Registration{}, false, err
+	}
+	w, ok := f.regs[id]
+	return api.Registration{Workload: w}, ok, nil
+}
+
+func (f *fakeRelay) Ping(context.Context) error { return f.err() }
+
+func newPlugin() (*Plugin, *fakeRelay, *netns.Fake, *bytes.Buffer) {
+	fr := &fakeRelay{regs: map[string]api.Workload{}}
+	fb := netns.NewFake()
+	out := &bytes.Buffer{}
+	p := &Plugin{
+		Backend:  fb,
+		NewRelay: func(string, time.Duration) Relay { return fr },
+		Stdout:   out,
+		Log:      slog.New(slog.DiscardHandler),
+	}
+	return p, fr, fb, out
+}
+
+const prevResult = `{"cniVersion":"1.1.0",
+ "interfaces":[{"name":"klbr0","mac":"aa:bb:cc:dd:ee:01"},{"name":"veth1","mac":"aa:bb:cc:dd:ee:02"},{"name":"eth0","mac":"aa:bb:cc:dd:ee:03","sandbox":"/var/run/netns/pod1"}],
+ "ips":[{"interface":2,"address":"192.0.2.10/24","gateway":"192.0.2.1"},{"interface":2,"address":"fd00:1::10/64"},{"interface":0,"address":"192.0.2.1/24"}],
+ "routes":[{"dst":"0.0.0.0/0"}],"dns":{}}`
+
+func conf(extra string, withPrev bool) []byte {
+	s := `{"cniVersion":"1.1.0","name":"kl-test","type":"kl-cni","socket":"/run/x.sock"` + extra
+	if withPrev {
+		s += `,"prevResult":` + prevResult
+	}
+	return []byte(s + "}")
+}
+
+func args(stdin []byte) *skel.CmdArgs {
+	return &skel.CmdArgs{
+		ContainerID: "abc123", Netns: "/var/run/netns/pod1", IfName: "eth0",
+		Args:      "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc123",
+		StdinData: stdin,
+	}
+}
+
+func cniCode(t *testing.T, err error) uint {
+	t.Helper()
+	var e *types.Error
+	if !errors.As(err, &e) {
+		t.Fatalf("error %v is not a CNI error", err)
+	}
+	return e.Code
+}
+
+func TestAddTransparent(t *testing.T) {
+	p, fr, fb, out := newPlugin()
+	stdin := conf(`,"capabilities":{"io.kubernetes.cri.pod-annotations":true},"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"team":"a"},"podLabels":{"app":"web"}},"excludeCIDRs":["10.96.0.0/12","192.0.2.53"]`, true)
+	if err := p.Add(args(stdin)); err != nil {
+		t.Fatalf("Add = %v", err)
+	}
+	tbl, ok := fb.Tables["/var/run/netns/pod1"]
+	if !ok {
+		t.Fatal("no table installed")
+	}
+	c, _ := parseConfig(stdin)
+	if d := netns.Diff(c.capture().Program(), tbl); len(d) > 0 {
+		t.Errorf("installed table differs: %v", d)
+	}
+	if !strings.Contains(tbl.Render(), "192.0.2.53") {
+		t.Errorf("exclusion missing from table:\n%s", tbl.Render())
+	}
+	want := api.Workload{
+		ID: "abc123", Netns: "/var/run/netns/pod1", Mode: "transparent", Source: "cni", Namespace: "shop", Name: "web-0",
+		Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"team": "a"},
+		Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("fd00:1::10")},
+	}
+	if got := fr.regs["abc123"]; !reflect.DeepEqual(got, want) {
+		t.Errorf("registered %+v\nwant %+v", got, want)
+	}
+	// stdout is exactly prevResult (semantically), nothing else.
+	var got, exp map[string]any
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("stdout is not one JSON document: %v\n%s", err, out.String())
+	}
+	json.Unmarshal([]byte(prevResult), &exp)
+	delete(exp, "dns")
+	delete(got, "dns")
+	if !reflect.DeepEqual(got, exp) {
+		t.Errorf("stdout = %v\nwant prevResult %v", got, exp)
+	}
+}
+
+func TestAddModes(t *testing.T) {
+	tests := []struct {
+		name      string
+		extra     string
+		wantTable bool
+		wantReg   string // registered mode, "" = none
+		wantCode  uint   // 0 = success
+	}{
+		{name: "node default proxy", extra: `,"mode":"proxy"`, wantReg: "proxy"},
+		{name: "annotation env", extra: `,"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"kl.egress.mode":"env"}}`},
+		{name: "label proxy over node transparent", extra: `,"runtimeConfig":{"podLabels":{"kl.egress.mode":"proxy"}}`, wantReg: "proxy"},
+		{name: "annotation wins over label", extra: `,"runtimeConfig":{"podAnnotations":{"kl.egress.mode":"transparent"},"podLabels":{"kl.egress.mode":"env"}}`, wantTable: true, wantReg: "transparent"},
+		{name: "bad pod mode", extra: `,"runtimeConfig":{"podLabels":{"kl.egress.mode":"sideways"}}`, wantCode: types.ErrInvalidNetworkConfig},
+		{name: "bad node mode", extra: `,"mode":"sideways"`, wantCode: types.ErrInvalidNetworkConfig},
+		{name: "bad cidr", extra: `,"excludeCIDRs":["10.0.0.0/33"]`, wantCode: types.ErrInvalidNetworkConfig},
+		{name: "bad timeout", extra: `,"timeout":"soon"`, wantCode: types.ErrInvalidNetworkConfig},
+		{name: "port 0", extra: `,"excludePorts":[0]`, wantCode: types.ErrInvalidNetworkConfig},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, fr, fb, out := newPlugin()
+			err := p.Add(args(conf(tt.extra, true)))
+			if tt.wantCode != 0 {
+				if err == nil || cniCode(t, err) != tt.wantCode {
+					t.Fatalf("Add = %v, want CNI code %d", err, tt.wantCode)
+				}
+				if out.Len() != 0 {
+					t.Errorf("stdout on error: %q", out.String())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Add = %v", err)
+			}
+			if _, ok := fb.Tables["/var/run/netns/pod1"]; ok != tt.wantTable {
+				t.Errorf("table installed = %v, want %v", ok, tt.wantTable)
+			}
+			if got := fr.regs["abc123"].Mode; got != tt.wantReg {
+				t.Errorf("registered mode %q, want %q", got, tt.wantReg)
+			}
+			if out.Len() == 0 {
+				t.Error("no result printed")
+			}
+		})
+	}
+}
+
+func TestAddNeedsPrevResult(t *testing.T) {
+	p, fr, fb, _ := newPlugin()
+	err := p.Add(args(conf("", false)))
+	if err == nil || cniCode(t, err) != types.ErrInvalidNetworkConfig || !strings.Contains(err.Error(), "chained") {
+		t.Fatalf("Add without prevResult = %v", err)
+	}
+	if len(fb.Tables) != 0 || len(fr.calls) != 0 {
+		t.Error("Add without prevResult acted")
+	}
+}
+
+func TestAddRelayDownFailsClosed(t *testing.T) {
+	p, fr, fb, out := newPlugin()
+	fr.down = true
+	err := p.Add(args(conf("", true)))
+	if err == nil || !strings.Contains(err.Error(), "not reachable") || cniCode(t, err) != types.ErrTryAgainLater {
+		t.Fatalf("Add with the relay down = %v, want a try-again error saying it is not reachable", err)
+	}
+	if _, ok := fb.Tables["/var/run/netns/pod1"]; !ok {
+		t.Error("the table was removed: capture must fail closed")
+	}
+	if out.Len() != 0 {
+		t.Errorf("stdout on error: %q", out.String())
+	}
+	// The runtime then calls DEL, which must clean up even with the relay still down.
+	if err := p.Del(args(conf("", false))); err != nil {
+		t.Fatalf("Del = %v", err)
+	}
+	if len(fb.Tables) != 0 {
+		t.Error("Del left the table")
+	}
+}
+
+func TestAddInstallFails(t *testing.T) {
+	p, fr, fb, _ := newPlugin()
+	fb.ApplyErr = errors.New("netlink: operation not permitted")
+	if err := p.Add(args(conf("", true))); err == nil || !strings.Contains(err.Error(), "operation not permitted") {
+		t.Fatalf("Add = %v", err)
+	}
+	if len(fr.calls) != 0 {
+		t.Error("registered although the capture was not installed")
+	}
+}
+
+func TestDelIdempotent(t *testing.T) {
+	p, fr, fb, out := newPlugin()
+	if err := p.Add(args(conf("", true))); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	for i := 0; i < 2; i++ {
+		if err := p.Del(args(conf("", false))); err != nil {
+			t.Fatalf("Del #%d = %v", i+1, err)
+		}
+	}
+	if len(fb.Tables) != 0 || len(fr.regs) != 0 {
+		t.Errorf("after Del: tables %v, registrations %v", fb.Tables, fr.regs)
+	}
+	// Netns already gone: the runtime passes an empty CNI_NETNS.
+	a := args(conf("", false))
+	a.Netns = ""
+	if err := p.Del(a); err != nil {
+		t.Errorf("Del without a netns = %v", err)
+	}
+	if fr.calls[1] != "deregister abc123" {
+		t.Errorf("calls = %v", fr.calls)
+	}
+	if out.Len() != 0 {
+		t.Errorf("Del printed %q", out.String())
+	}
+}
+
+func TestCheck(t *testing.T) {
+	p, fr, fb, _ := newPlugin()
+	stdin := conf("", true)
+	if err := p.Add(args(stdin)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(args(stdin)); err != nil {
+		t.Fatalf("Check after Add = %v", err)
+	}
+	// A rule deleted by hand.
+	tbl := fb.Tables["/var/run/netns/pod1"]
+	ch := &tbl.Chains[0]
+	ch.Rules = ch.Rules[:len(ch.Rules)-1]
+	if err := p.Check(args(stdin)); err == nil || !strings.Contains(err.Error(), "differs") {
+		t.Errorf("Check with a rule missing = %v", err)
+	}
+	// Table back, registration gone.
+	p.Add(args(stdin))
+	delete(fr.regs, "abc123")
+	if err := p.Check(args(stdin)); err == nil || !strings.Contains(err.Error(), "not registered") {
+		t.Errorf("Check without registration = %v", err)
+	}
+	// Table gone.
+	p.Add(args(stdin))
+	delete(fb.Tables, "/var/run/netns/pod1")
+	if err := p.Check(args(stdin)); err == nil {
+		t.Error("Check without the table succeeded")
+	}
+	// Relay down.
+	p.Add(args(stdin))
+	fr.down = true
+	if err := p.Check(args(stdin)); err == nil {
+		t.Error("Check with the relay down succeeded")
+	}
+}
+
+func TestStatus(t *testing.T) {
+	p, fr, _, _ := newPlugin()
+	if err := p.Status(args(conf("", false))); err != nil {
+		t.Fatalf("Status = %v", err)
+	}
+	fr.down = true
+	err := p.Status(args(conf("", false)))
+	if err == nil || cniCode(t, err) != ErrPluginNotAvailable {
+		t.Errorf("Status with the relay down = %v, want code %d", err, ErrPluginNotAvailable)
+	}
+}
+
+func TestPanicBecomesError(t *testing.T) {
+	p, _, _, _ := newPlugin()
+	f := p.guard("ADD", func(*skel.CmdArgs) error { panic("boom") })
+	err := f(args(nil))
+	if err == nil || cniCode(t, err) != types.ErrInternal || !strings.Contains(err.Error(), "boom") {
+		t.Errorf("panic = %v", err)
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	got := parseArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=n;junk;K8S_POD_INFRA_CONTAINER_ID=id")
+	if want := (podArgs{Namespace: "ns", Name: "n", InfraID: "id"}); got != want {
+		t.Errorf("parseArgs = %+v, want %+v", got, want)
+	}
+}
