@@ -1,0 +1,331 @@
+package rules
+
+import (
+	"math"
+	"net/netip"
+	"strings"
+
+	"github.com/gaissmai/bart"
+)
+
+// The per-dimension indexes built when a policy loads. Each answers "the lowest rule
+// index of its tier that matches", 0 for none, without allocating. Rule indexes are
+// 1-based positions in the file; rules are added in file order, so the first index
+// stored under a key is already the lowest.
+
+const none = int32(math.MaxInt32)
+
+func lower(a, b int32) int32 {
+	if b < a {
+		return b
+	}
+	return a
+}
+
+func found(i int32) int32 {
+	if i == none {
+		return 0
+	}
+	return i
+}
+
+// globRule is one glob of a rule, kept in file order within its bucket.
+type globRule struct {
+	glob string
+	idx  int32
+}
+
+// firstGlob returns the lowest index in list (sorted by idx) below best whose glob
+// matches s.
+func firstGlob(list []globRule, s string, best int32) int32 {
+	for _, g := range list {
+		if g.idx >= best {
+			break
+		}
+		if globMatch(g.glob, s) {
+			return g.idx
+		}
+	}
+	return best
+}
+
+func setMin(m map[string]int32, k string, idx int32) {
+	if _, ok := m[k]; !ok {
+		m[k] = idx
+	}
+}
+
+// labelIndex: one hash probe per workload label finds both the presence selector and
+// the key=value selectors of that key.
+type labelIndex struct {
+	keys map[string]*labelKey
+}
+
+type labelKey struct {
+	presence int32 // lowest rule selecting the key alone; none when there is none
+	values   map[string]int32
+}
+
+func (x *labelIndex) add(m *labelMatcher, idx int32) {
+	if x.keys == nil {
+		x.keys = map[string]*labelKey{}
+	}
+	k := x.keys[m.key]
+	if k == nil {
+		k = &labelKey{presence: none}
+		x.keys[m.key] = k
+	}
+	if m.presence {
+		k.presence = lower(k.presence, idx)
+		return
+	}
+	if k.values == nil {
+		k.values = map[string]int32{}
+	}
+	setMin(k.values, m.val, idx)
+}
+
+func (x *labelIndex) lookup(labels map[string]string) int32 {
+	if x.keys == nil || len(labels) == 0 {
+		return 0
+	}
+	best := none
+	for k, v := range labels {
+		if e := x.keys[k]; e != nil {
+			best = lower(best, e.presence)
+			if i, ok := e.values[v]; ok {
+				best = lower(best, i)
+			}
+		}
+	}
+	return found(best)
+}
+
+// imageIndex: wildcard-free references (in both spellings) in a hash; globs in a
+// literal-prefix trie.
+type imageIndex struct {
+	exact map[string]int32
+	globs globTree
+}
+
+func (x *imageIndex) add(m *imageMatcher, idx int32) {
+	if x.exact == nil {
+		x.exact = map[string]int32{}
+	}
+	if m.norm != "" {
+		setMin(x.exact, m.glob, idx)
+		setMin(x.exact, m.norm, idx)
+		return
+	}
+	x.globs.add(m.glob, idx)
+}
+
+func (x *imageIndex) lookup(image, norm string) int32 {
+	if x.exact == nil || image == "" {
+		return 0
+	}
+	best := x.find(image)
+	if norm != image {
+		best = lower(best, x.find(norm))
+	}
+	return found(best)
+}
+
+func (x *imageIndex) find(s string) int32 {
+	best := none
+	if i, ok := x.exact[s]; ok {
+		best = i
+	}
+	return x.globs.first(s, best)
+}
+
+// processIndex: wildcard-free names in a hash, globs in a literal-prefix trie.
+type processIndex struct {
+	exact map[string]int32
+	globs globTree
+}
+
+func (x *processIndex) add(m *processMatcher, idx int32) {
+	if x.exact == nil {
+		x.exact = map[string]int32{}
+	}
+	for _, a := range m.alts {
+		if hasWild(a) {
+			x.globs.add(a, idx)
+		} else {
+			setMin(x.exact, a, idx)
+		}
+	}
+}
+
+func (x *processIndex) lookup(p *Process) int32 {
+	if x.exact == nil || !p.Known {
+		return 0
+	}
+	best := none
+	for i, n := range [3]string{p.Comm, p.Exe, p.Argv0} {
+		if n == "" || i > 0 && n == p.Comm || i == 2 && n == p.Exe {
+			continue
+		}
+		if i, ok := x.exact[n]; ok {
+			best = lower(best, i)
+		}
+		best = x.globs.first(n, best)
+	}
+	return found(best)
+}
+
+// domainIndex: exact names in a hash; `*.suffix` globs and the other globs with a
+// label-aligned literal tail (`api-*.example.com` under example.com) in a hash keyed by
+// that suffix, so a lookup costs one probe for the name and one per label of it; globs
+// without such a tail (`*`, `foo*`) in a literal-prefix trie.
+type domainIndex struct {
+	exact    map[string]int32
+	suffixes map[string]*domainSuffix
+	rest     globTree
+}
+
+type domainSuffix struct {
+	wild  int32      // lowest rule with `*.suffix`; none when there is none
+	globs []globRule // other globs ending in `.suffix`, in file order
+}
+
+func (x *domainIndex) suffix(k string) *domainSuffix {
+	e := x.suffixes[k]
+	if e == nil {
+		e = &domainSuffix{wild: none}
+		x.suffixes[k] = e
+	}
+	return e
+}
+
+func (x *domainIndex) add(glob string, idx int32) {
+	if x.exact == nil {
+		x.exact = map[string]int32{}
+		x.suffixes = map[string]*domainSuffix{}
+	}
+	switch {
+	case !hasWild(glob):
+		setMin(x.exact, glob, idx)
+	case strings.HasPrefix(glob, "*.") && len(glob) > 2 && !hasWild(glob[2:]):
+		e := x.suffix(glob[2:])
+		e.wild = lower(e.wild, idx)
+	default:
+		tail := literalSuffix(glob)
+		if d := strings.IndexByte(tail, '.'); d >= 0 && d+1 < len(tail) {
+			e := x.suffix(tail[d+1:])
+			e.globs = append(e.globs, globRule{glob, idx})
+			return
+		}
+		x.rest.add(glob, idx)
+	}
+}
+
+func (x *domainIndex) lookup(host string) int32 {
+	if x.exact == nil || host == "" {
+		return 0
+	}
+	best := none
+	if i, ok := x.exact[host]; ok {
+		best = i
+	}
+	if len(x.suffixes) > 0 {
+		for j := 0; j < len(host); j++ {
+			if host[j] != '.' {
+				continue
+			}
+			if e := x.suffixes[host[j+1:]]; e != nil {
+				best = lower(best, e.wild)
+				if e.globs != nil {
+					best = firstGlob(e.globs, host, best)
+				}
+			}
+		}
+	}
+	if x.rest.empty() {
+		return found(best)
+	}
+	return found(x.rest.first(host, best))
+}
+
+// cidrIndex is a BART prefix table. Each stored prefix carries the lowest rule index
+// among itself and every stored prefix containing it, so the longest-prefix match of an
+// address yields the lowest rule index of all the prefixes that contain it.
+type cidrIndex struct {
+	t *bart.Table[int32]
+}
+
+func (x *cidrIndex) build(prefixes map[netip.Prefix]int32) {
+	if len(prefixes) == 0 {
+		return
+	}
+	x.t = new(bart.Table[int32])
+	for p, i := range prefixes {
+		x.t.Insert(p, i)
+	}
+	type upd struct {
+		p netip.Prefix
+		i int32
+	}
+	var fix []upd
+	for p, i := range prefixes {
+		m := i
+		for _, j := range x.t.Supernets(p) {
+			m = lower(m, j)
+		}
+		if m != i {
+			fix = append(fix, upd{p, m})
+		}
+	}
+	for _, u := range fix {
+		x.t.Insert(u.p, u.i)
+	}
+}
+
+func (x *cidrIndex) lookup(a netip.Addr) int32 {
+	if x.t == nil || !a.IsValid() {
+		return 0
+	}
+	i, _ := x.t.Lookup(a)
+	return i
+}
+
+// portIndex maps every port to the lowest rule index that lists it.
+type portIndex struct {
+	first *[65536]int32
+}
+
+func (x *portIndex) build(rs []rule) {
+	if len(rs) == 0 {
+		return
+	}
+	x.first = new([65536]int32)
+	// next[i] is the lowest port >= i not yet assigned (65536: none), with path
+	// halving, so filling overlapping ranges costs O(65536) in all.
+	var next [65537]int32
+	for i := range next {
+		next[i] = int32(i)
+	}
+	find := func(i int32) int32 {
+		for next[i] != i {
+			next[i] = next[next[i]]
+			i = next[i]
+		}
+		return i
+	}
+	for _, r := range rs {
+		for _, pr := range r.m.(*portMatcher).ranges {
+			for p := find(int32(pr.lo)); p <= int32(pr.hi); p = find(p) {
+				x.first[p] = int32(r.idx)
+				next[p] = p + 1
+			}
+		}
+	}
+}
+
+func (x *portIndex) lookup(port uint16) int32 {
+	if x.first == nil {
+		return 0
+	}
+	return x.first[port]
+}

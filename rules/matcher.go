@@ -1,0 +1,93 @@
+package rules
+
+import (
+	"net/netip"
+	"strings"
+	"unsafe"
+)
+
+// matcher is one rule's match field, parsed and validated by its constructor. Match
+// answers for one flow; String gives the value back in canonical form (for explain and
+// lint). The compiled indexes answer Decide; matchers answer the reference walk,
+// `explain` (which other rules matched) and lint.
+type matcher interface {
+	Match(v *view) bool
+	String() string
+}
+
+// view is a Flow normalized once per decision: the hostname lower-cased without its
+// trailing dot, the address unmapped, the image also in normalized form.
+type view struct {
+	labels    map[string]string
+	image     string // as given; "" unknown
+	imageNorm string // normalized reference; "" unknown
+	proc      Process
+	host      string     // "" unknown (or an IP literal, which lands in addr)
+	addr      netip.Addr // invalid when unknown
+	port      uint16     // 0 when unknown
+}
+
+const maxHostLen = 255
+
+// normHost lower-cases a hostname and drops one trailing dot, writing into buf only when
+// it has to so that the common case costs nothing. A host that is an IP literal (also
+// in brackets) comes back as an address instead.
+func normHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
+	if h == "" {
+		return "", netip.Addr{}
+	}
+	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' {
+		s := h
+		if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+			s = s[1 : len(s)-1]
+		}
+		if a, err := netip.ParseAddr(s); err == nil {
+			return "", a.WithZone("")
+		}
+	}
+	h = strings.TrimSuffix(h, ".")
+	clean := true
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; c >= 'A' && c <= 'Z' {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return h, netip.Addr{}
+	}
+	if len(h) > len(buf) {
+		return strings.ToLower(h), netip.Addr{}
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		buf[i] = c
+	}
+	return unsafe.String(&buf[0], len(h)), netip.Addr{}
+}
+
+// flowAddr is the flow's destination address, unmapped and without zone, or the
+// address of an IP-literal host when the flow has none.
+func flowAddr(f *Flow, lit netip.Addr) netip.Addr {
+	a := f.Dst.Addr()
+	if !a.IsValid() {
+		a = lit
+	}
+	return a.Unmap().WithZone("")
+}
+
+// makeView normalizes a flow. The buffers live in the caller's frame.
+func makeView(f *Flow, host string, addr netip.Addr, ib *[maxImageLen]byte) view {
+	return view{
+		labels:    f.Labels,
+		image:     f.Image,
+		imageNorm: normalizeImage(f.Image, ib),
+		proc:      f.Process,
+		host:      host,
+		addr:      addr,
+		port:      f.Dst.Port(),
+	}
+}

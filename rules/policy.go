@@ -1,0 +1,338 @@
+package rules
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/kl-egress/kl/rules/pac"
+)
+
+// rule is one entry of `rules`, parsed and validated.
+type rule struct {
+	idx   int // 1-based position in the file
+	line  int
+	dim   Dimension
+	value string // the match value as written
+	m     matcher
+	exit  string // canonical or named exit
+	note  string
+}
+
+// Policy is a loaded, compiled rules file. It is immutable and safe for concurrent use.
+type Policy struct {
+	name       string
+	src        []byte
+	hash       string
+	mode       string
+	def        string
+	pattern    bool
+	rules      []rule
+	script     *pac.Script
+	scriptLine int
+	opts       LoadOptions
+
+	label   labelIndex
+	image   imageIndex
+	process processIndex
+	domain  domainIndex
+	cidr    cidrIndex
+	port    portIndex
+	tiered  []*rule // all rules in tier order, then file order (the walk's list)
+}
+
+// metadata is the cloud instance metadata range of the guard (SPEC §4.4).
+var metadata = netip.MustParsePrefix("169.254.0.0/16")
+
+func tierPriority(d Dimension) int {
+	switch d {
+	case DimLabel:
+		return PriorityLabel
+	case DimImage:
+		return PriorityImage
+	case DimProcess:
+		return PriorityProcess
+	case DimDomain:
+		return PriorityDomain
+	case DimCIDR:
+		return PriorityCIDR
+	case DimPort:
+		return PriorityPort
+	case DimDefault:
+		return PriorityDefault
+	}
+	return 0
+}
+
+// tierOrder lists the dimension form's tiers from first tried to last.
+var tierOrder = [...]Dimension{DimLabel, DimImage, DimProcess, DimDomain, DimCIDR, DimPort}
+
+func (p *Policy) compile() error {
+	cidrs := map[netip.Prefix]int32{}
+	var ports []rule
+	for i := range p.rules {
+		r := &p.rules[i]
+		idx := int32(r.idx)
+		switch m := r.m.(type) {
+		case *labelMatcher:
+			p.label.add(m, idx)
+		case *imageMatcher:
+			p.image.add(m, idx)
+		case *processMatcher:
+			p.process.add(m, idx)
+		case *domainMatcher:
+			for _, g := range m.globs {
+				p.domain.add(g, idx)
+			}
+		case *cidrMatcher:
+			for _, pf := range m.prefixes {
+				if _, ok := cidrs[pf]; !ok {
+					cidrs[pf] = idx
+				}
+			}
+		case *portMatcher:
+			ports = append(ports, *r)
+		}
+	}
+	p.cidr.build(cidrs)
+	p.port.build(ports)
+	p.tiered = make([]*rule, 0, len(p.rules))
+	for i := range p.rules {
+		p.tiered = append(p.tiered, &p.rules[i])
+	}
+	if !p.pattern {
+		slices.SortStableFunc(p.tiered, func(a, b *rule) int { return tierPriority(a.dim) - tierPriority(b.dim) })
+	}
+	return nil
+}
+
+// Decide answers which exit a flow takes. For a policy without a script it allocates
+// nothing.
+func (p *Policy) Decide(f *Flow) Decision {
+	var hb [maxHostLen + 1]byte
+	var ib [maxImageLen]byte
+	host, lit := normHost(f.Host, &hb)
+	addr := flowAddr(f, lit)
+	if addr.IsValid() && metadata.Contains(addr) {
+		return guardDecision
+	}
+	if p.script != nil {
+		return p.decideScript(f, host, addr, f.Dst.Port())
+	}
+	v := makeView(f, host, addr, &ib)
+	if p.pattern {
+		for i := range p.rules {
+			if r := &p.rules[i]; r.m.(*patternMatcher).Match(&v) {
+				return Decision{Exit: r.exit, Rule: r.idx, Dimension: DimPattern, Note: r.note}
+			}
+		}
+		return p.defaultDecision()
+	}
+	if i := p.label.lookup(v.labels); i > 0 {
+		return p.ruleDecision(i)
+	}
+	if i := p.image.lookup(v.image, v.imageNorm); i > 0 {
+		return p.ruleDecision(i)
+	}
+	if i := p.process.lookup(&v.proc); i > 0 {
+		return p.ruleDecision(i)
+	}
+	if i := p.domain.lookup(v.host); i > 0 {
+		return p.ruleDecision(i)
+	}
+	if i := p.cidr.lookup(v.addr); i > 0 {
+		return p.ruleDecision(i)
+	}
+	if i := p.port.lookup(v.port); i > 0 {
+		return p.ruleDecision(i)
+	}
+	return p.defaultDecision()
+}
+
+var guardDecision = Decision{Exit: ExitDirect, Dimension: DimGuard, Note: "metadata guard: 169.254.0.0/16 always goes direct"}
+
+func (p *Policy) ruleDecision(idx int32) Decision {
+	r := &p.rules[idx-1]
+	return Decision{Exit: r.exit, Rule: r.idx, Priority: tierPriority(r.dim), Dimension: r.dim, Note: r.note}
+}
+
+func (p *Policy) defaultDecision() Decision {
+	return Decision{Exit: p.def, Priority: PriorityDefault, Dimension: DimDefault}
+}
+
+// decideScript runs the script. vhost may point into Decide's stack buffer, so it is
+// copied before it can reach the script.
+func (p *Policy) decideScript(f *Flow, vhost string, addr netip.Addr, port uint16) Decision {
+	var host string
+	switch {
+	case vhost != "":
+		host = strings.Clone(vhost)
+	case addr.IsValid():
+		host = addr.String()
+	}
+	res := p.script.Eval(pac.Call{Host: host, Port: port, Dst: addr, MyIP: f.Src, At: f.At, Seed: f.ID})
+	d := Decision{Exit: res.Exit, Dimension: DimScript, Directive: res.Directive, Proxy: res.Proxy, Reason: res.Reason}
+	switch {
+	case res.Failed:
+		d.Exit = ExitDeny
+	case res.Exit == "":
+		d.Exit = p.def
+	}
+	switch {
+	case d.Exit == ExitGateway && !p.opts.AllowGateway:
+		d.Exit, d.Reason = ExitDeny, "script chose gateway, which is off on this node (KL_EGRESS_GATEWAY=1 enables it)"
+	case d.Exit == ExitClient && p.opts.Detached:
+		d.Exit, d.Reason = ExitDeny, "script chose client in a policy for detached use"
+	}
+	return d
+}
+
+// walk is the reference decision: a plain first-match walk over the rules in tier
+// order, the way a rule list is matched without indexes. Decide must agree with it
+// on every flow; the benchmarks compare the two.
+func (p *Policy) walk(f *Flow) Decision {
+	var hb [maxHostLen + 1]byte
+	var ib [maxImageLen]byte
+	host, lit := normHost(f.Host, &hb)
+	addr := flowAddr(f, lit)
+	if addr.IsValid() && metadata.Contains(addr) {
+		return guardDecision
+	}
+	if p.script != nil {
+		return p.decideScript(f, host, addr, f.Dst.Port())
+	}
+	v := makeView(f, host, addr, &ib)
+	for _, r := range p.tiered {
+		if matchRule(r, &v) {
+			if p.pattern {
+				return Decision{Exit: r.exit, Rule: r.idx, Dimension: DimPattern, Note: r.note}
+			}
+			return p.ruleDecision(int32(r.idx))
+		}
+	}
+	return p.defaultDecision()
+}
+
+// Matches lists every rule (1-based) whose match field matches the flow, in file order,
+// regardless of tiers and of which one wins. `kl-ctl explain` uses it to show the rules
+// that matched but lost. A script policy matches no rules.
+func (p *Policy) Matches(f *Flow) []int {
+	if p.script != nil {
+		return nil
+	}
+	var hb [maxHostLen + 1]byte
+	var ib [maxImageLen]byte
+	host, lit := normHost(f.Host, &hb)
+	v := makeView(f, host, flowAddr(f, lit), &ib)
+	var out []int
+	for i := range p.rules {
+		if matchRule(&p.rules[i], &v) {
+			out = append(out, p.rules[i].idx)
+		}
+	}
+	return out
+}
+
+// NeedsHost reports whether decisions can depend on the destination hostname: domain
+// rules, host patterns or a script.
+func (p *Policy) NeedsHost() bool {
+	if p.script != nil {
+		return true
+	}
+	for i := range p.rules {
+		switch m := p.rules[i].m.(type) {
+		case *domainMatcher:
+			return true
+		case *patternMatcher:
+			if m.glob != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// NeedsProcess reports whether the policy has process rules.
+func (p *Policy) NeedsProcess() bool {
+	if p.script != nil {
+		return false
+	}
+	for i := range p.rules {
+		if p.rules[i].dim == DimProcess {
+			return true
+		}
+	}
+	return false
+}
+
+// Hash is the hex sha256 of the source bytes.
+func (p *Policy) Hash() string { return p.hash }
+
+// Mode is the file's `mode:` ("" when absent).
+func (p *Policy) Mode() string { return p.mode }
+
+// Source returns the exact bytes the policy was loaded from.
+func (p *Policy) Source() []byte { return p.src }
+
+// Name is the path or name the policy was loaded under.
+func (p *Policy) Name() string { return p.name }
+
+// Default is the exit of flows no rule matches.
+func (p *Policy) Default() string { return p.def }
+
+// HasScript reports whether a PAC script decides instead of the rules.
+func (p *Policy) HasScript() bool { return p.script != nil }
+
+// PatternForm reports whether the rules are in the pattern form.
+func (p *Policy) PatternForm() bool { return p.pattern }
+
+// Len is the number of rules.
+func (p *Policy) Len() int { return len(p.rules) }
+
+// Exits lists, sorted, every exit the policy can choose: the default, every rule's exit,
+// direct (the metadata guard) and, for a script, every route a script can return.
+func (p *Policy) Exits() []string {
+	set := map[string]bool{ExitDirect: true, p.def: true}
+	for i := range p.rules {
+		if p.script == nil {
+			set[p.rules[i].exit] = true
+		}
+	}
+	if p.script != nil {
+		set[ExitDeny] = true
+		if !p.opts.Detached {
+			set[ExitClient] = true
+		}
+		if p.opts.AllowGateway {
+			set[ExitGateway] = true
+		}
+	}
+	out := make([]string, 0, len(set))
+	for e := range set {
+		out = append(out, e)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// matchRule calls the rule's matcher through its concrete type, so that the view (and
+// the buffers it points into) stays on the caller's stack.
+func matchRule(r *rule, v *view) bool {
+	switch m := r.m.(type) {
+	case *labelMatcher:
+		return m.Match(v)
+	case *imageMatcher:
+		return m.Match(v)
+	case *processMatcher:
+		return m.Match(v)
+	case *domainMatcher:
+		return m.Match(v)
+	case *cidrMatcher:
+		return m.Match(v)
+	case *portMatcher:
+		return m.Match(v)
+	case *patternMatcher:
+		return m.Match(v)
+	}
+	return false
+}
