@@ -806,3 +806,55 @@ func TestExtensionRoundTrip(t *testing.T) {
 		t.Errorf("nft lists\n%s\nbut Render gives\n%s", listed, p.Render())
 	}
 }
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// Many add/check/delete cycles leave no file descriptor or goroutine behind.
+func TestNoLeaks(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	ns := testutil.NewNetns(t, "klleak")
+	c := goldenCaptures[4].c
+	cycle := func() {
+		if err := Install(ns.Path, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := Verify(ns.Path, c); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := Listen(ns.Path, "tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := Dial(context.Background(), ns.Path, c.Mark, "tcp4", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		ln.Close()
+		if err := Remove(ns.Path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cycle() // warm up lazily opened descriptors (netpoll, etc.)
+	fds, gs := openFDs(t), runtime.NumGoroutine()
+	for range 50 {
+		cycle()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for runtime.NumGoroutine() > gs && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := openFDs(t); got > fds {
+		t.Errorf("open fds grew from %d to %d over 50 cycles", fds, got)
+	}
+	if got := runtime.NumGoroutine(); got > gs {
+		t.Errorf("goroutines grew from %d to %d over 50 cycles", gs, got)
+	}
+}
