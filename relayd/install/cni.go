@@ -19,6 +19,11 @@ type CNI struct {
 	Conf map[string]any // further keys of kl's entry (e.g. "socket"); written sorted by key
 }
 
+// DefaultCNICapabilities is the "capabilities" of kl's entry unless Conf sets its own:
+// it asks the runtime (containerd 1.7+) for the pod's annotations, where a pod's
+// kl.egress.mode is read.
+var DefaultCNICapabilities = map[string]any{"io.kubernetes.cri.pod-annotations": true}
+
 var _ Editor = CNI{}
 
 func (c CNI) typ() string {
@@ -38,9 +43,16 @@ func (c CNI) entry() (orderedObject, error) {
 		}
 		keys = append(keys, k)
 	}
+	if _, ok := c.Conf["capabilities"]; !ok {
+		keys = append(keys, "capabilities")
+	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		o = append(o, kv{k, c.Conf[k]})
+		v, ok := c.Conf[k]
+		if !ok {
+			v = DefaultCNICapabilities
+		}
+		o = append(o, kv{k, v})
 	}
 	return o, nil
 }
