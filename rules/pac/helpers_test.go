@@ -1,6 +1,7 @@
 package pac
 
 import (
+	"net/netip"
 	"os"
 	"testing"
 
@@ -65,3 +66,5 @@ func corporatePAC(t testing.TB) string {
 	}
 	return string(b)
 }
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }

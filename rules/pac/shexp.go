@@ -56,7 +56,44 @@ func shexpToRegexp(p string) string {
 	p = strings.ReplaceAll(p, ".", `\.`)
 	p = strings.ReplaceAll(p, "*", ".*")
 	p = strings.ReplaceAll(p, "?", ".")
-	return "^" + p + "$"
+	return "^" + jsClasses(p) + "$"
+}
+
+// jsClasses rewrites the two character classes that JavaScript and RE2 read
+// differently: in JavaScript "[]" matches nothing and "[^]" any character, while RE2
+// takes a ']' right after '[' or '[^' as a literal. Everything else is left alone.
+func jsClasses(p string) string {
+	if !strings.Contains(p, "[]") && !strings.Contains(p, "[^]") {
+		return p
+	}
+	var b strings.Builder
+	inClass := false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case c == '\\' && i+1 < len(p):
+			b.WriteByte(c)
+			i++
+			b.WriteByte(p[i])
+			continue
+		case inClass:
+			if c == ']' {
+				inClass = false
+			}
+		case c == '[' && strings.HasPrefix(p[i:], "[]"):
+			b.WriteString(`[^\x00-\x{10FFFF}]`)
+			i++
+			continue
+		case c == '[' && strings.HasPrefix(p[i:], "[^]"):
+			b.WriteString(`(?s:.)`)
+			i += 2
+			continue
+		case c == '[':
+			inClass = true
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // globSafe reports whether the glob fast path gives the regex answer for this subject:

@@ -4,6 +4,8 @@
 Usage:
   pacparser_driver.py eval   < request.json    # {"script": S, "url": U, "host": H, "myip": IP}
                                                # prints the raw FindProxyForURL result
+  pacparser_driver.py many   < request.json    # {"script": S, "calls": [[U, H], ...], "myip": IP}
+                                               # prints one raw result per line
   pacparser_driver.py bench SCRIPT N HOST...   # evaluates N calls round-robin over HOSTs
                                                # prints "calls_per_sec ns_per_call"
 """
@@ -24,6 +26,13 @@ def main():
             pacparser.setmyip(req["myip"])
         pacparser.parse_pac_string(req["script"])
         sys.stdout.write(pacparser.find_proxy(req["url"], req["host"]))
+    elif mode == "many":
+        req = json.load(sys.stdin)
+        if req.get("myip"):
+            pacparser.setmyip(req["myip"])
+        pacparser.parse_pac_string(req["script"])
+        for u, h in req["calls"]:
+            sys.stdout.write(pacparser.find_proxy(u, h) + "\n")
     elif mode == "bench":
         with open(sys.argv[2]) as f:
             pacparser.parse_pac_string(f.read())
