@@ -42,6 +42,7 @@ type Editor interface {
 type Options struct {
 	Uninstall bool             // take kl out instead of putting it in
 	DryRun    bool             // compute the change and its diff, write nothing
+	NoBackup  bool             // write without keeping the previous contents
 	Now       func() time.Time // clock for the backup's name; time.Now when nil
 }
 
@@ -94,13 +95,15 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 			return ch, fmt.Errorf("stat %s: %w", path, err)
 		}
 		mode = st.Mode().Perm()
-		now := time.Now
-		if o.Now != nil {
-			now = o.Now
-		}
-		ch.Backup = backupName(path, now())
-		if err := writeAtomic(ch.Backup, old, mode, st); err != nil {
-			return ch, fmt.Errorf("back up %s: %w", path, err)
+		if !o.NoBackup {
+			now := time.Now
+			if o.Now != nil {
+				now = o.Now
+			}
+			ch.Backup = backupName(path, now())
+			if err := writeAtomic(ch.Backup, old, mode, st); err != nil {
+				return ch, fmt.Errorf("back up %s: %w", path, err)
+			}
 		}
 	} else if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return ch, fmt.Errorf("create directory for %s: %w", path, err)

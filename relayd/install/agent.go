@@ -1,0 +1,103 @@
+package install
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// CNIAgent keeps kl chained into a node's CNI configuration: the job of the install-cni
+// container of the Kubernetes DaemonSet (as istio-cni's install-cni does). The cluster's
+// network plugin rewrites its conflist when it restarts or upgrades, dropping kl's
+// entry, so the agent checks again every Interval and puts it back.
+type CNIAgent struct {
+	ConfDir string // the node's CNI configuration directory (DefaultCNIConfDir)
+	BinDir  string // the node's CNI plugin directory (DefaultCNIBinDir)
+	Binary  string // kl-cni to copy into BinDir; "" copies nothing
+	Entry   CNI    // kl's conflist entry
+	// Interval between checks; 5s when zero.
+	Interval time.Duration
+	// UninstallOnExit takes kl's entry out of the conflist when Run's context ends (the
+	// DaemonSet is going away). The kl-cni binary stays: pods already set up still need
+	// it for CNI DEL.
+	UninstallOnExit bool
+	Log             *slog.Logger
+}
+
+// Run installs kl-cni and keeps it installed until ctx ends. A node whose network
+// plugin has not written its configuration yet is waited for, not an error.
+func (a CNIAgent) Run(ctx context.Context) error {
+	log := a.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	confDir, binDir := or(a.ConfDir, DefaultCNIConfDir), or(a.BinDir, DefaultCNIBinDir)
+	interval := a.Interval
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	if a.Binary != "" {
+		dst, err := CopyBinary(a.Binary, binDir, a.Entry.typ())
+		if err != nil {
+			return err
+		}
+		log.Info("installed CNI plugin", "path", dst)
+	}
+	var lastErr string
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		if err := a.once(confDir, log); err != nil {
+			// Log each distinct problem once, not every interval.
+			if err.Error() != lastErr {
+				log.Warn("cannot chain kl-cni yet", "err", err)
+				lastErr = err.Error()
+			}
+		} else {
+			lastErr = ""
+		}
+		select {
+		case <-ctx.Done():
+			if !a.UninstallOnExit {
+				return nil
+			}
+			return a.uninstall(confDir, log)
+		case <-tick.C:
+		}
+	}
+}
+
+func (a CNIAgent) once(confDir string, log *slog.Logger) error {
+	path, err := FindCNIConfig(confDir)
+	if err != nil {
+		return err
+	}
+	// No backups: the network plugin owns this file and rewrites it; a backup per
+	// rewrite would pile up in the configuration directory.
+	ch, err := Apply(path, a.Entry, Options{NoBackup: true})
+	if err != nil {
+		return err
+	}
+	if ch.Changed {
+		log.Info("chained kl-cni into the CNI configuration", "path", path, "diff", ch.Diff)
+	}
+	return nil
+}
+
+func (a CNIAgent) uninstall(confDir string, log *slog.Logger) error {
+	path, err := FindCNIConfig(confDir)
+	if err != nil {
+		// Nothing to take kl out of.
+		log.Info("no CNI configuration left to clean", "err", err)
+		return nil
+	}
+	ch, err := Apply(path, a.Entry, Options{Uninstall: true, NoBackup: true})
+	if err != nil {
+		return fmt.Errorf("remove kl-cni from %s: %w", path, err)
+	}
+	if ch.Changed {
+		log.Info("removed kl-cni from the CNI configuration", "path", path)
+	}
+	return nil
+}
