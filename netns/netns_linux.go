@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"runtime"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -109,8 +111,11 @@ func Listen(nsPath, network, addr string) (net.Listener, error) {
 // Dial connects to addr from a socket created inside the netns at nsPath ("" or
 // "/proc/self/ns/net": the current one) that carries SO_MARK mark before it connects, so
 // the capture table lets it through (mark 0: no mark). ctx bounds the whole dial.
-// Host names are resolved first with net.DefaultResolver in the caller's netns, and the
-// addresses are then tried in order inside nsPath; literal addresses need no resolver.
+//
+// Only the socket is made inside the netns (a few microseconds on a locked thread); the
+// connect and the wait for it run on ordinary goroutines, so slow destinations never pin
+// OS threads. Host names are resolved first with net.DefaultResolver in the caller's
+// netns, and the addresses are tried in order; literal addresses need no resolver.
 func Dial(ctx context.Context, nsPath string, mark uint32, network, addr string) (net.Conn, error) {
 	var family string
 	switch network {
@@ -123,65 +128,121 @@ func Dial(ctx context.Context, nsPath string, mark uint32, network, addr string)
 	default:
 		return nil, fmt.Errorf("dial %s in %s: network %q is not tcp, tcp4 or tcp6", addr, nsPath, network)
 	}
-	host, port, err := net.SplitHostPort(addr)
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
+	}
+	port, err := net.DefaultResolver.LookupPort(ctx, network, portStr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
 	}
 	var ips []netip.Addr
 	if ip, err := netip.ParseAddr(host); err == nil {
-		ips = []netip.Addr{ip}
+		ips = []netip.Addr{ip.Unmap()}
 	} else {
 		ips, err = net.DefaultResolver.LookupNetIP(ctx, family, host)
 		if err != nil {
 			return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
 		}
 	}
-	d := net.Dialer{Control: markControl(mark)}
-	var conn net.Conn
 	var errs []error
-	err = Do(nsPath, func() error {
-		for _, ip := range ips {
-			// One literal address at a time keeps the whole dial on this goroutine (and so
-			// on this thread): the net package only starts racing goroutines when it has
-			// fallback addresses.
-			c, err := d.DialContext(ctx, network, net.JoinHostPort(ip.String(), port))
-			if err == nil {
-				conn = c
-				return nil
-			}
-			errs = append(errs, err)
-			if ctx.Err() != nil {
-				break
-			}
+	for _, ip := range ips {
+		ip = ip.Unmap()
+		if (family == "ip4" && !ip.Is4()) || (family == "ip6" && ip.Is4()) {
+			errs = append(errs, fmt.Errorf("%s is not an %s address", ip, family))
+			continue
 		}
-		return errors.Join(errs...)
-	})
-	if err != nil {
-		if conn != nil {
-			conn.Close()
+		c, err := dialAddr(ctx, nsPath, mark, netip.AddrPortFrom(ip, uint16(port)))
+		if err == nil {
+			return c, nil
 		}
-		return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	return conn, nil
+	return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, errors.Join(errs...))
 }
 
-func markControl(mark uint32) func(network, address string, c syscall.RawConn) error {
-	if mark == 0 {
-		return nil
+// dialAddr connects one socket made in nsPath to ap.
+func dialAddr(ctx context.Context, nsPath string, mark uint32, ap netip.AddrPort) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
-	return func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
-		}); err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("set SO_MARK %#x: %w", mark, serr)
-		}
-		return nil
+	domain := unix.AF_INET6
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	if ap.Addr().Is4() {
+		domain = unix.AF_INET
+		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
 	}
+	fd := -1
+	err := Do(nsPath, func() error {
+		var err error
+		fd, err = unix.Socket(domain, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("socket: %w", err)
+	}
+	// f owns fd from here; net.FileConn below takes its own duplicate.
+	f := os.NewFile(uintptr(fd), "tcp "+ap.String())
+	defer f.Close()
+	if mark != 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_MARK, int(mark)); err != nil {
+			return nil, fmt.Errorf("set SO_MARK %#x: %w", mark, err)
+		}
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cerr = unix.Connect(int(fd), sa) }); err != nil {
+		return nil, err
+	}
+	if cerr != nil && !errors.Is(cerr, unix.EINPROGRESS) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ap), Err: os.NewSyscallError("connect", cerr)}
+	}
+	if errors.Is(cerr, unix.EINPROGRESS) {
+		// ctx ending (deadline or cancel) wakes the wait; ctx.Err() is set by then.
+		stop := context.AfterFunc(ctx, func() { f.SetWriteDeadline(aLongTimeAgo) })
+		defer stop()
+		var soerr error
+		werr := rc.Write(func(fd uintptr) bool {
+			// Called once at once, then each time the socket turns writable.
+			n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_ERROR)
+			switch {
+			case err != nil:
+				soerr = err
+				return true
+			case n != 0:
+				soerr = syscall.Errno(n)
+				return true
+			}
+			if _, err := unix.Getpeername(int(fd)); err != nil {
+				return false // not connected yet
+			}
+			return true
+		})
+		if werr != nil {
+			if ctx.Err() != nil {
+				werr = ctx.Err()
+			}
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ap), Err: werr}
+		}
+		if soerr != nil {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(ap), Err: os.NewSyscallError("connect", soerr)}
+		}
+	}
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("adopt socket: %w", err)
+	}
+	return c, nil
 }
+
+// aLongTimeAgo is a deadline in the past: setting it wakes a blocked wait at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST from linux/netfilter_ipv6/ip6_tables.h.
 const ip6tSOOriginalDst = 80

@@ -858,3 +858,57 @@ func TestNoLeaks(t *testing.T) {
 		t.Errorf("goroutines grew from %d to %d over 50 cycles", gs, got)
 	}
 }
+
+// A dial to an address nobody answers (no ARP reply) ends when ctx does, by deadline or by
+// cancellation, and does not hold an OS thread while it waits.
+func TestDialHonoursContext(t *testing.T) {
+	pod := testutil.NewNetns(t, "klctx")
+	srv := testutil.NewNetns(t, "klctxs")
+	testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := Dial(ctx, pod.Path, 0x539, "tcp", "192.0.2.99:80")
+	if el := time.Since(start); !errors.Is(err, context.DeadlineExceeded) || el > 2*time.Second {
+		t.Errorf("Dial with a 300ms deadline = %v after %v, want the deadline", err, el)
+	}
+
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel2)
+	start = time.Now()
+	_, err = Dial(ctx2, pod.Path, 0x539, "tcp", "192.0.2.99:80")
+	if el := time.Since(start); !errors.Is(err, context.Canceled) || el > 2*time.Second {
+		t.Errorf("Dial cancelled after 200ms = %v after %v, want context.Canceled", err, el)
+	}
+
+	// Many slow dials at once: the threads stay few, since none is locked while waiting.
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel3()
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			Dial(ctx3, pod.Path, 0, "tcp", "192.0.2.99:80")
+		}()
+	}
+	time.Sleep(250 * time.Millisecond)
+	threads := countThreads(t)
+	wg.Wait()
+	if threads > 40 {
+		t.Errorf("%d OS threads while 64 dials wait, want the waits not to pin threads", threads)
+	}
+	if _, err := Dial(context.Background(), pod.Path, 0, "tcp4", "[fd00::1]:80"); err == nil {
+		t.Error("tcp4 dial to an IPv6 address succeeded")
+	}
+}
+
+func countThreads(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
