@@ -59,6 +59,7 @@ func setMin(m map[string]int32, k string, idx int32) {
 // the key=value selectors of that key.
 type labelIndex struct {
 	keys map[string]*labelKey
+	list []string // the same keys, for probing the flow's labels when there are few
 }
 
 type labelKey struct {
@@ -74,6 +75,7 @@ func (x *labelIndex) add(m *labelMatcher, idx int32) {
 	if k == nil {
 		k = &labelKey{presence: none}
 		x.keys[m.key] = k
+		x.list = append(x.list, m.key)
 	}
 	if m.presence {
 		k.presence = lower(k.presence, idx)
@@ -90,6 +92,18 @@ func (x *labelIndex) lookup(labels map[string]string) int32 {
 		return 0
 	}
 	best := none
+	if len(x.list) < len(labels) {
+		for _, k := range x.list {
+			if v, ok := labels[k]; ok {
+				e := x.keys[k]
+				best = lower(best, e.presence)
+				if i, ok := e.values[v]; ok {
+					best = lower(best, i)
+				}
+			}
+		}
+		return found(best)
+	}
 	for k, v := range labels {
 		if e := x.keys[k]; e != nil {
 			best = lower(best, e.presence)
@@ -120,10 +134,12 @@ func (x *imageIndex) add(m *imageMatcher, idx int32) {
 	x.globs.add(m.glob, idx)
 }
 
-func (x *imageIndex) lookup(image, norm string) int32 {
+func (x *imageIndex) lookup(image string) int32 {
 	if x.exact == nil || image == "" {
 		return 0
 	}
+	var buf [maxImageLen]byte
+	norm := normalizeImage(image, &buf)
 	best := x.find(image)
 	if norm != image {
 		best = lower(best, x.find(norm))

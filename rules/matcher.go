@@ -29,12 +29,12 @@ type view struct {
 
 const maxHostLen = 255
 
-// normHost lower-cases a hostname and drops one trailing dot, writing into buf only when
-// it has to so that the common case costs nothing. A host that is an IP literal (also
-// in brackets) comes back as an address instead.
-func normHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
+// splitHost drops one trailing dot from a hostname and reports whether it still has
+// upper-case letters to fold. A host that is an IP literal (also in brackets) comes
+// back as an address instead.
+func splitHost(h string) (host string, lit netip.Addr, fold bool) {
 	if h == "" {
-		return "", netip.Addr{}
+		return "", netip.Addr{}, false
 	}
 	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' {
 		s := h
@@ -42,22 +42,22 @@ func normHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
 			s = s[1 : len(s)-1]
 		}
 		if a, err := netip.ParseAddr(s); err == nil {
-			return "", a.WithZone("")
+			return "", a.WithZone(""), false
 		}
 	}
 	h = strings.TrimSuffix(h, ".")
-	clean := true
 	for i := 0; i < len(h); i++ {
 		if c := h[i]; c >= 'A' && c <= 'Z' {
-			clean = false
-			break
+			return h, netip.Addr{}, true
 		}
 	}
-	if clean {
-		return h, netip.Addr{}
-	}
+	return h, netip.Addr{}, false
+}
+
+// foldHost lower-cases h into buf (allocating only for names longer than any DNS name).
+func foldHost(h string, buf *[maxHostLen + 1]byte) string {
 	if len(h) > len(buf) {
-		return strings.ToLower(h), netip.Addr{}
+		return strings.ToLower(h)
 	}
 	for i := 0; i < len(h); i++ {
 		c := h[i]
@@ -66,7 +66,16 @@ func normHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
 		}
 		buf[i] = c
 	}
-	return unsafe.String(&buf[0], len(h)), netip.Addr{}
+	return unsafe.String(&buf[0], len(h))
+}
+
+// normHost is splitHost followed by foldHost when needed.
+func normHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
+	host, lit, fold := splitHost(h)
+	if fold {
+		host = foldHost(host, buf)
+	}
+	return host, lit
 }
 
 // flowAddr is the flow's destination address, unmapped and without zone, or the

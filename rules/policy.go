@@ -109,9 +109,16 @@ func (p *Policy) compile() error {
 // Decide answers which exit a flow takes. For a policy without a script it allocates
 // nothing.
 func (p *Policy) Decide(f *Flow) Decision {
-	var hb [maxHostLen + 1]byte
-	var ib [maxImageLen]byte
-	host, lit := normHost(f.Host, &hb)
+	host, lit, fold := splitHost(f.Host)
+	if fold {
+		// Only here does a decision need a buffer on its stack.
+		var hb [maxHostLen + 1]byte
+		return p.decide(f, foldHost(host, &hb), lit)
+	}
+	return p.decide(f, host, lit)
+}
+
+func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 	addr := flowAddr(f, lit)
 	if addr.IsValid() && metadata.Contains(addr) {
 		return guardDecision
@@ -119,8 +126,8 @@ func (p *Policy) Decide(f *Flow) Decision {
 	if p.script != nil {
 		return p.decideScript(f, host, addr, f.Dst.Port())
 	}
-	v := makeView(f, host, addr, &ib)
 	if p.pattern {
+		v := view{host: host, addr: addr, port: f.Dst.Port()}
 		for i := range p.rules {
 			if r := &p.rules[i]; r.m.(*patternMatcher).Match(&v) {
 				return Decision{Exit: r.exit, Rule: r.idx, Dimension: DimPattern, Note: r.note}
@@ -128,22 +135,22 @@ func (p *Policy) Decide(f *Flow) Decision {
 		}
 		return p.defaultDecision()
 	}
-	if i := p.label.lookup(v.labels); i > 0 {
+	if i := p.label.lookup(f.Labels); i > 0 {
 		return p.ruleDecision(i)
 	}
-	if i := p.image.lookup(v.image, v.imageNorm); i > 0 {
+	if i := p.image.lookup(f.Image); i > 0 {
 		return p.ruleDecision(i)
 	}
-	if i := p.process.lookup(&v.proc); i > 0 {
+	if i := p.process.lookup(&f.Process); i > 0 {
 		return p.ruleDecision(i)
 	}
-	if i := p.domain.lookup(v.host); i > 0 {
+	if i := p.domain.lookup(host); i > 0 {
 		return p.ruleDecision(i)
 	}
-	if i := p.cidr.lookup(v.addr); i > 0 {
+	if i := p.cidr.lookup(addr); i > 0 {
 		return p.ruleDecision(i)
 	}
-	if i := p.port.lookup(v.port); i > 0 {
+	if i := p.port.lookup(f.Dst.Port()); i > 0 {
 		return p.ruleDecision(i)
 	}
 	return p.defaultDecision()

@@ -1,0 +1,28 @@
+package rules
+
+// RuleInfo describes one rule of a loaded policy, for explanations and tools.
+type RuleInfo struct {
+	Index     int       `json:"rule"`      // 1-based position in the file
+	Line      int       `json:"line"`      // line in the file (0 for --egress-route rules)
+	Dimension Dimension `json:"dimension"` // the match field's dimension (pattern in the pattern form)
+	Priority  int       `json:"priority"`  // the tier (0 in the pattern form)
+	Field     string    `json:"field"`     // the match field: label, image, ..., pattern
+	Value     string    `json:"value"`     // the match value in canonical form
+	Exit      string    `json:"exit"`      // canonical or named exit
+	Note      string    `json:"note,omitempty"`
+}
+
+// Rule describes rule i (1-based). It panics when i is out of range, like an index.
+func (p *Policy) Rule(i int) RuleInfo {
+	r := &p.rules[i-1]
+	return RuleInfo{
+		Index:     r.idx,
+		Line:      r.line,
+		Dimension: r.dim,
+		Priority:  tierPriority(r.dim),
+		Field:     r.dim.String(),
+		Value:     r.m.String(),
+		Exit:      r.exit,
+		Note:      r.note,
+	}
+}
