@@ -1,0 +1,290 @@
+// Package daemon is kl-relayd: it loads the daemon's settings and the rules file, restores
+// the persisted registrations (reopening listeners in every pod netns that still exists),
+// serves the registration and status API on its unix socket and runs the relay.
+//
+// It is not the data path (package relay), the rule engine (package rules) or the wire
+// contract (package api); it wires them together and owns the process-wide concerns:
+// descriptor limits, readiness, signals and shutdown.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/registry"
+	"github.com/kl-egress/kl/relayd/relay"
+	"github.com/kl-egress/kl/rules"
+)
+
+// reapInterval is how often registrations whose netns disappeared (a DEL that never
+// reached the daemon) are dropped.
+var reapInterval = 30 * time.Second
+
+// Run is kl-relayd's main: `kl-relayd [--settings FILE] [--config RULES] [--debug]` runs the
+// daemon until ctx is done; `kl-relayd check ...` loads everything and reports.
+func Run(ctx context.Context, args []string) error {
+	return run(ctx, args, os.Stdout, os.Stderr)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	name := "kl-relayd"
+	if len(args) > 0 {
+		args = args[1:]
+	}
+	check := false
+	if len(args) > 0 && args[0] == "check" {
+		check, args = true, args[1:]
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	settings := fs.String("settings", config.DefaultPath, "the daemon's settings file (root only)")
+	rulesPath := fs.String("config", "", "the rules file (default: the settings' rules, "+api.DefaultRulesPath+")")
+	debug := fs.Bool("debug", false, "debug logging, including flow destinations")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	cfg, err := config.Load(*settings)
+	if err != nil {
+		return err
+	}
+	if *rulesPath != "" {
+		cfg.Rules = *rulesPath
+	}
+	if *debug {
+		cfg.Debug = true
+	}
+	cfg.Gateway = os.Getenv("KL_EGRESS_GATEWAY") == "1"
+	level := slog.LevelInfo
+	if cfg.Debug {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if check {
+		return Check(cfg, stdout)
+	}
+	d, err := New(cfg, log)
+	if err != nil {
+		return err
+	}
+	return d.Serve(ctx)
+}
+
+// Check builds every object the settings and rules describe, as the daemon would, and
+// reports what it found (the `check` command).
+func Check(cfg *config.Config, out io.Writer) error {
+	p, err := loadRules(cfg)
+	if err != nil {
+		return err
+	}
+	if _, err := buildExits(cfg); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "settings ok: socket %s, state %s, redirect port %d, mark %#x, %d named exits\n",
+		cfg.Socket, cfg.StateDir, cfg.RedirectPort, cfg.Mark, len(cfg.Exits))
+	fmt.Fprintf(out, "rules ok: %s (sha256 %s)\n", cfg.Rules, p.Hash())
+	return nil
+}
+
+func loadRules(cfg *config.Config) (*rules.Policy, error) {
+	p, err := rules.Load(cfg.Rules, rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached})
+	if err != nil {
+		return nil, fmt.Errorf("load rules %s: %w", cfg.Rules, err)
+	}
+	return p, nil
+}
+
+// Daemon is one running kl-relayd.
+type Daemon struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	started time.Time
+
+	// policy is the live rule set. Every flow loads it once; a reload swaps it.
+	policy  atomic.Pointer[rules.Policy]
+	rulesMu sync.Mutex
+	rules   api.RulesStatus
+
+	store *registry.Store
+	relay *relay.Relay
+	ready atomic.Bool
+
+	mu   sync.Mutex // serialises registration changes
+	regs map[string]registry.Entry
+}
+
+// New loads the rules and opens the state directory; nothing listens yet.
+func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), regs: map[string]registry.Entry{}}
+	p, err := loadRules(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.policy.Store(p)
+	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
+	exits, err := buildExits(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if d.store, err = registry.Open(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	d.relay = relay.New(relay.Options{
+		RedirectPort:   cfg.RedirectPort,
+		Mark:           cfg.Mark,
+		IdleTimeout:    cfg.IdleTimeout,
+		ConnectTimeout: cfg.ConnectTimeout,
+		Debug:          cfg.Debug,
+		Policy:         func() relay.Decider { return d.policy.Load() },
+		Exits:          exits,
+		Log:            log,
+	})
+	return d, nil
+}
+
+// Serve restores the registrations, listens on the API socket, reports ready and serves
+// until ctx is done; then it stops accepting, drains flows briefly and returns.
+func (d *Daemon) Serve(ctx context.Context) error {
+	disableCoreDumps(d.log)
+	soft, hard, err := raiseNofile()
+	if err != nil {
+		d.log.Warn("cannot raise the descriptor limit", "err", err)
+	} else {
+		d.log.Info("descriptor limit", "soft", soft, "hard", hard)
+	}
+	d.restore()
+
+	ln, err := listenUnix(d.cfg.Socket)
+	if err != nil {
+		d.relay.Shutdown(context.Background())
+		return err
+	}
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	d.ready.Store(true)
+	d.log.Info("ready", "socket", d.cfg.Socket, "workloads", d.relay.Len(), "rules", d.cfg.Rules, "hash", d.policy.Load().Hash())
+	if err := sdNotify("READY=1"); err != nil {
+		d.log.Warn("sd_notify", "err", err)
+	}
+	go d.reap(ctx)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	d.ready.Store(false)
+	_ = sdNotify("STOPPING=1")
+	d.log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	_ = d.relay.Shutdown(sctx)
+	os.Remove(d.cfg.Socket)
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return serveErr
+}
+
+// restore reopens the listeners of every persisted registration whose netns still
+// exists (the same netns, by device and inode) and drops the others.
+func (d *Daemon) restore() {
+	entries, errs := d.store.Load()
+	for _, err := range errs {
+		d.log.Error("registration unreadable; left in place", "err", err)
+	}
+	kept := 0
+	for _, e := range entries {
+		w := e.Registration.Workload
+		dev, ino, err := netnsID(w.Netns)
+		if err != nil || dev != e.NetnsDev || ino != e.NetnsIno {
+			why := "netns replaced"
+			if err != nil {
+				why = err.Error()
+			}
+			d.log.Info("dropping registration: its netns is gone", "workload", w.ID, "why", why)
+			d.store.Delete(w.ID)
+			continue
+		}
+		if _, err := d.relay.Open(w); err != nil {
+			d.log.Error("dropping registration: cannot reopen its listener", "workload", w.ID, "err", err)
+			d.store.Delete(w.ID)
+			continue
+		}
+		d.regs[w.ID] = e
+		kept++
+	}
+	if len(entries) > 0 {
+		d.log.Info("registrations restored", "kept", kept, "dropped", len(entries)-kept)
+	}
+}
+
+// reap drops registrations whose netns has disappeared without a deregistration.
+func (d *Daemon) reap(ctx context.Context) {
+	t := time.NewTicker(reapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		for id, e := range d.regs {
+			dev, ino, err := netnsID(e.Registration.Workload.Netns)
+			if err == nil && dev == e.NetnsDev && ino == e.NetnsIno {
+				continue
+			}
+			d.log.Info("dropping registration: its netns is gone", "workload", id)
+			d.relay.Close(id)
+			d.store.Delete(id)
+			delete(d.regs, id)
+		}
+		d.mu.Unlock()
+	}
+}
+
+// listenUnix listens on the API socket, replacing a stale socket file but refusing to
+// steal one a live daemon still serves.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("api socket: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("api socket %s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("api socket %s: another kl-relayd is serving it", path)
+		}
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("api socket: %w", err)
+	}
+	// Registrations change what the node's pods can reach: root and the socket's group only.
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("api socket: %w", err)
+	}
+	return ln, nil
+}

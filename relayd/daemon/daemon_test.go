@@ -1,0 +1,291 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/registry"
+)
+
+// freePort returns a TCP port nothing listens on right now (in the test's own netns,
+// which the tests use as the "pod" netns: /proc/self/ns/net).
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func testConfig(t *testing.T, dir string) *config.Config {
+	t.Helper()
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte("default: direct\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := &config.Config{
+		Socket:       filepath.Join(dir, "relayd.sock"),
+		StateDir:     filepath.Join(dir, "state"),
+		Rules:        rulesPath,
+		RedirectPort: freePort(t),
+	}
+	if err := cfg.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// start runs a daemon until the test (or stop) ends; it returns a client and a stop func.
+func start(t *testing.T, cfg *config.Config) (*api.Client, func()) {
+	t.Helper()
+	var logs bytes.Buffer
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx) }()
+	c := api.NewClient(cfg.Socket, 2*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Ping(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon not ready; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve = %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return c, stop
+}
+
+func listening(port uint16) bool {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", itoa(port)), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+func self() api.Workload {
+	return api.Workload{ID: "sandbox1", Netns: "/proc/self/ns/net", Mode: api.ModeTransparent, Source: "cni",
+		Namespace: "default", Name: "web", Labels: map[string]string{"app": "web"}}
+}
+
+func TestRegisterLifecycle(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	c, _ := start(t, cfg)
+	ctx := context.Background()
+
+	reg, err := c.Register(ctx, self())
+	if err != nil {
+		t.Fatalf("Register = %v", err)
+	}
+	if reg.Listeners.Redirect != cfg.RedirectPort || reg.Workload.ID != "sandbox1" || reg.Since.IsZero() {
+		t.Errorf("Register = %+v", reg)
+	}
+	if !listening(cfg.RedirectPort) {
+		t.Fatal("Register returned before the listener accepts")
+	}
+	// Refresh: same id, same netns, new labels.
+	w := self()
+	w.Labels = map[string]string{"app": "web2"}
+	reg2, err := c.Register(ctx, w)
+	if err != nil || !reg2.Since.Equal(reg.Since) || reg2.Workload.Labels["app"] != "web2" {
+		t.Errorf("refresh = %+v, %v", reg2, err)
+	}
+	// Another id on the same netns is a conflict.
+	w.ID = "sandbox2"
+	w.Netns = "/proc/thread-self/ns/net"
+	var he *api.HTTPError
+	if _, err := c.Register(ctx, w); !errors.As(err, &he) || he.Status != http.StatusConflict {
+		t.Errorf("second id on one netns = %v, want 409", err)
+	}
+	got, found, err := c.Get(ctx, "sandbox1")
+	if err != nil || !found || got.Workload.Labels["app"] != "web2" {
+		t.Errorf("Get = %+v %v %v", got, found, err)
+	}
+	if _, found, err := c.Get(ctx, "nope"); found || err != nil {
+		t.Errorf("Get(unknown) = %v %v", found, err)
+	}
+	list, err := c.List(ctx)
+	if err != nil || len(list) != 1 {
+		t.Errorf("List = %+v %v", list, err)
+	}
+	var st api.Status
+	if err := c.Call(ctx, http.MethodGet, "/v1/status", nil, &st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Ready || st.Workloads != 1 || st.FDs == 0 || st.FDLimit == 0 || st.Rules.Hash == "" || st.Rules.Path != cfg.Rules {
+		t.Errorf("Status = %+v", st)
+	}
+	if err := c.Deregister(ctx, "sandbox1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Deregister(ctx, "sandbox1"); err != nil {
+		t.Errorf("second Deregister = %v", err)
+	}
+	if listening(cfg.RedirectPort) {
+		t.Error("listener survived Deregister")
+	}
+	if ents, _ := mustStore(t, cfg).Load(); len(ents) != 0 {
+		t.Errorf("registry after Deregister: %+v", ents)
+	}
+}
+
+func mustStore(t *testing.T, cfg *config.Config) *registry.Store {
+	s, err := registry.Open(cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestRegisterRefusals(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	c, _ := start(t, cfg)
+	notNetns := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(notNetns, nil, 0o600)
+	for _, tt := range []struct {
+		name string
+		w    api.Workload
+		want string
+	}{
+		{"bad id", api.Workload{ID: "../x", Netns: "/proc/self/ns/net", Mode: "transparent"}, "workload id"},
+		{"relative netns", api.Workload{ID: "a", Netns: "ns", Mode: "transparent"}, "absolute"},
+		{"bad mode", api.Workload{ID: "a", Netns: "/proc/self/ns/net", Mode: "magic"}, "mode"},
+		{"missing netns", api.Workload{ID: "a", Netns: "/nonexistent/ns", Mode: "transparent"}, "no such file"},
+		{"not a netns", api.Workload{ID: "a", Netns: notNetns, Mode: "transparent"}, "not a namespace"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := c.Register(context.Background(), tt.w)
+			var he *api.HTTPError
+			if !errors.As(err, &he) || he.Status != http.StatusBadRequest || !strings.Contains(he.Msg, tt.want) {
+				t.Errorf("Register = %v, want 400 mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRestartRestoresAndDropsDead(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	c, stop := start(t, cfg)
+	if _, err := c.Register(context.Background(), self()); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	if listening(cfg.RedirectPort) {
+		t.Fatal("listener survived the daemon's shutdown")
+	}
+	// A registration whose netns has vanished since.
+	dead := registry.Entry{Registration: api.Registration{Workload: api.Workload{ID: "dead", Netns: "/var/run/netns/kl-test-gone", Mode: "transparent"}}, NetnsDev: 1, NetnsIno: 2}
+	if err := mustStore(t, cfg).Put(dead); err != nil {
+		t.Fatal(err)
+	}
+	c, _ = start(t, cfg)
+	if !listening(cfg.RedirectPort) {
+		t.Error("restart did not reopen the listener")
+	}
+	list, err := c.List(context.Background())
+	if err != nil || len(list) != 1 || list[0].Workload.ID != "sandbox1" {
+		t.Errorf("List after restart = %+v %v", list, err)
+	}
+	ents, _ := mustStore(t, cfg).Load()
+	if len(ents) != 1 {
+		t.Errorf("dead registration not dropped from the store: %+v", ents)
+	}
+}
+
+func TestSocketInUse(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	start(t, cfg)
+	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Serve(context.Background()); err == nil || !strings.Contains(err.Error(), "another kl-relayd") {
+		t.Errorf("second daemon on one socket: Serve = %v", err)
+	}
+}
+
+func TestBadRulesRefuseToStart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	os.WriteFile(cfg.Rules, []byte("default: sideways\n"), 0o644)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"kl-relayd", "--settings", writeSettings(t, dir, cfg)}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "E_BAD_ACTION") || !strings.Contains(err.Error(), cfg.Rules) {
+		t.Errorf("run with a bad rules file = %v, want E_BAD_ACTION naming the file", err)
+	}
+}
+
+func writeSettings(t *testing.T, dir string, cfg *config.Config) string {
+	p := filepath.Join(dir, "relayd.yaml")
+	s := "socket: " + cfg.Socket + "\nstateDir: " + cfg.StateDir + "\nrules: " + cfg.Rules + "\nredirectPort: " + itoa(cfg.RedirectPort) + "\n"
+	if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestCheckCommand(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"kl-relayd", "check", "--settings", writeSettings(t, dir, cfg)}, &out, &out); err != nil {
+		t.Fatalf("check = %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "rules ok") {
+		t.Errorf("check output = %q", out.String())
+	}
+}
+
+func TestSdNotify(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "notify")
+	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	t.Setenv("NOTIFY_SOCKET", p)
+	if err := sdNotify("READY=1"); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	ln.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, err := ln.Read(buf)
+	if err != nil || string(buf[:n]) != "READY=1" {
+		t.Errorf("notification = %q, %v", buf[:n], err)
+	}
+	t.Setenv("NOTIFY_SOCKET", "")
+	if err := sdNotify("READY=1"); err != nil {
+		t.Errorf("sdNotify without NOTIFY_SOCKET = %v", err)
+	}
+}

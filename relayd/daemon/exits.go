@@ -1,0 +1,50 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/relay"
+	"github.com/kl-egress/kl/relayd/upstream"
+	"github.com/kl-egress/kl/rules"
+)
+
+type nsKey struct{}
+
+// buildExits turns the configured upstreams into the relay's exits: `proxy` and every
+// named exit. The connection to an upstream is made from the workload's own netns with the
+// relay's mark, like a direct dial, so it follows the pod's network and is not captured
+// again.
+func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
+	base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		ns, _ := ctx.Value(nsKey{}).(string)
+		return netns.Dial(ctx, ns, cfg.Mark, network, addr)
+	}
+	exits := map[string]relay.DialFunc{}
+	add := func(name string, u config.Upstream) error {
+		d, err := upstream.New(u.URL, u.ConnectTimeout, base)
+		if err != nil {
+			return fmt.Errorf("exit %s (%s): %w", name, config.Redact(u.URL), err)
+		}
+		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			ctx = context.WithValue(ctx, nsKey{}, w.Netns)
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Addr.Port()})
+		}
+		return nil
+	}
+	if cfg.Proxy != nil {
+		if err := add(rules.ExitProxy, *cfg.Proxy); err != nil {
+			return nil, err
+		}
+	}
+	for _, name := range cfg.ExitNames() {
+		if err := add(name, cfg.Exits[name]); err != nil {
+			return nil, err
+		}
+	}
+	return exits, nil
+}

@@ -1,0 +1,208 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/registry"
+)
+
+// Handler is the daemon's API (relayd/api): register, deregister, list, get, ready, status.
+func (d *Daemon) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/workloads", d.handleRegister)
+	mux.HandleFunc("DELETE /v1/workloads/{id}", d.handleDeregister)
+	mux.HandleFunc("GET /v1/workloads", d.handleList)
+	mux.HandleFunc("GET /v1/workloads/{id}", d.handleGet)
+	mux.HandleFunc("GET /v1/ready", d.handleReady)
+	mux.HandleFunc("GET /v1/status", d.handleStatus)
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	writeJSON(w, status, api.ErrorBody{Error: err.Error()})
+}
+
+// errConflict marks a registration refused because another workload holds its netns.
+var errConflict = errors.New("conflict")
+
+func (d *Daemon) handleRegister(w http.ResponseWriter, r *http.Request) {
+	var wl api.Workload
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
+	if err := dec.Decode(&wl); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("decode workload: %w", err))
+		return
+	}
+	reg, err := d.Register(wl)
+	switch {
+	case errors.Is(err, errConflict):
+		writeError(w, http.StatusConflict, err)
+	case errors.Is(err, errInvalid):
+		writeError(w, http.StatusBadRequest, err)
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	default:
+		writeJSON(w, http.StatusOK, reg)
+	}
+}
+
+var errInvalid = errors.New("invalid workload")
+
+func validate(wl api.Workload) error {
+	if err := registry.CheckID(wl.ID); err != nil {
+		return fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	if wl.Netns == "" || !filepath.IsAbs(wl.Netns) {
+		return fmt.Errorf("%w %s: netns %q is not an absolute path", errInvalid, wl.ID, wl.Netns)
+	}
+	switch wl.Mode {
+	case api.ModeTransparent, api.ModeProxy:
+	default:
+		return fmt.Errorf("%w %s: mode %q is not %s or %s", errInvalid, wl.ID, wl.Mode, api.ModeTransparent, api.ModeProxy)
+	}
+	return nil
+}
+
+// Register adds or refreshes a workload and returns once its listeners accept.
+func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
+	if err := validate(wl); err != nil {
+		return api.Registration{}, err
+	}
+	dev, ino, err := netnsID(wl.Netns)
+	if err != nil {
+		return api.Registration{}, fmt.Errorf("%w %s: %w", errInvalid, wl.ID, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, e := range d.regs {
+		if id != wl.ID && e.NetnsDev == dev && e.NetnsIno == ino {
+			return api.Registration{}, fmt.Errorf("%w: netns %s is already served for workload %s", errConflict, wl.Netns, id)
+		}
+	}
+	since := time.Now().UTC()
+	if old, ok := d.regs[wl.ID]; ok {
+		if old.NetnsDev == dev && old.NetnsIno == ino && old.Registration.Workload.Netns == wl.Netns {
+			since = old.Registration.Since
+		} else {
+			// Same id, another netns: the sandbox was recreated under the same id.
+			d.relay.Close(wl.ID)
+		}
+	}
+	ls, err := d.relay.Open(wl)
+	if err != nil {
+		return api.Registration{}, err
+	}
+	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since}, NetnsDev: dev, NetnsIno: ino}
+	if err := d.store.Put(e); err != nil {
+		d.relay.Close(wl.ID)
+		delete(d.regs, wl.ID)
+		return api.Registration{}, err
+	}
+	d.regs[wl.ID] = e
+	d.log.Info("registered", "workload", wl.ID, "mode", wl.Mode, "source", wl.Source, "pod", wl.Namespace+"/"+wl.Name)
+	return e.Registration, nil
+}
+
+// Deregister removes a workload; unknown ids are not an error.
+func (d *Daemon) Deregister(id string) error {
+	if err := registry.CheckID(id); err != nil {
+		return fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, known := d.regs[id]
+	d.relay.Close(id)
+	delete(d.regs, id)
+	if err := d.store.Delete(id); err != nil {
+		return err
+	}
+	if known {
+		d.log.Info("deregistered", "workload", id)
+	}
+	return nil
+}
+
+func (d *Daemon) handleDeregister(w http.ResponseWriter, r *http.Request) {
+	err := d.Deregister(r.PathValue("id"))
+	switch {
+	case errors.Is(err, errInvalid):
+		writeError(w, http.StatusBadRequest, err)
+	case err != nil:
+		writeError(w, http.StatusInternalServerError, err)
+	default:
+		writeJSON(w, http.StatusOK, struct{}{})
+	}
+}
+
+// Registrations returns every registration, sorted by id.
+func (d *Daemon) Registrations() []api.Registration {
+	d.mu.Lock()
+	out := make([]api.Registration, 0, len(d.regs))
+	for _, e := range d.regs {
+		out = append(out, e.Registration)
+	}
+	d.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Workload.ID < out[j].Workload.ID })
+	return out
+}
+
+func (d *Daemon) handleList(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, d.Registrations())
+}
+
+func (d *Daemon) handleGet(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	d.mu.Lock()
+	e, ok := d.regs[id]
+	d.mu.Unlock()
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Errorf("workload %q is not registered", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, e.Registration)
+}
+
+func (d *Daemon) handleReady(w http.ResponseWriter, _ *http.Request) {
+	if !d.ready.Load() {
+		writeError(w, http.StatusServiceUnavailable, errors.New("not ready: restoring registrations"))
+		return
+	}
+	writeJSON(w, http.StatusOK, struct{}{})
+}
+
+// Status is what `kl-ctl status` shows.
+func (d *Daemon) Status() api.Status {
+	d.rulesMu.Lock()
+	rs := d.rules
+	d.rulesMu.Unlock()
+	d.mu.Lock()
+	n := len(d.regs)
+	d.mu.Unlock()
+	fds, _ := fdCount()
+	limit, _ := fdLimit()
+	return api.Status{
+		Ready:     d.ready.Load(),
+		StartedAt: d.started.UTC(),
+		Rules:     rs,
+		Workloads: n,
+		Flows:     d.relay.Stats(),
+		FDs:       fds,
+		FDLimit:   limit,
+	}
+}
+
+func (d *Daemon) handleStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, d.Status())
+}

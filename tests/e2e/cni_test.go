@@ -1,0 +1,209 @@
+// Package e2e holds kl's end-to-end tests against real kernels, CNI plugins and daemons.
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var counterRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+// checkGolden compares got with testdata/name (KL_UPDATE_GOLDEN=1 rewrites it).
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if os.Getenv("KL_UPDATE_GOLDEN") == "1" {
+		must(t, os.WriteFile(path, []byte(got), 0o644))
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (KL_UPDATE_GOLDEN=1 creates it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (KL_UPDATE_GOLDEN=1 rewrites it):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+func listens(t *testing.T, p *pod, port string) bool {
+	out := p.ns.Exec(t, "ss", "-Hltn")
+	return strings.Contains(out, ":"+port+" ")
+}
+
+// TestCNIChain runs the real chain bridge + host-local + loopback + portmap + kl-cni with
+// kl-relayd, and walks one pod through its life.
+func TestCNIChain(t *testing.T) {
+	n := newNode(t, true)
+	n.server()
+	n.startRelay()
+	ctx := context.Background()
+
+	if out, err := n.cnitool(nil, "status", n.netName, n.ns.Path); err != nil {
+		t.Fatalf("STATUS with the relay up: %v\n%s", err, out)
+	}
+
+	a := n.newPod("web")
+	out, err := n.add(a)
+	if err != nil {
+		t.Fatalf("ADD: %v\n%s\nrelay:\n%s", err, out, n.logs.String())
+	}
+	if !a.v4.IsValid() || !a.v6.IsValid() {
+		t.Fatalf("pod addresses from the result: %v %v\n%s", a.v4, a.v6, out)
+	}
+	if got := a.ns.Exec(t, "ip", "-br", "addr", "show", "eth0"); !strings.Contains(got, a.v4.String()) {
+		t.Fatalf("pod eth0 lacks %s: %s", a.v4, got)
+	}
+
+	t.Run("table", func(t *testing.T) {
+		got := counterRE.ReplaceAllString(a.ns.Exec(t, "nft", "list", "table", "inet", "kl"), "counter")
+		checkGolden(t, "kl-table.golden", got)
+	})
+	t.Run("registration", func(t *testing.T) {
+		reg, found, err := n.client().Get(ctx, a.id)
+		if err != nil || !found {
+			t.Fatalf("Get(%s) = %v %v", a.id, found, err)
+		}
+		w := reg.Workload
+		if w.Netns != a.ns.Path || w.Mode != "transparent" || w.Name != "web" || w.Namespace != "e2e" || w.Annotations["team"] != "e2e" {
+			t.Errorf("registration = %+v", w)
+		}
+		if len(w.Addrs) != 2 {
+			t.Errorf("registered addresses %v, want the pod's two", w.Addrs)
+		}
+		if !listens(t, a, "15001") {
+			t.Error("no relay listener in the pod netns after ADD")
+		}
+	})
+	if out, err := n.check(a); err != nil {
+		t.Fatalf("CHECK after ADD: %v\n%s", err, out)
+	}
+
+	relayed := func(t *testing.T, addr string, want func() bool) {
+		t.Helper()
+		before := n.status().Flows.ByExit["direct"]
+		seen, local, err := visit(t, a, addr)
+		if err != nil {
+			t.Fatalf("visit %s from the pod: %v\nrelay:\n%s", addr, err, n.logs.String())
+		}
+		if seen.Addr() != local.Addr() {
+			t.Errorf("server saw %v, want the pod's own address %v", seen.Addr(), local.Addr())
+		}
+		if seen.Port() == local.Port() {
+			t.Errorf("server saw the client's own port %d: the flow did not pass the relay", local.Port())
+		}
+		if after := n.status().Flows.ByExit["direct"]; after != before+1 {
+			t.Errorf("relay direct flows %d -> %d, want one more", before, after)
+		}
+	}
+	t.Run("ipv4 via relay", func(t *testing.T) { relayed(t, "198.51.100.2:8080", nil) })
+	t.Run("ipv6 via relay", func(t *testing.T) { relayed(t, "[fd00:51::2]:8080", nil) })
+
+	t.Run("deny resets", func(t *testing.T) {
+		before := n.status().Flows.ByExit["deny"]
+		_, _, err := visit(t, a, "203.0.113.7:443")
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("denied flow: %v, want connection reset", err)
+		}
+		if after := n.status().Flows.ByExit["deny"]; after != before+1 {
+			t.Errorf("deny count %d -> %d", before, after)
+		}
+	})
+
+	t.Run("metadata bypasses relay", func(t *testing.T) {
+		before := n.status().Flows.Total
+		seen, local, err := visit(t, a, "169.254.169.254:8080")
+		if err != nil {
+			t.Fatalf("metadata: %v", err)
+		}
+		if seen != local {
+			t.Errorf("server saw %v, client is %v: the metadata flow was relayed", seen, local)
+		}
+		if after := n.status().Flows.Total; after != before {
+			t.Errorf("relay saw %d flows for a metadata connection", after-before)
+		}
+	})
+
+	t.Run("relay restart restores capture", func(t *testing.T) {
+		n.stopRelay()
+		// Down: capture fails closed.
+		if _, _, err := visit(t, a, "198.51.100.2:8080"); err == nil {
+			t.Error("a flow got out while the relay was down")
+		}
+		if out, err := n.cnitool(nil, "status", n.netName, n.ns.Path); err == nil {
+			t.Errorf("STATUS with the relay down succeeded:\n%s", out)
+		}
+		n.startRelay()
+		if !listens(t, a, "15001") {
+			t.Fatal("restart did not reopen the listener in the pod")
+		}
+		relayed(t, "198.51.100.2:8080", nil)
+	})
+
+	t.Run("ADD with relay stopped fails", func(t *testing.T) {
+		n.stopRelay()
+		defer n.startRelay()
+		b := n.newPod("late")
+		out, err := n.add(b)
+		if err == nil {
+			t.Fatalf("ADD with the relay down succeeded:\n%s", out)
+		}
+		if !strings.Contains(out, "not reachable") {
+			t.Errorf("ADD error does not say the relay is unreachable:\n%s", out)
+		}
+		// The runtime's DEL after a failed ADD cleans up, relay or not.
+		if out, err := n.del(b); err != nil {
+			t.Errorf("DEL after failed ADD: %v\n%s", err, out)
+		}
+		if got := b.ns.Exec(t, "nft", "list", "tables"); strings.TrimSpace(got) != "" {
+			t.Errorf("tables left after DEL: %s", got)
+		}
+	})
+
+	t.Run("CHECK catches a deleted rule", func(t *testing.T) {
+		listing := a.ns.Exec(t, "nft", "-a", "list", "chain", "inet", "kl", "nat_output")
+		m := regexp.MustCompile(`redirect to :15001 # handle (\d+)`).FindStringSubmatch(listing)
+		if m == nil {
+			t.Fatalf("no redirect rule in:\n%s", listing)
+		}
+		a.ns.Exec(t, "nft", "delete", "rule", "inet", "kl", "nat_output", "handle", m[1])
+		out, err := n.check(a)
+		if err == nil {
+			t.Fatalf("CHECK passed with the redirect rule deleted:\n%s", out)
+		}
+		if !strings.Contains(out, "redirect") {
+			t.Errorf("CHECK error does not name the missing rule:\n%s", out)
+		}
+	})
+
+	t.Run("DEL leaves nothing", func(t *testing.T) {
+		for i := 0; i < 2; i++ {
+			if out, err := n.del(a); err != nil {
+				t.Fatalf("DEL #%d: %v\n%s", i+1, err, out)
+			}
+		}
+		if got := a.ns.Exec(t, "nft", "list", "tables"); strings.TrimSpace(got) != "" {
+			t.Errorf("tables left: %s", got)
+		}
+		if listens(t, a, "15001") {
+			t.Error("relay listener left in the pod")
+		}
+		if _, found, err := n.client().Get(ctx, a.id); found || err != nil {
+			t.Errorf("registration left: %v %v", found, err)
+		}
+		if st := n.status(); st.Workloads != 0 {
+			t.Errorf("status: %d workloads", st.Workloads)
+		}
+		ents, _ := os.ReadDir(filepath.Join(n.dir, "state", "workloads"))
+		if len(ents) != 0 {
+			t.Errorf("state dir not empty: %v", ents)
+		}
+	})
+	_ = time.Second
+}
