@@ -789,6 +789,8 @@ func TestExtensionRoundTrip(t *testing.T) {
 			{Match: []Match{MatchDaddrSet{4, "direct_v4"}}, Action: Accept},
 			{Match: []Match{MatchDaddr{netip.MustParsePrefix("198.51.100.0/22")}, MatchDport{ProtoTCP, 5432}}, Action: Accept},
 			{Match: []Match{MatchDaddr{netip.MustParsePrefix("fd00:ab::/33")}}, Action: Drop},
+			{Match: []Match{MatchDaddr{netip.MustParsePrefix("203.0.113.9/32")}, MatchL4Proto{ProtoTCP}}, Action: Reject{RejectAdminProhibited}},
+			{Match: []Match{MatchDaddr{netip.MustParsePrefix("203.0.113.10/32")}, MatchL4Proto{ProtoTCP}}, Action: Reject{RejectTCPReset}},
 		},
 	})
 	if err := defaultBackend.Apply(ns.Path, p); err != nil {
