@@ -41,13 +41,15 @@ var (
 	procRoot = "/proc"
 	hostNet  = "/proc/self/ns/net"
 	sameNs   = netns.SameNetns
-	lookup   = func(cfg *config.Config) workload.Lookup {
+	lookup   = func(cfg *config.Config) workloadLookup {
 		if cfg.DockerSocket == "-" {
 			return nil
 		}
 		return docker.Client{Socket: cfg.DockerSocket}
 	}
 )
+
+type workloadLookup = workload.Lookup
 
 // Run is kl-hook's main: args are os.Args, stdin carries the OCI state.
 func Run(ctx context.Context, args []string, stdin io.Reader) error {

@@ -46,3 +46,23 @@ func TestNormalizeBad(t *testing.T) {
 		}
 	}
 }
+
+// FuzzNormalize: Normalize never panics, and what it returns normalizes to itself.
+func FuzzNormalize(f *testing.F) {
+	for _, s := range []string{"nginx", "localhost:5000/a/b:c", "nginx@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", "A", ":", "a/@b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		out, err := Normalize(in)
+		if err != nil {
+			if !errors.Is(err, ErrBadReference) {
+				t.Fatalf("Normalize(%q): %v", in, err)
+			}
+			return
+		}
+		again, err := Normalize(out)
+		if err != nil || again != out {
+			t.Fatalf("Normalize(%q) = %q, then %q, %v", in, out, again, err)
+		}
+	})
+}

@@ -176,3 +176,42 @@ func TestSaveAtomic(t *testing.T) {
 		t.Errorf("Load(missing bundle) = %v, want ErrNotExist", err)
 	}
 }
+
+// FuzzModify: any config.json either fails to parse with ErrMalformed or takes every
+// modifier, twice, with the same result, and encodes to JSON that parses again.
+func FuzzModify(f *testing.F) {
+	seed, _ := os.ReadFile("testdata/spec.json")
+	f.Add(string(seed))
+	f.Add(`{"process":{"env":["A=1","HTTP_PROXY"]},"hooks":{"poststop":[{"path":"/x"}]},"mounts":[{"destination":"/etc/kl/../kl/rules.yaml"}]}`)
+	f.Add(`{"hooks":{"createRuntime":null},"mounts":null,"process":null}`)
+	f.Add(`{}`)
+	f.Fuzz(func(t *testing.T, in string) {
+		s, err := Parse("config.json", []byte(in))
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("Parse(%q): %v is not ErrMalformed", in, err)
+			}
+			return
+		}
+		if err := testMods().Modify(s); err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("Modify(%q): %v is not ErrMalformed", in, err)
+			}
+			return
+		}
+		once, err := s.Marshal()
+		if err != nil {
+			t.Fatalf("Marshal after Modify(%q): %v", in, err)
+		}
+		if err := testMods().Modify(s); err != nil {
+			t.Fatalf("second Modify(%q): %v", in, err)
+		}
+		twice, _ := s.Marshal()
+		if !bytes.Equal(once, twice) {
+			t.Fatalf("Modify(%q) not idempotent:\n%s\n%s", in, once, twice)
+		}
+		if _, err := Parse("again", once); err != nil {
+			t.Fatalf("edited spec does not parse: %v\n%s", err, once)
+		}
+	})
+}

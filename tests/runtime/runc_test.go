@@ -313,7 +313,7 @@ func TestHookBadInput(t *testing.T) {
 	hook := filepath.Join(bins(t), "kl-hook")
 	tests := []struct {
 		name, stdin, want string
-		args             []string
+		args              []string
 	}{
 		{"garbage", "\x00\xffnot json", "bad OCI state", []string{"create"}},
 		{"empty", "", "empty input", []string{"create"}},

@@ -1,0 +1,63 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+)
+
+func TestExample(t *testing.T) {
+	c, err := Load("testdata/runtime.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Runtime != "/usr/sbin/runc" || c.Mode != "transparent" || c.Env.HTTPProxy == "" || c.RelayTimeout != 10*time.Second ||
+		len(c.Exempt.Namespaces) != 1 || c.Capture.Mark != api.DefaultMark || c.Path() != "testdata/runtime.yaml" {
+		t.Errorf("Load(example) = %+v", c)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse("empty", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	if c.Runtime != "runc" || c.Mode != api.ModeTransparent || c.Proxy.HTTPPort != 15080 || c.Proxy.SOCKSPort != 15081 || !*c.Proxy.AllProxy ||
+		c.Rules != api.DefaultRulesPath || c.RelaySocket != api.DefaultSocket || c.Hook != filepath.Join(filepath.Dir(exe), "kl-hook") || c.HookTimeout != 30 {
+		t.Errorf("defaults = %+v", c)
+	}
+}
+
+func TestParseBad(t *testing.T) {
+	tests := []struct{ name, in, want string }{
+		{"unknown key", "modes: proxy\n", "field modes not found"},
+		{"bad mode", "mode: off\n", `mode "off"`},
+		{"relative rules", "rules: rules.yaml\n", "absolute"},
+		{"relative hook", "hook: kl-hook\n", "absolute"},
+		{"bad cidr", "capture:\n  exclude_cidrs: [10.0.0.300/8]\n", "exclude_cidrs[0]"},
+		{"no_proxy list in one", "no_proxy: ['a,b']\n", "no_proxy[0]"},
+		{"bad level", "log_level: loud\n", "log_level"},
+		{"bad yaml", "mode: [\n", "ERR"},
+		{"bad port", "proxy:\n  http_port: 70000\n", "cannot unmarshal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("runtime.yaml", []byte(tt.in))
+			if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "runtime.yaml") {
+				t.Fatalf("Parse(%q) = %v, want ErrConfig naming the file", tt.in, err)
+			}
+			if tt.want != "ERR" && !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Parse(%q) = %v, want %q", tt.in, err, tt.want)
+			}
+		})
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "none.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing explicit file: %v", err)
+	}
+}

@@ -1,0 +1,192 @@
+package hook
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/shim/config"
+)
+
+type fakeRelay struct {
+	regs  map[string]api.Registration
+	calls []string
+	err   error
+}
+
+func (f *fakeRelay) Register(_ context.Context, w api.Workload) (api.Registration, error) {
+	f.calls = append(f.calls, "register "+w.ID)
+	if f.err != nil {
+		return api.Registration{}, f.err
+	}
+	r := api.Registration{Workload: w, Listeners: api.Listeners{Redirect: 16001}}
+	f.regs[w.ID] = r
+	return r, nil
+}
+
+func (f *fakeRelay) Deregister(_ context.Context, id string) error {
+	f.calls = append(f.calls, "deregister "+id)
+	delete(f.regs, id)
+	return f.err
+}
+
+func (f *fakeRelay) Get(_ context.Context, id string) (api.Registration, bool, error) {
+	r, ok := f.regs[id]
+	return r, ok, f.err
+}
+
+func (f *fakeRelay) List(context.Context) ([]api.Registration, error) {
+	var out []api.Registration
+	for _, r := range f.regs {
+		out = append(out, r)
+	}
+	return out, f.err
+}
+
+// setup fakes /proc: netns files are plain files compared by name through the sameNs seam.
+func setup(t *testing.T) (*Hook, *fakeRelay, *netns.Fake) {
+	t.Helper()
+	fr := &fakeRelay{regs: map[string]api.Registration{}}
+	fb := netns.NewFake()
+	backend = fb
+	procRoot = "/fakeproc"
+	hostNet = "/fakeproc/1/ns/net"
+	sameNs = func(a, b string) (bool, error) {
+		if strings.Contains(a, "gone") || strings.Contains(b, "gone") {
+			return false, os.ErrNotExist
+		}
+		return a == b || (strings.Contains(a, "shared") && strings.Contains(b, "/100/")), nil
+	}
+	lookup = func(*config.Config) workloadLookup { return nil }
+	t.Cleanup(func() {
+		backend, procRoot, hostNet = nil, "/proc", "/proc/self/ns/net"
+	})
+	cfg := &config.Config{Hook: "/x/kl-hook", Rules: "-"}
+	if err := cfg.Default(); err != nil {
+		t.Fatal(err)
+	}
+	return &Hook{Config: cfg, Relay: fr, Log: config.Discard()}, fr, fb
+}
+
+func TestCreate(t *testing.T) {
+	tests := []struct {
+		name      string
+		st        State
+		mode      string
+		existing  []api.Workload
+		wantReg   bool
+		wantTable bool
+	}{
+		{name: "transparent", st: State{ID: "c1", Pid: 42}, mode: "transparent", wantReg: true, wantTable: true},
+		{name: "proxy: no table", st: State{ID: "c1", Pid: 42}, mode: "proxy", wantReg: true},
+		{name: "mode from annotation", st: State{ID: "c1", Pid: 42, Annotations: map[string]string{"kl.egress.mode": "proxy"}}, wantReg: true},
+		{name: "env: nothing", st: State{ID: "c1", Pid: 42}, mode: "env"},
+		{name: "host network", st: State{ID: "c1", Pid: 1}, mode: "transparent"},
+		{name: "netns already registered by cni", st: State{ID: "c1", Pid: 100}, mode: "transparent",
+			existing: []api.Workload{{ID: "gone", Netns: "/var/run/netns/gone"}, {ID: "sandbox", Netns: "/var/run/netns/shared", Source: "cni"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, fr, fb := setup(t)
+			for _, w := range tt.existing {
+				fr.regs[w.ID] = api.Registration{Workload: w}
+			}
+			if err := h.Create(context.Background(), tt.st, tt.mode); err != nil {
+				t.Fatal(err)
+			}
+			reg, ok := fr.regs[tt.st.ID]
+			if ok != tt.wantReg {
+				t.Fatalf("registered = %v, want %v (calls %q)", ok, tt.wantReg, fr.calls)
+			}
+			if ok && (reg.Workload.Source != "hook" || reg.Workload.Netns != "/fakeproc/"+itoa(tt.st.Pid)+"/ns/net") {
+				t.Errorf("registration = %+v", reg.Workload)
+			}
+			tbl, _ := fb.Get("/fakeproc/"+itoa(tt.st.Pid)+"/ns/net", netns.TableName)
+			if (tbl != nil) != tt.wantTable {
+				t.Errorf("capture table present = %v, want %v", tbl != nil, tt.wantTable)
+			}
+			if tt.wantTable {
+				want := netns.Capture{RedirectPort: 16001, Mark: api.DefaultMark, IPv6: true, RejectQUIC: true}
+				if err := netns.VerifyWith(fb, "/fakeproc/42/ns/net", want); err != nil {
+					t.Errorf("capture: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestCreateFailures(t *testing.T) {
+	h, fr, _ := setup(t)
+	fr.err = api.ErrUnreachable
+	err := h.Create(context.Background(), State{ID: "c1", Pid: 42}, "transparent")
+	if !errors.Is(err, api.ErrUnreachable) {
+		t.Errorf("relay down: %v", err)
+	}
+
+	// A capture that cannot be installed rolls the registration back.
+	h, fr, _ = setup(t)
+	h.Config.Capture.Mark = 0
+	h.Config.Capture.RedirectPort = 0
+	backend = failBackend{}
+	err = h.Create(context.Background(), State{ID: "c1", Pid: 42}, "transparent")
+	if err == nil || !strings.Contains(err.Error(), "capture") {
+		t.Fatalf("capture failure: %v", err)
+	}
+	if _, ok := fr.regs["c1"]; ok || !strings.Contains(strings.Join(fr.calls, ","), "deregister c1") {
+		t.Errorf("registration not rolled back: %q", fr.calls)
+	}
+	if err := h.Create(context.Background(), State{ID: "c1"}, "transparent"); !errors.Is(err, ErrBadState) {
+		t.Errorf("no pid: %v", err)
+	}
+}
+
+type failBackend struct{}
+
+func (failBackend) Apply(string, *netns.Table) error {
+	return errors.New("nft: operation not permitted")
+}
+func (failBackend) Delete(string, string) error              { return nil }
+func (failBackend) Get(string, string) (*netns.Table, error) { return nil, netns.ErrNoTable }
+
+func TestDelete(t *testing.T) {
+	h, fr, _ := setup(t)
+	fr.regs["mine"] = api.Registration{Workload: api.Workload{ID: "mine", Source: "hook"}}
+	fr.regs["sandbox"] = api.Registration{Workload: api.Workload{ID: "sandbox", Source: "cni"}}
+	for _, id := range []string{"mine", "sandbox", "unknown", "mine"} {
+		if err := h.Delete(context.Background(), State{ID: id}); err != nil {
+			t.Fatalf("Delete(%s): %v", id, err)
+		}
+	}
+	if _, ok := fr.regs["mine"]; ok {
+		t.Errorf("own registration kept")
+	}
+	if _, ok := fr.regs["sandbox"]; !ok {
+		t.Errorf("kl-cni's registration removed")
+	}
+	fr.err = api.ErrUnreachable
+	if err := h.Delete(context.Background(), State{ID: "x"}); !errors.Is(err, api.ErrUnreachable) {
+		t.Errorf("relay down: %v", err)
+	}
+}
+
+func TestRunConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "runtime.yaml")
+	os.WriteFile(p, []byte("mode: sideways\n"), 0o644)
+	err := Run(context.Background(), []string{"kl-hook", "--config", p, "create"}, strings.NewReader(`{"id":"x","pid":1}`))
+	if !errors.Is(err, config.ErrConfig) || !strings.Contains(err.Error(), p) {
+		t.Errorf("bad config: %v", err)
+	}
+	err = Run(context.Background(), []string{"kl-hook", "--config", filepath.Join(dir, "none.yaml"), "delete"}, strings.NewReader(`{"id":"x"}`))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing config: %v", err)
+	}
+}

@@ -1,0 +1,109 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/kl-egress/kl/shim/config"
+	"github.com/kl-egress/kl/shim/docker"
+)
+
+type fakeLookup struct {
+	c   map[string]docker.Container
+	err error
+}
+
+func (f fakeLookup) Lookup(_ context.Context, id string) (docker.Container, bool, error) {
+	c, ok := f.c[id]
+	return c, ok, f.err
+}
+
+func TestIdentify(t *testing.T) {
+	dk := fakeLookup{c: map[string]docker.Container{
+		"d1": {ID: "d1", Names: []string{"/web"}, Image: "nginx", Labels: map[string]string{"kl.route": "proxy", "kl.egress.mode": "proxy"}},
+	}}
+	tests := []struct {
+		name                              string
+		id                                string
+		ann                               map[string]string
+		dk                                Lookup
+		exempt                            config.Exempt
+		mode, from, image, engine, ns, nm string
+		label                             string
+		exemptWhy                         string
+	}{
+		{name: "docker labels", id: "d1", dk: dk, mode: "proxy", from: "label", image: "docker.io/library/nginx:latest", engine: "docker", nm: "web", label: "kl.route=proxy"},
+		{name: "annotation beats label", id: "d1", dk: dk, ann: map[string]string{"kl.egress.mode": "env"}, mode: "env", from: "annotation", image: "docker.io/library/nginx:latest", engine: "docker", nm: "web", label: "kl.route=proxy"},
+		{name: "cri", id: "c1", ann: map[string]string{"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-namespace": "shop", "io.kubernetes.cri.image-name": "ghcr.io/a/b:1", "io.kubernetes.cri.container-name": "app"},
+			mode: "transparent", from: "node default", image: "ghcr.io/a/b:1", engine: "cri", ns: "shop", nm: "app"},
+		{name: "ctr annotations are labels", id: "c2", ann: map[string]string{"kl.route": "proxy"}, dk: fakeLookup{err: docker.ErrUnavailable}, mode: "transparent", from: "node default", engine: "oci", label: "kl.route=proxy"},
+		{name: "exempt namespace", id: "c3", ann: map[string]string{"io.kubernetes.cri.sandbox-namespace": "kube-system"}, exempt: config.Exempt{Namespaces: []string{"kube-system"}},
+			mode: "transparent", from: "node default", engine: "cri", ns: "kube-system", exemptWhy: "namespace kube-system"},
+		{name: "exempt image normalized", id: "d1", dk: dk, exempt: config.Exempt{Images: []string{"docker.io/library/nginx:*"}},
+			mode: "proxy", from: "label", image: "docker.io/library/nginx:latest", engine: "docker", nm: "web", label: "kl.route=proxy", exemptWhy: "exempt pattern"},
+		{name: "exempt image raw", id: "d1", dk: dk, exempt: config.Exempt{Images: []string{"nginx"}},
+			mode: "proxy", from: "label", image: "docker.io/library/nginx:latest", engine: "docker", nm: "web", label: "kl.route=proxy", exemptWhy: "exempt pattern nginx"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := &config.Config{Mode: "transparent", Exempt: tt.exempt}
+			in, err := Identify(context.Background(), cfg, tt.id, tt.ann, tt.dk, config.Discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if in.Mode != tt.mode || in.ModeFrom != tt.from || in.Image != tt.image || in.Engine != tt.engine || in.Namespace != tt.ns || in.Name != tt.nm {
+				t.Errorf("Identify = %+v", in)
+			}
+			if tt.label != "" {
+				k, v, _ := strings.Cut(tt.label, "=")
+				if in.Labels[k] != v {
+					t.Errorf("labels = %v, want %s", in.Labels, tt.label)
+				}
+			}
+			if (tt.exemptWhy == "") != (in.Exempt == "") || !strings.Contains(in.Exempt, tt.exemptWhy) {
+				t.Errorf("Exempt = %q, want %q", in.Exempt, tt.exemptWhy)
+			}
+		})
+	}
+}
+
+func TestIdentifyErrors(t *testing.T) {
+	cfg := &config.Config{Mode: "transparent"}
+	if _, err := Identify(context.Background(), cfg, "x", map[string]string{"kl.egress.mode": "none"}, nil, config.Discard()); err == nil || !strings.Contains(err.Error(), `"none"`) {
+		t.Errorf("bad mode: %v", err)
+	}
+	if _, err := Identify(context.Background(), cfg, "x", nil, fakeLookup{err: errors.New("HTTP 500")}, config.Discard()); err == nil {
+		t.Errorf("docker error swallowed")
+	}
+	// On a plain containerd container the annotation (ctr --annotation) picks the mode.
+	in, _ := Identify(context.Background(), cfg, "x", map[string]string{"kl.egress.mode": "proxy"}, nil, config.Discard())
+	if in.Mode != "proxy" {
+		t.Errorf("annotation mode = %s", in.Mode)
+	}
+}
+
+func TestGlob(t *testing.T) {
+	tests := []struct {
+		p, s string
+		want bool
+	}{
+		{"*", "anything/at/all", true},
+		{"docker.io/library/*", "docker.io/library/nginx:latest", true},
+		{"docker.io/library/*", "docker.io/bitnami/nginx:latest", false},
+		{"*/nginx:*", "docker.io/library/nginx:1", true},
+		{"nginx", "nginx:1", false},
+		{"ngin?", "nginx", true},
+		{"ngin?", "ngin", false},
+		{"a*b*c", "axxbyyc", true},
+		{"a*b*c", "axxbyy", false},
+		{"", "", true},
+		{"**", "", true},
+	}
+	for _, tt := range tests {
+		if got := Glob(tt.p, tt.s); got != tt.want {
+			t.Errorf("Glob(%q, %q) = %v, want %v", tt.p, tt.s, got, tt.want)
+		}
+	}
+}
