@@ -43,7 +43,10 @@ const (
 //     Other UDP (DNS included) is neither captured nor blocked.
 //
 // Both reject rules count what they reject. Exemptions come first in both chains, so what
-// is not captured is exactly what is not rejected.
+// is not captured is exactly what is not rejected. The mark must match exactly (the relay
+// sets SO_MARK to Mark). Capture holds against unprivileged pods: a process with
+// CAP_NET_ADMIN in the pod netns can set the mark itself or delete the table (Verify, run
+// by CNI CHECK, notices the latter).
 type Capture struct {
 	RedirectPort uint16
 	Mark         uint32
