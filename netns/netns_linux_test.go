@@ -268,17 +268,18 @@ func newTopology(t *testing.T) *topology {
 
 // relay listens on the redirect port in the pod and answers "relay <original dst>".
 // With dualStack it opens one [::] socket, otherwise one per family on loopback only.
-func (tp *topology) relay(t *testing.T, dualStack bool) {
+func (tp *topology) relay(t *testing.T, dualStack bool) []net.Listener {
 	t.Helper()
 	if dualStack {
-		tp.relayOn(t, "tcp", fmt.Sprintf(":%d", relayPort))
-		return
+		return []net.Listener{tp.relayOn(t, "tcp", fmt.Sprintf(":%d", relayPort))}
 	}
-	tp.relayOn(t, "tcp4", fmt.Sprintf("127.0.0.1:%d", relayPort))
-	tp.relayOn(t, "tcp6", fmt.Sprintf("[::1]:%d", relayPort))
+	return []net.Listener{
+		tp.relayOn(t, "tcp4", fmt.Sprintf("127.0.0.1:%d", relayPort)),
+		tp.relayOn(t, "tcp6", fmt.Sprintf("[::1]:%d", relayPort)),
+	}
 }
 
-func (tp *topology) relayOn(t *testing.T, network, addr string) {
+func (tp *topology) relayOn(t *testing.T, network, addr string) net.Listener {
 	t.Helper()
 	ln, err := Listen(tp.pod.Path, network, addr)
 	if err != nil {
@@ -300,6 +301,7 @@ func (tp *topology) relayOn(t *testing.T, network, addr string) {
 			c.Close()
 		}
 	}()
+	return ln
 }
 
 // connect opens a TCP connection from the pod (unmarked unless mark != 0) and returns the
@@ -331,7 +333,7 @@ func testCaptureRedirects(t *testing.T, dualStack bool) {
 	if err := Verify(tp.pod.Path, c); err != nil {
 		t.Fatalf("Verify right after Install: %v", err)
 	}
-	tp.relay(t, dualStack)
+	relay := tp.relay(t, dualStack)
 
 	tests := []struct {
 		name string
@@ -358,6 +360,19 @@ func testCaptureRedirects(t *testing.T, dualStack bool) {
 				t.Errorf("connect(mark %#x, %s) = %q, %v; want %q...", tc.mark, tc.addr, got, err, tc.want)
 			}
 		})
+	}
+
+	// The relay goes away: captured flows of both families are refused, exempt ones are not.
+	for _, ln := range relay {
+		ln.Close()
+	}
+	for _, addr := range []string{"192.0.2.2:8080", "[fd00::2]:8080"} {
+		if got, err := tp.connect(0, addr); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("relay down: connect(%s) = %q, %v; want connection refused", addr, got, err)
+		}
+	}
+	if got, err := tp.connect(0, "169.254.169.254:8080"); err != nil || !strings.HasPrefix(got, "server ") {
+		t.Errorf("relay down: metadata address = %q, %v; want the server", got, err)
 	}
 }
 
