@@ -132,16 +132,49 @@ func localHostOrDomainIs(host, hostdom string) bool {
 // JavaScript's ToNumber and `& 0xff`; missing parts count as 0; the result is a signed
 // 32-bit integer.
 func convertAddr(s string) int32 {
+	if v, ok := quadValue(s); ok {
+		return int32(v)
+	}
 	var r uint32
-	parts := strings.SplitN(s, ".", 5)
 	for i := 0; i < 4; i++ {
-		var b uint32
-		if i < len(parts) {
-			b = uint32(toInt32(jsStringToNumber(parts[i]))) & 0xff
+		part := s
+		if j := strings.IndexByte(s, '.'); j >= 0 {
+			part, s = s[:j], s[j+1:]
+		} else {
+			s = ""
 		}
-		r |= b << (24 - 8*uint(i))
+		r |= (uint32(toInt32(jsStringToNumber(part))) & 0xff) << (24 - 8*uint(i))
+		if s == "" {
+			// Missing parts are undefined (NaN & 0xff = 0), like an empty last part.
+			break
+		}
 	}
 	return int32(r)
+}
+
+// quadValue is the fast path of convertAddr for a plain dotted quad of 1-3 digit
+// decimal parts (any value: each part is masked with 0xff as in the slow path).
+func quadValue(s string) (uint32, bool) {
+	var r uint32
+	for i := 0; i < 4; i++ {
+		n, v := 0, uint32(0)
+		for n < len(s) && n < 3 && s[n] >= '0' && s[n] <= '9' {
+			v = v*10 + uint32(s[n]-'0')
+			n++
+		}
+		if n == 0 {
+			return 0, false
+		}
+		s = s[n:]
+		r |= (v & 0xff) << (24 - 8*uint(i))
+		if i < 3 {
+			if s == "" || s[0] != '.' {
+				return 0, false
+			}
+			s = s[1:]
+		}
+	}
+	return r, s == ""
 }
 
 // isDottedQuad matches /^(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})$/ and reports

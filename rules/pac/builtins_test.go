@@ -108,7 +108,7 @@ func TestGlobMatchAgreesWithRegexp(t *testing.T) {
 			if err != nil {
 				t.Fatalf("compile %q: %v", p, err)
 			}
-			if g, r := globMatch(s, p), re.MatchString(s); g != r {
+			if g, r := globMatch(s, p), re.re.MatchString(s); g != r {
 				t.Errorf("globMatch(%q, %q) = %v, regexp says %v", s, p, g, r)
 			}
 		}
@@ -307,4 +307,39 @@ func TestNullArguments(t *testing.T) {
 		{"dnsResolve null", `dnsResolve(null)`, "null"},
 		{"dnsDomainIs null throws", `(function(){ try { dnsDomainIs(null, "x"); return "no" } catch (e) { return e.name } })()`, "TypeError"},
 	})
+}
+
+func TestExtendedGlobAgreesWithRegexp(t *testing.T) {
+	subjects := []string{"", "a", "b", "ab", "abc", "a.b.c", "www.example.com", "api3.payments.example", "apix.payments.example",
+		"x.torrent.y", "x.warez.y", "x.other.y", "a-b", "a]", "^", "x.com", "x.net", "x.org", "[", "-", "5"}
+	patterns := []string{"*.(torrent|warez).*", "api[0-9].payments.example", "*.(com|net)", "[a-c]*", "[^a]*", "(a|b)", "(|a)b",
+		"(a|b)(c|)", "[-a]", "[a-]", "[]a]", "[^]", "[b-a]", "(a|(b))", "a|b", "(a", "[a", "[.]", "*[0-9]*", "(www|api3).*", "[!-/]"}
+	var c shexpCache
+	for _, p := range patterns {
+		x, err := c.compile(p)
+		if err != nil {
+			continue // invalid for the regex too: the glob is never consulted
+		}
+		for _, s := range subjects {
+			want := x.re.MatchString(s)
+			got, err := c.match(s, p)
+			if err != nil || got != want {
+				t.Errorf("shExpMatch(%q, %q) = %v, %v; the regex says %v (glob form %v)", s, p, got, err, want, x.alts != nil)
+			}
+		}
+	}
+}
+
+func TestExtendedGlobUsed(t *testing.T) {
+	var c shexpCache
+	for _, p := range []string{"*.(torrent|warez).*", "api[0-9].payments.example", "[^a]*", "(www|api3).*"} {
+		if x, err := c.compile(p); err != nil || x.alts == nil {
+			t.Errorf("pattern %q does not take the glob path (err %v)", p, err)
+		}
+	}
+	for _, p := range []string{"a+", "(a|b)+", "^a", `a\.b`, "a{2}", "[]", "(a|(b))"} {
+		if x, err := c.compile(p); err == nil && x.alts != nil {
+			t.Errorf("pattern %q takes the glob path", p)
+		}
+	}
 }
