@@ -1,0 +1,407 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/upstream"
+)
+
+// badRequest is a request kl refuses to proxy: the status to answer and what was wrong.
+type badRequest struct {
+	status int
+	msg    string
+}
+
+func (e *badRequest) Error() string { return e.msg }
+
+func bad(status int, format string, args ...any) *badRequest {
+	return &badRequest{status: status, msg: fmt.Sprintf(format, args...)}
+}
+
+// hopHeaders are dropped when forwarding (RFC 9110 §7.6.1), plus every Proxy-* header.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// readProxyRequest reads one request from br and works out where it goes: the CONNECT
+// authority, or the host of an absolute http:// URI. lr is the limit under br; it bounds
+// the header block and is lifted once the headers are read.
+func readProxyRequest(br *bufio.Reader, lr *io.LimitedReader, maxHeader int64) (*http.Request, upstream.Target, error) {
+	lr.N = maxHeader
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		if lr.N == 0 {
+			return nil, upstream.Target{}, bad(http.StatusRequestHeaderFieldsTooLarge, "request header over %d bytes", maxHeader)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil, upstream.Target{}, err
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, upstream.Target{}, bad(http.StatusRequestTimeout, "timed out waiting for the request headers")
+		}
+		return nil, upstream.Target{}, bad(http.StatusBadRequest, "malformed request: %s", requestErrWords(err))
+	}
+	lr.N = math.MaxInt64
+	if req.ProtoMajor != 1 {
+		return req, upstream.Target{}, bad(http.StatusHTTPVersionNotSupported, "HTTP/%d.%d is not supported", req.ProtoMajor, req.ProtoMinor)
+	}
+	if req.Method == http.MethodConnect {
+		// CONNECT host:port HTTP/1.1 — ReadRequest puts the authority in URL.Host.
+		if req.URL == nil || req.URL.Host == "" || req.URL.Path != "" || req.URL.Scheme != "" {
+			return req, upstream.Target{}, bad(http.StatusBadRequest, "CONNECT needs host:port as its target")
+		}
+		t, err := authorityTarget(req.URL.Host, 0)
+		if err != nil {
+			return req, t, bad(http.StatusBadRequest, "bad CONNECT target: %v", err)
+		}
+		return req, t, nil
+	}
+	if req.URL == nil || !req.URL.IsAbs() || req.URL.Host == "" {
+		return req, upstream.Target{}, bad(http.StatusBadRequest, "not a proxy request: the request target must be an absolute http:// URI or CONNECT")
+	}
+	if !strings.EqualFold(req.URL.Scheme, "http") {
+		return req, upstream.Target{}, bad(http.StatusNotImplemented, "scheme %q is not supported (use CONNECT for https)", req.URL.Scheme)
+	}
+	if req.URL.User != nil {
+		return req, upstream.Target{}, bad(http.StatusBadRequest, "credentials in the request URI are not supported")
+	}
+	t, err := authorityTarget(req.URL.Host, 80)
+	if err != nil {
+		return req, t, bad(http.StatusBadRequest, "bad request URI host: %v", err)
+	}
+	return req, t, nil
+}
+
+// requestErrWords keeps only the kind of a ReadRequest error (its text may quote the
+// request line, which names the destination).
+func requestErrWords(err error) string {
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "malformed HTTP request"):
+		return "malformed request line"
+	case strings.Contains(s, "malformed HTTP version"):
+		return "malformed HTTP version"
+	case strings.Contains(s, "malformed MIME header"):
+		return "malformed header line"
+	case strings.Contains(s, "invalid header") || strings.Contains(s, "header"):
+		return "invalid header"
+	case strings.Contains(s, "unexpected EOF"):
+		return "request ended early"
+	case strings.Contains(s, "Transfer-Encoding") || strings.Contains(s, "Content-Length"):
+		return "bad message framing"
+	case strings.Contains(s, "invalid URI") || strings.Contains(s, "parse"):
+		return "invalid request URI"
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return "timed out waiting for the request"
+	}
+	return "unreadable request"
+}
+
+// authorityTarget parses host[:port] (IPv6 in brackets). defPort is used when the port is
+// absent; 0 makes the port mandatory.
+func authorityTarget(hostport string, defPort uint16) (upstream.Target, error) {
+	host, portStr, err := net.SplitHostPort(hostport)
+	if err != nil {
+		if defPort == 0 {
+			return upstream.Target{}, errors.New("want host:port")
+		}
+		host, portStr = strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), ""
+	}
+	port := defPort
+	if portStr != "" {
+		p, err := strconv.ParseUint(portStr, 10, 16)
+		if err != nil || p == 0 {
+			return upstream.Target{}, fmt.Errorf("bad port %q", portStr)
+		}
+		port = uint16(p)
+	} else if defPort == 0 {
+		return upstream.Target{}, errors.New("missing port")
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if ip.Zone() != "" {
+			return upstream.Target{}, errors.New("zoned IPv6 addresses are not supported")
+		}
+		return upstream.Target{Addr: netip.AddrPortFrom(ip.Unmap(), port), Port: port}, nil
+	}
+	h, err := domainTarget(host)
+	if err != nil {
+		return upstream.Target{}, err
+	}
+	return upstream.Target{Host: h, Port: port}, nil
+}
+
+// writeError answers a refused request and closes the exchange.
+func writeError(w io.Writer, status int, msg string) {
+	body := "kl: " + msg + "\n"
+	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+		status, http.StatusText(status), len(body), body)
+}
+
+func dialStatus(err error) (int, string) {
+	f := classify(err)
+	switch f {
+	case failDenied:
+		var d *Denied
+		if errors.As(err, &d) {
+			return http.StatusForbidden, d.Error()
+		}
+		return http.StatusForbidden, ErrDenied.Error()
+	case failTimeout:
+		return http.StatusGatewayTimeout, f.String()
+	}
+	return http.StatusBadGateway, f.String()
+}
+
+// origin is the kept-alive connection to the destination of forwarded requests.
+type origin struct {
+	conn net.Conn
+	br   *bufio.Reader
+	key  string
+}
+
+func (o *origin) close() {
+	if o != nil && o.conn != nil {
+		_ = o.conn.Close()
+	}
+}
+
+func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
+	lr := &io.LimitedReader{R: c, N: s.maxHeaderBytes()}
+	br := bufio.NewReaderSize(lr, 4096)
+	var o *origin
+	defer func() { o.close() }()
+	for first := true; ; first = false {
+		wait := s.handshakeTimeout()
+		if !first {
+			wait = s.idleTimeout()
+		}
+		_ = c.SetReadDeadline(time.Now().Add(wait))
+		req, t, err := readProxyRequest(br, lr, s.maxHeaderBytes())
+		if err != nil {
+			var br *badRequest
+			if errors.As(err, &br) {
+				s.log().Warn("http proxy: bad request", "why", br.msg, "status", br.status)
+				writeError(c, br.status, br.msg)
+			} else if !first && errors.Is(err, io.EOF) {
+				// The client closed a kept-alive connection: normal.
+			} else if !errors.Is(err, io.EOF) {
+				s.log().Warn("http proxy: bad request", "why", err.Error())
+			}
+			_ = c.Close()
+			return
+		}
+		_ = c.SetReadDeadline(time.Time{})
+		if req.Method == http.MethodConnect {
+			o.close()
+			o = nil
+			s.connect(ctx, c, br, t)
+			return
+		}
+		keep, next := s.forward(ctx, c, br, req, t, o)
+		o = next
+		if !keep {
+			_ = c.Close()
+			return
+		}
+	}
+}
+
+func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t upstream.Target) {
+	up, err := s.Dial(ctx, t)
+	if err != nil {
+		status, msg := dialStatus(err)
+		writeError(c, status, msg)
+		s.log().Debug("http proxy: CONNECT failed", "target", t.String(), "status", status, "err", err)
+		_ = c.Close()
+		return
+	}
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		_ = up.Close()
+		_ = c.Close()
+		return
+	}
+	// Bytes the client sent right behind the CONNECT (a pipelined ClientHello).
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		if _, err := up.Write(b); err != nil {
+			_ = up.Close()
+			_ = c.Close()
+			return
+		}
+	}
+	pipe(c, up)
+}
+
+// forward sends one absolute-URI request to its origin in origin-form and relays the
+// answer. It reports whether the client connection stays open, and the origin
+// connection to keep for the next request.
+func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req *http.Request, t upstream.Target, o *origin) (bool, *origin) {
+	key := t.String()
+	if o != nil && o.key != key {
+		o.close()
+		o = nil
+	}
+	upgrade := headerHasToken(req.Header, "Connection", "upgrade") && req.Header.Get("Upgrade") != ""
+	upgradeProto := req.Header.Get("Upgrade")
+	removeHopHeaders(req.Header)
+	if upgrade {
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", upgradeProto)
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // keep Go from adding its own
+	}
+	expect := req.Header.Get("Expect")
+	if expect != "" {
+		if !strings.EqualFold(expect, "100-continue") {
+			writeError(c, http.StatusExpectationFailed, "unsupported Expect header")
+			return false, o
+		}
+		req.Header.Del("Expect")
+	}
+	req.RequestURI = ""
+	if o == nil {
+		up, err := s.Dial(ctx, t)
+		if err != nil {
+			status, msg := dialStatus(err)
+			writeError(c, status, msg)
+			s.log().Debug("http proxy: dial failed", "target", key, "status", status, "err", err)
+			return false, nil
+		}
+		o = &origin{conn: up, br: bufio.NewReaderSize(up, 4096), key: key}
+	}
+	if expect != "" {
+		if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return false, o
+		}
+	}
+	if err := req.Write(o.conn); err != nil {
+		writeError(c, http.StatusBadGateway, "sending the request failed")
+		s.log().Debug("http proxy: write to origin failed", "target", key, "err", err)
+		o.close()
+		return false, nil
+	}
+	var resp *http.Response
+	for {
+		var err error
+		resp, err = http.ReadResponse(o.br, req)
+		if err != nil {
+			writeError(c, http.StatusBadGateway, "no valid response from the destination")
+			s.log().Debug("http proxy: read from origin failed", "target", key, "err", err)
+			o.close()
+			return false, nil
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+		// An interim answer (100 Continue we already sent, 103 Early Hints): pass on
+		// everything but a second 100.
+		if resp.StatusCode != http.StatusContinue || expect == "" {
+			removeHopHeaders(resp.Header)
+			if err := resp.Write(c); err != nil {
+				o.close()
+				return false, nil
+			}
+		}
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if !upgrade {
+			writeError(c, http.StatusBadGateway, "the destination switched protocols unasked")
+			o.close()
+			return false, nil
+		}
+		if err := resp.Write(c); err != nil {
+			o.close()
+			return false, nil
+		}
+		s.tunnelAfterUpgrade(c, cbr, o)
+		return false, nil
+	}
+	removeHopHeaders(resp.Header)
+	framed := resp.ContentLength >= 0 || isChunked(resp.TransferEncoding) || !bodyAllowed(req, resp.StatusCode)
+	clientKeep := !req.Close && req.ProtoAtLeast(1, 1) && framed
+	originKeep := !resp.Close && framed
+	resp.Close = !clientKeep
+	err := resp.Write(c)
+	_ = resp.Body.Close()
+	if err != nil {
+		o.close()
+		return false, nil
+	}
+	if !originKeep {
+		o.close()
+		o = nil
+	}
+	return clientKeep, o
+}
+
+// tunnelAfterUpgrade relays raw bytes after a 101 answer (WebSocket and friends),
+// including what either side already sent behind the headers.
+func (s *Server) tunnelAfterUpgrade(c net.Conn, cbr *bufio.Reader, o *origin) {
+	if n := cbr.Buffered(); n > 0 {
+		b, _ := cbr.Peek(n)
+		if _, err := o.conn.Write(b); err != nil {
+			o.close()
+			return
+		}
+	}
+	if n := o.br.Buffered(); n > 0 {
+		b, _ := o.br.Peek(n)
+		if _, err := c.Write(b); err != nil {
+			o.close()
+			return
+		}
+	}
+	pipe(c, o.conn)
+}
+
+func removeHopHeaders(h http.Header) {
+	for _, v := range h["Connection"] {
+		for _, tok := range strings.Split(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				h.Del(tok)
+			}
+		}
+	}
+	for _, k := range hopHeaders {
+		delete(h, k)
+	}
+	for k := range h {
+		if len(k) > 6 && strings.EqualFold(k[:6], "proxy-") {
+			delete(h, k)
+		}
+	}
+}
+
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, tok := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func isChunked(te []string) bool { return len(te) > 0 && te[0] == "chunked" }
+
+// bodyAllowed reports whether a response to req with this status can carry a body.
+func bodyAllowed(req *http.Request, status int) bool {
+	if req.Method == http.MethodHead {
+		return false
+	}
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
