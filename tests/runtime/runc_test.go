@@ -26,7 +26,10 @@ func klEnv(t *testing.T, dir, extra string) (env []string, relay *fakeRelay) {
 		t.Fatal(err)
 	}
 	relay = startFakeRelay(t, dir)
-	cfg := writeConfig(t, dir, fmt.Sprintf("rules: %s\nhook: %s\nrelay_socket: %s\nrelay_timeout: 2s\ndocker_socket: \"-\"\nlog_file: %s\nlog_level: debug\nno_proxy: [corp.example, 10.0.0.0/8]\n%s",
+	if !strings.Contains(extra, "docker_socket:") {
+		extra += "docker_socket: \"-\"\n"
+	}
+	cfg := writeConfig(t, dir, fmt.Sprintf("rules: %s\nhook: %s\nrelay_socket: %s\nrelay_timeout: 2s\nlog_file: %s\nlog_level: debug\nno_proxy: [corp.example, 10.0.0.0/8]\n%s",
 		rules, filepath.Join(bins(t), "kl-hook"), relay.Socket, filepath.Join(dir, "kl.log"), extra))
 	return []string{"KL_RUNTIME_CONFIG=" + cfg}, relay
 }
