@@ -258,6 +258,9 @@ func (s *shadowCheck) check(r *rule) (by int, why string) {
 			}
 		}
 		if inGuard {
+			if r.exit == ExitDirect {
+				return 0, "all its addresses are in 169.254.0.0/16, which the metadata guard sends direct before any rule (harmless: so would this rule)"
+			}
 			return 0, "all its addresses are in 169.254.0.0/16, which the metadata guard always sends direct"
 		}
 		for _, pf := range m.prefixes {

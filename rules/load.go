@@ -108,6 +108,9 @@ func FromRoutes(routes []string, def string, o LoadOptions) (*Policy, error) {
 		return nil, err
 	}
 	p.pattern = true
+	for i := range p.rules {
+		p.rules[i].line = 0 // flags have no lines
+	}
 	return p, nil
 }
 

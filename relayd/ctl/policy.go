@@ -1,0 +1,63 @@
+package ctl
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/kl-egress/kl/rules"
+)
+
+// policyFlags are the ways explain and lint name a policy: a rules file, or the
+// pattern form from flags.
+type policyFlags struct {
+	rules    string
+	routes   multiFlag
+	def      string
+	detached bool
+}
+
+func (pf *policyFlags) register(fs *flag.FlagSet, withRules bool) {
+	if withRules {
+		fs.StringVar(&pf.rules, "rules", "", "the rules `FILE` (as the daemon's --config)")
+	}
+	fs.Var(&pf.routes, "egress-route", "a pattern-form rule `PATTERN=ROUTE` (repeatable; instead of a file)")
+	fs.StringVar(&pf.def, "egress-default", "", "the pattern form's default `ROUTE` (cluster when absent)")
+	fs.BoolVar(&pf.detached, "detached", false, "the policy is for detached use (no attach session): client is refused")
+}
+
+// loadOptions are the daemon's, in this environment: gateway only with
+// KL_EGRESS_GATEWAY=1 (SPEC §6); named exits are not checked without its config.
+func loadOptions(env *Env, detached bool) rules.LoadOptions {
+	return rules.LoadOptions{AllowGateway: env.Getenv("KL_EGRESS_GATEWAY") == "1", Detached: detached}
+}
+
+func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.Policy, error) {
+	switch {
+	case pf.rules != "" && (len(pf.routes) > 0 || pf.def != ""):
+		return nil, usageError(env, cmd, "--rules and --egress-route/--egress-default are two ways to give a policy; use one")
+	case pf.rules != "":
+		p, err := rules.Load(pf.rules, o)
+		if err != nil {
+			return nil, policyError(env, err)
+		}
+		return p, nil
+	case len(pf.routes) > 0 || pf.def != "":
+		p, err := rules.FromRoutes(pf.routes, pf.def, o)
+		if err != nil {
+			return nil, policyError(env, err)
+		}
+		return p, nil
+	}
+	return nil, usageError(env, cmd, "no policy: give a rules file or --egress-route PATTERN=ROUTE")
+}
+
+// policyError prints a refused policy as `CODE: message (line N)` and ends with status 2.
+func policyError(env *Env, err error) error {
+	var e *rules.Error
+	if !errors.As(err, &e) {
+		e = &rules.Error{Code: rules.CodeUnreadable, Msg: err.Error()}
+	}
+	fmt.Fprintln(env.Stderr, e.Error())
+	return &ExitError{Code: ExitInvalid, Err: e}
+}
