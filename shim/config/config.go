@@ -43,7 +43,7 @@ type Config struct {
 	// Proxy holds the relay's in-netns listeners used in proxy mode.
 	Proxy ProxyListeners `yaml:"proxy"`
 	// NoProxy lists extra NO_PROXY entries (domains, addresses, CIDRs) for env and proxy mode.
-	NoProxy []string `yaml:"no_proxy"`
+	NoProxy []string `yaml:"noProxy"`
 	// Force lists variable names (any case; "*" = all) kl sets even when the image or
 	// user set them.
 	Force []string `yaml:"force"`
@@ -52,43 +52,43 @@ type Config struct {
 	// Hook is the absolute path of kl-hook; empty means kl-hook beside kl-runtime.
 	Hook string `yaml:"hook"`
 	// HookTimeout bounds each hook run (seconds, passed to the runtime).
-	HookTimeout int `yaml:"hook_timeout"`
+	HookTimeout int `yaml:"hookTimeout"`
 	// RelaySocket is kl-relayd's API socket.
-	RelaySocket string `yaml:"relay_socket"`
+	RelaySocket string `yaml:"relaySocket"`
 	// RelayTimeout bounds each call to kl-relayd.
-	RelayTimeout time.Duration `yaml:"relay_timeout"`
+	RelayTimeout time.Duration `yaml:"relayTimeout"`
 	// DockerSocket is the Docker Engine API socket used to read a container's labels and
 	// image; "-" disables the lookup.
-	DockerSocket string `yaml:"docker_socket"`
+	DockerSocket string `yaml:"dockerSocket"`
 	// Exempt lists workloads kl leaves alone (no edits, no capture).
 	Exempt Exempt `yaml:"exempt"`
 	// Capture tunes the transparent-mode nftables capture the hook installs.
 	Capture Capture `yaml:"capture"`
 	// FailOpen lets containers start when kl cannot set them up (logged); default false:
 	// a failure fails container creation.
-	FailOpen bool `yaml:"fail_open"`
+	FailOpen bool `yaml:"failOpen"`
 	// LogFile receives kl-runtime and kl-hook logs (JSON lines); empty: stderr only.
-	LogFile string `yaml:"log_file"`
+	LogFile string `yaml:"logFile"`
 	// LogLevel is debug, info, warn or error.
-	LogLevel string `yaml:"log_level"`
+	LogLevel string `yaml:"logLevel"`
 
 	path string
 }
 
 // ProxyEnv is the operator's own proxy settings for env mode.
 type ProxyEnv struct {
-	HTTPProxy  string `yaml:"http_proxy"`
-	HTTPSProxy string `yaml:"https_proxy"`
-	AllProxy   string `yaml:"all_proxy"`
-	NoProxy    string `yaml:"no_proxy"`
+	HTTPProxy  string `yaml:"httpProxy"`
+	HTTPSProxy string `yaml:"httpsProxy"`
+	AllProxy   string `yaml:"allProxy"`
+	NoProxy    string `yaml:"noProxy"`
 }
 
 // ProxyListeners are the relay's loopback listeners inside each netns in proxy mode.
 type ProxyListeners struct {
-	HTTPPort  uint16 `yaml:"http_port"`
-	SOCKSPort uint16 `yaml:"socks_port"`
+	HTTPPort  uint16 `yaml:"httpPort"`
+	SOCKSPort uint16 `yaml:"socksPort"`
 	// AllProxy sets ALL_PROXY to the SOCKS5 listener (socks5h://); default true.
-	AllProxy *bool `yaml:"all_proxy"`
+	AllProxy *bool `yaml:"allProxy"`
 }
 
 // Exempt selects workloads kl does not touch.
@@ -99,12 +99,12 @@ type Exempt struct {
 
 // Capture is the nftables capture for transparent mode (netns.Capture's knobs).
 type Capture struct {
-	RedirectPort uint16   `yaml:"redirect_port"` // default: what the relay answers, else 15001
+	RedirectPort uint16   `yaml:"redirectPort"` // default: what the relay answers, else 15001
 	Mark         uint32   `yaml:"mark"`
 	IPv6         *bool    `yaml:"ipv6"`
-	RejectQUIC   *bool    `yaml:"reject_quic"`
-	ExcludeCIDRs []string `yaml:"exclude_cidrs"`
-	ExcludePorts []uint16 `yaml:"exclude_ports"`
+	RejectQUIC   *bool    `yaml:"rejectQUIC"`
+	ExcludeCIDRs []string `yaml:"excludeCIDRs"`
+	ExcludePorts []uint16 `yaml:"excludePorts"`
 }
 
 // Path is the file the config was loaded from ("" for defaults).
@@ -200,7 +200,7 @@ func (c *Config) Default() error {
 		return fmt.Errorf("%w: hook %q must be an absolute path", ErrConfig, c.Hook)
 	}
 	if c.HookTimeout < 0 {
-		return fmt.Errorf("%w: hook_timeout %d is negative", ErrConfig, c.HookTimeout)
+		return fmt.Errorf("%w: hookTimeout %d is negative", ErrConfig, c.HookTimeout)
 	}
 	if c.HookTimeout == 0 {
 		c.HookTimeout = 30
@@ -219,7 +219,7 @@ func (c *Config) Default() error {
 	}
 	for i, s := range c.Capture.ExcludeCIDRs {
 		if _, err := ParsePrefix(s); err != nil {
-			return fmt.Errorf("%w: capture.exclude_cidrs[%d] %q: %w", ErrConfig, i, s, err)
+			return fmt.Errorf("%w: capture.excludeCIDRs[%d] %q: %w", ErrConfig, i, s, err)
 		}
 	}
 	for i, g := range c.Exempt.Images {
@@ -229,13 +229,13 @@ func (c *Config) Default() error {
 	}
 	for i, n := range c.NoProxy {
 		if strings.TrimSpace(n) == "" || strings.ContainsAny(n, " ,\t") {
-			return fmt.Errorf("%w: no_proxy[%d] %q: one entry per item, no spaces or commas", ErrConfig, i, n)
+			return fmt.Errorf("%w: noProxy[%d] %q: one entry per item, no spaces or commas", ErrConfig, i, n)
 		}
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "", "info", "debug", "warn", "error":
 	default:
-		return fmt.Errorf("%w: log_level %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
+		return fmt.Errorf("%w: logLevel %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
 	}
 	return nil
 }

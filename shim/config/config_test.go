@@ -40,11 +40,11 @@ func TestParseBad(t *testing.T) {
 		{"bad mode", "mode: off\n", `mode "off"`},
 		{"relative rules", "rules: rules.yaml\n", "absolute"},
 		{"relative hook", "hook: kl-hook\n", "absolute"},
-		{"bad cidr", "capture:\n  exclude_cidrs: [10.0.0.300/8]\n", "exclude_cidrs[0]"},
-		{"no_proxy list in one", "no_proxy: ['a,b']\n", "no_proxy[0]"},
-		{"bad level", "log_level: loud\n", "log_level"},
+		{"bad cidr", "capture:\n  excludeCIDRs: [10.0.0.300/8]\n", "excludeCIDRs[0]"},
+		{"noProxy list in one", "noProxy: ['a,b']\n", "noProxy[0]"},
+		{"bad level", "logLevel: loud\n", "logLevel"},
 		{"bad yaml", "mode: [\n", "ERR"},
-		{"bad port", "proxy:\n  http_port: 70000\n", "cannot unmarshal"},
+		{"bad port", "proxy:\n  httpPort: 70000\n", "cannot unmarshal"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,8 +10,8 @@ import (
 )
 
 // Logger returns the logger kl-runtime and kl-hook use: warnings and errors on stderr
-// (never stdout, which belongs to the runtime protocol) and, when log_file is set, every
-// record at log_level as JSON lines in that file. close releases the file.
+// (never stdout, which belongs to the runtime protocol) and, when logFile is set, every
+// record at logLevel as JSON lines in that file. close releases the file.
 func (c *Config) Logger(prog string) (log *slog.Logger, close func()) {
 	level := slog.LevelInfo
 	switch strings.ToLower(c.LogLevel) {

@@ -6,7 +6,7 @@
 // that netns, it registers the container and, in transparent mode, installs the nftables
 // capture through netns/. At poststop (`kl-hook delete`) it removes its own registration.
 // Host-network containers are left alone, with a log line. Any failure fails container
-// creation (fail closed) unless the operator set fail_open.
+// creation (fail closed) unless the operator set failOpen.
 //
 // It reads the OCI state from stdin and never writes to stdout.
 package hook
@@ -83,7 +83,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader) error {
 		err = h.Delete(ctx, st)
 	}
 	if err != nil && cfg.FailOpen {
-		h.Log.Error("fail_open: continuing without kl", "err", err)
+		h.Log.Error("failOpen: continuing without kl", "err", err)
 		return nil
 	}
 	if err != nil {
@@ -207,7 +207,7 @@ func (h *Hook) capture(reg api.Registration) (netns.Capture, error) {
 	for _, s := range cc.ExcludeCIDRs {
 		p, err := config.ParsePrefix(s)
 		if err != nil {
-			return c, fmt.Errorf("exclude_cidrs %q: %w", s, err)
+			return c, fmt.Errorf("excludeCIDRs %q: %w", s, err)
 		}
 		c.ExcludeCIDRs = append(c.ExcludeCIDRs, p)
 	}

@@ -73,7 +73,7 @@ func Run(ctx context.Context, args []string) error {
 				closeLog()
 				return report(inv, err)
 			}
-			log.Error("fail_open: starting the container without kl", "id", inv.ContainerID, "err", err)
+			log.Error("failOpen: starting the container without kl", "id", inv.ContainerID, "err", err)
 		}
 	}
 	closeLog()

@@ -73,7 +73,7 @@ func TestPrepare(t *testing.T) {
 		{name: "docker label proxy", cfg: "mode: transparent\n", spec: specWith(""),
 			docker:  fakeDocker{"c1": {ID: "c1", Image: "busybox", Labels: map[string]string{"kl.egress.mode": "proxy"}}},
 			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080"}, wantHook: "proxy"},
-		{name: "env mode from config", cfg: "mode: env\nenv:\n  http_proxy: http://corp:3128\n  no_proxy: .internal,*.svc\n", spec: specWith(""),
+		{name: "env mode from config", cfg: "mode: env\nenv:\n  httpProxy: http://corp:3128\n  noProxy: .internal,*.svc\n", spec: specWith(""),
 			wantEnv: []string{"HTTP_PROXY=http://corp:3128", "http_proxy=http://corp:3128", "NO_PROXY=localhost,127.0.0.1,::1,169.254.169.254,internal,svc,corp.example,10.0.0.0/8"},
 			noEnv:   []string{"HTTPS_PROXY=", "ALL_PROXY="}},
 		{name: "host network proxy gets no variables", cfg: "mode: proxy\n", spec: `{"process":{"env":[]},"linux":{"namespaces":[{"type":"pid"}]},"future":1}`,
@@ -83,7 +83,7 @@ func TestPrepare(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := testConfig(t, tt.cfg+"no_proxy: [corp.example, 10.0.0.0/8]\n")
+			cfg := testConfig(t, tt.cfg+"noProxy: [corp.example, 10.0.0.0/8]\n")
 			dockerFrom = func(*config.Config) workload.Lookup { return tt.docker }
 			t.Cleanup(func() { dockerFrom = func(*config.Config) workload.Lookup { return nil } })
 			b := writeBundle(t, tt.spec)

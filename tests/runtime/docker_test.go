@@ -74,7 +74,7 @@ func TestDockerRun(t *testing.T) {
 	testutil.RequireTool(t, "busybox", "runc", "nft")
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "docker.sock")
-	env, relay := klEnv(t, dir, fmt.Sprintf("runtime: runc\nmode: transparent\ndocker_socket: %s\n", sock))
+	env, relay := klEnv(t, dir, fmt.Sprintf("runtime: runc\nmode: transparent\ndockerSocket: %s\n", sock))
 	c := startContainerd(t, dir, env)
 	d := startDockerd(t, dir, c)
 
@@ -149,4 +149,3 @@ func readFile(p string) string {
 	data, _ := os.ReadFile(p)
 	return string(data)
 }
-

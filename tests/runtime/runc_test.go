@@ -26,10 +26,10 @@ func klEnv(t *testing.T, dir, extra string) (env []string, relay *fakeRelay) {
 		t.Fatal(err)
 	}
 	relay = startFakeRelay(t, dir)
-	if !strings.Contains(extra, "docker_socket:") {
-		extra += "docker_socket: \"-\"\n"
+	if !strings.Contains(extra, "dockerSocket:") {
+		extra += "dockerSocket: \"-\"\n"
 	}
-	cfg := writeConfig(t, dir, fmt.Sprintf("rules: %s\nhook: %s\nrelay_socket: %s\nrelay_timeout: 2s\nlog_file: %s\nlog_level: debug\nno_proxy: [corp.example, 10.0.0.0/8]\n%s",
+	cfg := writeConfig(t, dir, fmt.Sprintf("rules: %s\nhook: %s\nrelaySocket: %s\nrelayTimeout: 2s\nlogFile: %s\nlogLevel: debug\nnoProxy: [corp.example, 10.0.0.0/8]\n%s",
 		rules, filepath.Join(bins(t), "kl-hook"), relay.Socket, filepath.Join(dir, "kl.log"), extra))
 	return []string{"KL_RUNTIME_CONFIG=" + cfg}, relay
 }
@@ -228,7 +228,7 @@ func TestRuncLifecycle(t *testing.T) {
 
 // TestRuncFailClosed: a relay that does not answer fails container creation with a clear
 // message and leaves nothing behind; a malformed spec is refused before runc runs and the
-// bundle is untouched; fail_open lets the container start anyway.
+// bundle is untouched; failOpen lets the container start anyway.
 func TestRuncFailClosed(t *testing.T) {
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "runc", "busybox")
@@ -252,9 +252,9 @@ func TestRuncFailClosed(t *testing.T) {
 		t.Errorf("container exists after a failed create: %s", s.stdout)
 	}
 
-	os.WriteFile(cfgPath, []byte(dead+"fail_open: true\n"), 0o644)
+	os.WriteFile(cfgPath, []byte(dead+"failOpen: true\n"), 0o644)
 	if r := run(t, env, rt, "--root", root, "run", "--bundle", b, id); r.code != 0 {
-		t.Errorf("fail_open run: exit %d: %s", r.code, r.stderr)
+		t.Errorf("failOpen run: exit %d: %s", r.code, r.stderr)
 	}
 
 	bad := filepath.Join(dir, "bad")
