@@ -196,14 +196,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		if err != nil {
 			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 		}
+		start := time.Now()
 		if mode == api.ModeTransparent {
 			if err := p.install(args.Netns, c.capture()); err != nil {
 				return types.NewError(types.ErrInternal, "kl-cni: install capture: "+err.Error(), "")
 			}
 		}
+		installed := time.Since(start)
 		ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 		defer cancel()
-		start := time.Now()
 		if _, err := p.NewRelay(c.Socket, c.timeout).Register(ctx, w); err != nil {
 			// Fail closed: the table stays (see the package doc); DEL removes it.
 			msg := "kl-cni: register sandbox with kl-relayd: " + err.Error()
@@ -213,7 +214,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 			}
 			return types.NewError(types.ErrInternal, msg, "")
 		}
-		log.Debug("captured", "took", time.Since(start))
+		log.Debug("captured", "install", installed, "total", time.Since(start))
 	}
 	return p.print(c)
 }
@@ -241,6 +242,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return configError(err)
 	}
 	log := p.Log.With("container", args.ContainerID)
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 	defer cancel()
 	if err := p.NewRelay(c.Socket, c.timeout).Deregister(ctx, args.ContainerID); err != nil {
@@ -254,6 +256,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 			return types.NewError(types.ErrInternal, "kl-cni: "+err.Error(), "")
 		}
 	}
+	log.Debug("released", "total", time.Since(start))
 	return nil
 }
 

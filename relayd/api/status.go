@@ -4,13 +4,14 @@ import "time"
 
 // Status is the daemon's answer to GET /v1/status (kl-ctl status).
 type Status struct {
-	Ready     bool        `json:"ready"`
-	StartedAt time.Time   `json:"startedAt"`
-	Rules     RulesStatus `json:"rules"`
-	Workloads int         `json:"workloads"`
-	Flows     FlowStats   `json:"flows"`
-	FDs       int         `json:"fds"`     // open file descriptors of the daemon
-	FDLimit   uint64      `json:"fdLimit"` // its RLIMIT_NOFILE soft limit
+	Ready      bool        `json:"ready"`
+	StartedAt  time.Time   `json:"startedAt"`
+	Rules      RulesStatus `json:"rules"`
+	Workloads  int         `json:"workloads"`
+	Flows      FlowStats   `json:"flows"`
+	FDs        int         `json:"fds"`     // open file descriptors of the daemon
+	FDLimit    uint64      `json:"fdLimit"` // its RLIMIT_NOFILE soft limit
+	Goroutines int         `json:"goroutines"`
 }
 
 // RulesStatus describes the live rules and the last attempt to load them.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"time"
 
@@ -193,13 +194,14 @@ func (d *Daemon) Status() api.Status {
 	fds, _ := fdCount()
 	limit, _ := fdLimit()
 	return api.Status{
-		Ready:     d.ready.Load(),
-		StartedAt: d.started.UTC(),
-		Rules:     rs,
-		Workloads: n,
-		Flows:     d.relay.Stats(),
-		FDs:       fds,
-		FDLimit:   limit,
+		Ready:      d.ready.Load(),
+		StartedAt:  d.started.UTC(),
+		Rules:      rs,
+		Workloads:  n,
+		Flows:      d.relay.Stats(),
+		FDs:        fds,
+		FDLimit:    limit,
+		Goroutines: runtime.NumGoroutine(),
 	}
 }
 

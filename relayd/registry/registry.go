@@ -61,7 +61,10 @@ func Open(stateDir string) (*Store, error) {
 // Dir is where the entries live.
 func (s *Store) Dir() string { return s.dir }
 
-// Put writes an entry atomically (write a temporary file, sync, rename).
+// Put writes an entry atomically (write a temporary file, rename). It does not fsync:
+// registrations must survive a restart of the daemon, which the page cache guarantees,
+// not a reboot, after which every netns they name is gone anyway. Skipping the sync
+// keeps it off the sandbox-creation path.
 func (s *Store) Put(e Entry) error {
 	id := e.Registration.Workload.ID
 	if err := CheckID(id); err != nil {
@@ -77,9 +80,8 @@ func (s *Store) Put(e Entry) error {
 	}
 	tmp := f.Name()
 	_, werr := f.Write(data)
-	serr := f.Sync()
 	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
+	if err := errors.Join(werr, cerr); err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("persist registration %s: %w", id, err)
 	}

@@ -47,7 +47,7 @@ func cniBin(t testing.TB) string {
 // ("host") plays a machine beyond the node: 198.51.100.2, fd00:51::2 and the metadata
 // address 169.254.169.254.
 type node struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	ns      *testutil.Netns
 	host    *testutil.Netns
@@ -84,7 +84,7 @@ rules:
     note: test deny
 `
 
-func newNode(t *testing.T, ipv6 bool) *node {
+func newNode(t testing.TB, ipv6 bool) *node {
 	t.Helper()
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "nft", "ss")
