@@ -33,7 +33,7 @@ const (
 )
 
 func (c *shexpCache) match(url, pattern string) (bool, error) {
-	if !strings.ContainsAny(pattern, globMeta) && globSafe(url) {
+	if !strings.ContainsAny(pattern, globMeta) && globSafe(url) && globSafe(pattern) {
 		return globMatch(url, pattern), nil
 	}
 	x, err := c.compile(pattern)
