@@ -241,7 +241,7 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t up
 			return
 		}
 	}
-	pipe(c, up)
+	s.pipe(c, up)
 }
 
 // forward sends one absolute-URI request to its origin in origin-form and relays the
@@ -364,7 +364,7 @@ func (s *Server) tunnelAfterUpgrade(c net.Conn, cbr *bufio.Reader, o *origin) {
 			return
 		}
 	}
-	pipe(c, o.conn)
+	s.pipe(c, o.conn)
 }
 
 func removeHopHeaders(h http.Header) {

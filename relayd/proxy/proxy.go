@@ -76,6 +76,10 @@ type Server struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds an HTTP request's header block. Default 32 KiB.
 	MaxHeaderBytes int
+	// Pipe, when set, relays an established tunnel (client, destination) and closes
+	// both (the relay passes its own, with idle timeout and byte accounting). The
+	// default copies both ways with half-close, splicing between TCP connections.
+	Pipe func(client, up net.Conn)
 }
 
 func (s *Server) handshakeTimeout() time.Duration {
@@ -243,20 +247,26 @@ func (f dialFailure) String() string {
 }
 
 // pipe copies both ways until both directions end, half-closing as each side finishes,
-// then closes both connections. io.Copy between TCP connections uses splice(2).
-func pipe(client, up net.Conn) {
+// then closes both connections. io.Copy between TCP connections uses splice(2); wrappers
+// that only add bookkeeping are looked through (see raw) so that still happens.
+func (s *Server) pipe(client, up net.Conn) {
+	if s.Pipe != nil {
+		s.Pipe(client, up)
+		return
+	}
+	rc, ru := raw(client), raw(up)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if _, err := io.Copy(up, client); err != nil {
+		if _, err := io.Copy(ru, rc); err != nil {
 			_ = up.Close()
 			_ = client.Close()
 			return
 		}
 		closeWrite(up)
 	}()
-	if _, err := io.Copy(client, up); err != nil {
+	if _, err := io.Copy(rc, ru); err != nil {
 		_ = up.Close()
 		_ = client.Close()
 	} else {
@@ -265,6 +275,27 @@ func pipe(client, up net.Conn) {
 	wg.Wait()
 	_ = client.Close()
 	_ = up.Close()
+}
+
+// raw unwraps connections that expose NetConn() (like the relay's tracking wrappers) down
+// to one with its own copy fast path. A wrapper that implements io.WriterTo or
+// io.ReaderFrom itself (upstream's connection holding early bytes) is kept: reading
+// around it would lose data.
+func raw(c net.Conn) net.Conn {
+	for range 8 {
+		if _, ok := c.(io.WriterTo); ok {
+			return c
+		}
+		if _, ok := c.(io.ReaderFrom); ok {
+			return c
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return c
+		}
+		c = u.NetConn()
+	}
+	return c
 }
 
 func closeWrite(c net.Conn) {

@@ -215,5 +215,5 @@ func (s *Server) serveSOCKSConn(ctx context.Context, c net.Conn) {
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
-	pipe(c, up)
+	s.pipe(c, up)
 }
