@@ -146,6 +146,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	d.relay = relay.New(relay.Options{
 		RedirectPort:   cfg.RedirectPort,
+		HTTPPort:       cfg.HTTPPort,
+		SOCKSPort:      cfg.SOCKSPort,
 		Mark:           cfg.Mark,
 		IdleTimeout:    cfg.IdleTimeout,
 		ConnectTimeout: cfg.ConnectTimeout,

@@ -32,7 +32,7 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		}
 		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 			ctx = context.WithValue(ctx, nsKey{}, w.Netns)
-			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Addr.Port()})
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
 		}
 		return nil
 	}

@@ -31,8 +31,9 @@ type Decider interface {
 
 // Dest is where a flow was going.
 type Dest struct {
-	Addr netip.AddrPort // the original destination
+	Addr netip.AddrPort // the original destination; Addr invalid when only Host is known (proxy mode)
 	Host string         // its hostname when known ("" in plain transparent capture)
+	Port uint16         // the destination port (always set)
 }
 
 // DialFunc connects a flow of workload w to dst through one exit. The returned
@@ -42,6 +43,8 @@ type DialFunc func(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, er
 // Options configure a Relay. Policy and Log are required.
 type Options struct {
 	RedirectPort   uint16
+	HTTPPort       uint16        // proxy mode: HTTP proxy on the pod's loopback
+	SOCKSPort      uint16        // proxy mode: SOCKS5 proxy on the pod's loopback
 	Mark           uint32        // SO_MARK of the relay's dial sockets
 	IdleTimeout    time.Duration // default 10m
 	ConnectTimeout time.Duration // default 10s
@@ -77,9 +80,11 @@ type Relay struct {
 }
 
 type pod struct {
-	w    atomic.Pointer[api.Workload]
-	ln   net.Listener
-	done chan struct{} // closed when the accept loop has returned
+	w      atomic.Pointer[api.Workload]
+	lns    []net.Listener
+	ls     api.Listeners
+	cancel context.CancelFunc // stops the proxy servers
+	serve  sync.WaitGroup     // accept loops
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -100,6 +105,12 @@ func New(o Options) *Relay {
 	if o.RedirectPort == 0 {
 		o.RedirectPort = api.DefaultRedirectPort
 	}
+	if o.HTTPPort == 0 {
+		o.HTTPPort = api.DefaultHTTPPort
+	}
+	if o.SOCKSPort == 0 {
+		o.SOCKSPort = api.DefaultSOCKSPort
+	}
 	if o.listen == nil {
 		o.listen = netns.Listen
 	}
@@ -115,52 +126,88 @@ func New(o Options) *Relay {
 	return &Relay{o: o, pods: map[string]*pod{}, byExit: map[string]uint64{}}
 }
 
-// Open starts serving workload w: for transparent mode a listener on the redirect port
-// inside w.Netns (one dual-stack socket; IPv4-only when the netns has no IPv6). When it
-// returns, the listener exists and accepts. Opening an id that is already open with the
-// same netns path only refreshes its metadata (labels, image).
+// Open starts serving workload w. Transparent mode: a listener on the redirect port inside
+// w.Netns (one dual-stack socket; IPv4-only when the netns has no IPv6). Proxy mode: an
+// HTTP and a SOCKS5 proxy on the pod's loopback (127.0.0.1). When Open returns, the
+// listeners exist and accept. Opening an id that is already open with the same netns
+// path only refreshes its metadata (labels, image).
 func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
-	if w.Mode != api.ModeTransparent {
-		return api.Listeners{}, fmt.Errorf("workload %s: mode %q: this relay serves transparent capture only (proxy-mode listeners are not built yet)", w.ID, w.Mode)
+	switch w.Mode {
+	case api.ModeTransparent, api.ModeProxy:
+	default:
+		return api.Listeners{}, fmt.Errorf("workload %s: mode %q has no relay listeners", w.ID, w.Mode)
 	}
 	r.mu.Lock()
 	if r.shut {
 		r.mu.Unlock()
 		return api.Listeners{}, ErrClosed
 	}
-	if p, ok := r.pods[w.ID]; ok && p.w.Load().Netns == w.Netns {
-		wc := w
-		p.w.Store(&wc)
-		r.mu.Unlock()
-		return api.Listeners{Redirect: r.o.RedirectPort}, nil
+	if p, ok := r.pods[w.ID]; ok {
+		if old := p.w.Load(); old.Netns == w.Netns && old.Mode == w.Mode {
+			wc := w
+			p.w.Store(&wc)
+			r.mu.Unlock()
+			return p.ls, nil
+		}
 	}
 	r.mu.Unlock()
-	// A different netns under a known id: the sandbox was recreated.
+	// A different netns or mode under a known id: the sandbox was recreated.
 	r.Close(w.ID)
 
+	p := &pod{conns: map[net.Conn]struct{}{}}
+	wc := w
+	p.w.Store(&wc)
+	var err error
+	if w.Mode == api.ModeTransparent {
+		err = r.openTransparent(p, w)
+	} else {
+		err = r.openProxy(p, w)
+	}
+	if err != nil {
+		return api.Listeners{}, fmt.Errorf("workload %s: %w", w.ID, err)
+	}
+	r.mu.Lock()
+	if r.shut {
+		r.mu.Unlock()
+		p.stop()
+		return api.Listeners{}, ErrClosed
+	}
+	r.pods[w.ID] = p
+	r.mu.Unlock()
+	return p.ls, nil
+}
+
+func (r *Relay) openTransparent(p *pod, w api.Workload) error {
 	addr := fmt.Sprintf(":%d", r.o.RedirectPort)
 	ln, err := r.o.listen(w.Netns, "tcp", addr)
 	if err != nil {
 		// A netns without IPv6 cannot hold a dual-stack socket.
 		ln4, err4 := r.o.listen(w.Netns, "tcp4", addr)
 		if err4 != nil {
-			return api.Listeners{}, fmt.Errorf("workload %s: %w", w.ID, errors.Join(err, err4))
+			return errors.Join(err, err4)
 		}
 		ln = ln4
 	}
-	p := &pod{ln: ln, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
-	wc := w
-	p.w.Store(&wc)
-	r.mu.Lock()
-	if r.shut {
-		r.mu.Unlock()
-		ln.Close()
-		return api.Listeners{}, ErrClosed
+	p.lns = []net.Listener{ln}
+	p.ls = api.Listeners{Redirect: r.o.RedirectPort}
+	p.serve.Add(1)
+	go func() {
+		defer p.serve.Done()
+		r.serve(p, ln)
+	}()
+	return nil
+}
+
+// stop closes the listeners and waits for the accept loops, then closes every flow.
+func (p *pod) stop() {
+	if p.cancel != nil {
+		p.cancel()
 	}
-	r.pods[w.ID] = p
-	r.mu.Unlock()
-	go r.serve(p)
-	return api.Listeners{Redirect: r.o.RedirectPort}, nil
+	for _, ln := range p.lns {
+		ln.Close()
+	}
+	p.serve.Wait()
+	p.closeConns()
 }
 
 // Close stops serving a workload: its listener and every flow it carries are closed (the
@@ -173,9 +220,7 @@ func (r *Relay) Close(id string) bool {
 	if !ok {
 		return false
 	}
-	p.ln.Close()
-	<-p.done
-	p.closeConns()
+	p.stop()
 	return true
 }
 
@@ -217,8 +262,13 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	r.pods = map[string]*pod{}
 	r.mu.Unlock()
 	for _, p := range pods {
-		p.ln.Close()
-		<-p.done
+		if p.cancel != nil {
+			p.cancel()
+		}
+		for _, ln := range p.lns {
+			ln.Close()
+		}
+		p.serve.Wait()
 	}
 	drained := make(chan struct{})
 	go func() { r.flowWG.Wait(); close(drained) }()
@@ -234,11 +284,10 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (r *Relay) serve(p *pod) {
-	defer close(p.done)
+func (r *Relay) serve(p *pod, ln net.Listener) {
 	var delay time.Duration
 	for {
-		c, err := p.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
@@ -363,7 +412,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	}
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
-	up, err := dial(ctx, w, Dest{Addr: dst})
+	up, err := dial(ctx, w, Dest{Addr: dst, Port: dst.Port()})
 	cancel()
 	if err != nil {
 		log.Info("flow failed: exit unreachable", "workload", w.ID, "flow", id, "exit", d.Exit, "err", r.redact(err))

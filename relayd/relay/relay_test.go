@@ -1,9 +1,11 @@
 package relay
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -51,7 +53,13 @@ func newHarness(t *testing.T, dec fakeDecider, idle time.Duration, exits map[str
 			ln, err := net.Listen("tcp4", "127.0.0.1:0")
 			if err == nil {
 				h.mu.Lock()
-				h.lns[nsPath] = ln
+				// Keyed by netns and the port asked for ("/ns/a:15080"); the redirect
+				// listener also under the bare netns path.
+				_, port, _ := net.SplitHostPort(addr)
+				h.lns[nsPath+":"+port] = ln
+				if _, ok := h.lns[nsPath]; !ok && network == "tcp" {
+					h.lns[nsPath] = ln
+				}
 				h.mu.Unlock()
 			}
 			return ln, err
@@ -281,16 +289,69 @@ func TestCloseEndsFlowsAndReopen(t *testing.T) {
 	}
 }
 
-func TestModeAndShutdown(t *testing.T) {
+func TestShutdown(t *testing.T) {
 	h := newHarness(t, fakeDecider{}, time.Minute, nil)
-	w := workload("p")
-	w.Mode = api.ModeProxy
-	if _, err := h.r.Open(w); err == nil || !strings.Contains(err.Error(), "transparent") {
-		t.Errorf("Open(proxy mode) = %v, want a clear refusal", err)
+	w := workload("e")
+	w.Mode = api.ModeEnv
+	if _, err := h.r.Open(w); err == nil {
+		t.Error("Open(env mode) succeeded")
 	}
 	h.r.Shutdown(context.Background())
 	if _, err := h.r.Open(workload("a")); !errors.Is(err, ErrClosed) {
 		t.Errorf("Open after Shutdown = %v", err)
+	}
+}
+
+func TestProxyMode(t *testing.T) {
+	backend := echoServer(t)
+	h := newHarness(t, fakeDecider{1: "deny"}, time.Minute, nil)
+	w := workload("p")
+	w.Mode = api.ModeProxy
+	ls, err := h.r.Open(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ls.HTTP != api.DefaultHTTPPort || ls.SOCKS != api.DefaultSOCKSPort || ls.Redirect != 0 {
+		t.Errorf("Listeners = %+v", ls)
+	}
+	connect := func(target string) (net.Conn, string) {
+		t.Helper()
+		c, err := net.Dial("tcp4", h.addr(t, "/ns/p:15080"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			t.Fatalf("CONNECT %s: %v", target, err)
+		}
+		return c, line
+	}
+	c, status := connect(backend.String())
+	defer c.Close()
+	if !strings.Contains(status, " 200") {
+		t.Fatalf("CONNECT to an allowed destination: %q", status)
+	}
+	// Drain the rest of the response head, then echo.
+	c.Write([]byte("hi"))
+	c.(*net.TCPConn).CloseWrite()
+	got, _ := io.ReadAll(c)
+	if !strings.HasSuffix(string(got), "hibye") {
+		t.Errorf("tunnel carried %q", got)
+	}
+	d, status := connect(netip.AddrPortFrom(backend.Addr(), 1).String())
+	defer d.Close()
+	if !strings.Contains(status, " 403") {
+		t.Errorf("CONNECT to a denied destination: %q, want 403", status)
+	}
+	if s := h.r.Stats(); s.ByExit["direct"] != 1 || s.ByExit["deny"] != 1 {
+		t.Errorf("Stats = %+v", s)
+	}
+	// Closing the workload ends its listeners.
+	h.r.Close("p")
+	if _, err := net.Dial("tcp4", h.addr(t, "/ns/p:15081")); err == nil {
+		t.Error("SOCKS listener survived Close")
 	}
 }
 

@@ -199,6 +199,12 @@ type pod struct {
 }
 
 func (n *node) newPod(name string) *pod {
+	n.t.Helper()
+	return n.newPodAnnotated(name, `{"team":"e2e"}`)
+}
+
+// newPodAnnotated makes a pod whose runtime passes the given pod annotations (JSON).
+func (n *node) newPodAnnotated(name, annotations string) *pod {
 	t := n.t
 	t.Helper()
 	p := &pod{ns: testutil.NewNetns(t, "klp")}
@@ -206,7 +212,7 @@ func (n *node) newPod(name string) *pod {
 	sum := sha512.Sum512([]byte(p.ns.Path))
 	p.id = fmt.Sprintf("cnitool-%x", sum[:10])
 	p.args = []string{"CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=e2e;K8S_POD_NAME=" + name + ";K8S_POD_INFRA_CONTAINER_ID=" + p.id,
-		`CAP_ARGS={"io.kubernetes.cri.pod-annotations":{"team":"e2e"}}`}
+		`CAP_ARGS={"io.kubernetes.cri.pod-annotations":` + annotations + `}`}
 	return p
 }
 
