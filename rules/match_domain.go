@@ -39,7 +39,7 @@ func parseHostGlob(g string) (string, error) {
 	if g == "" || g[0] == '.' {
 		return "", fmt.Errorf("%q: a name cannot start with a dot (for a domain and everything under it write *.%s)", g, strings.TrimLeft(g, "."))
 	}
-	if strings.Contains(g, "..") {
+	if strings.Contains(g, "..") || strings.HasSuffix(g, ".") {
 		return "", fmt.Errorf("%q: empty label", g)
 	}
 	for i := 0; i < len(g); i++ {

@@ -81,6 +81,10 @@ func parsePattern(s string) (*patternMatcher, error) {
 		if err != nil {
 			return nil, bad("%v", err)
 		}
+		if g == "*" { // "*." is "*": a trailing dot is ignored
+			m.any = true
+			break
+		}
 		m.glob = g
 	}
 	return m, nil

@@ -72,7 +72,7 @@ func explain(ctx context.Context, env *Env, args []string) error {
 			return usageError(env, "explain", "--at %q: want RFC3339, e.g. 2026-01-02T15:04:05Z", *at)
 		}
 	}
-	p, err := pf.load(env, "explain", loadOptions(env, pf.detached))
+	p, err := pf.load(env, "explain", pf.options(env, pf.detached))
 	if err != nil {
 		return err
 	}

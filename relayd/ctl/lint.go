@@ -56,14 +56,14 @@ func lint(ctx context.Context, env *Env, args []string) error {
 		out.File = "--egress-route"
 	}
 	quiet := &Env{Stdout: env.Stdout, Stderr: discard{}, Getenv: env.Getenv}
-	p, loadErr := pf.load(quiet, "lint", loadOptions(env, pf.detached))
+	p, loadErr := pf.load(quiet, "lint", pf.options(env, pf.detached))
 	var re *rules.Error
 	if loadErr != nil && !errors.As(loadErr, &re) {
 		return pf.reportUsage(env, loadErr)
 	}
 	if re != nil && re.Code == rules.CodeClientDetached {
 		// Say where every use of client is, not only the first.
-		if q, err := pf.load(quiet, "lint", loadOptions(env, false)); err == nil {
+		if q, err := pf.load(quiet, "lint", pf.options(env, false)); err == nil {
 			out.Warnings = append(out.Warnings, rules.Lint(q, rules.LintOptions{Detached: true})...)
 		}
 	}

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/rules/pac"
 )
 
 // policyFlags are the ways explain and lint name a policy: a rules file, or the
@@ -15,6 +17,7 @@ type policyFlags struct {
 	routes   multiFlag
 	def      string
 	detached bool
+	deadline time.Duration
 }
 
 func (pf *policyFlags) register(fs *flag.FlagSet, withRules bool) {
@@ -24,12 +27,17 @@ func (pf *policyFlags) register(fs *flag.FlagSet, withRules bool) {
 	fs.Var(&pf.routes, "egress-route", "a pattern-form rule `PATTERN=ROUTE` (repeatable; instead of a file)")
 	fs.StringVar(&pf.def, "egress-default", "", "the pattern form's default `ROUTE` (cluster when absent)")
 	fs.BoolVar(&pf.detached, "detached", false, "the policy is for detached use (no attach session): client is refused")
+	fs.DurationVar(&pf.deadline, "script-deadline", pac.DefaultDeadline, "a PAC script's time `LIMIT` per call (the daemon's default)")
 }
 
 // loadOptions are the daemon's, in this environment: gateway only with
 // KL_EGRESS_GATEWAY=1 (SPEC §6); named exits are not checked without its config.
-func loadOptions(env *Env, detached bool) rules.LoadOptions {
-	return rules.LoadOptions{AllowGateway: env.Getenv("KL_EGRESS_GATEWAY") == "1", Detached: detached}
+func (pf *policyFlags) options(env *Env, detached bool) rules.LoadOptions {
+	return rules.LoadOptions{
+		AllowGateway: env.Getenv("KL_EGRESS_GATEWAY") == "1",
+		Detached:     detached,
+		PAC:          pac.Options{Deadline: pf.deadline},
+	}
 }
 
 func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.Policy, error) {

@@ -1,0 +1,92 @@
+package rules
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/rules/pac"
+)
+
+// slow keeps script deadlines out of the way on a loaded test machine.
+var slow = pac.Options{Deadline: 10 * time.Second}
+
+const pacPolicy = `default: proxy
+script: |
+  function FindProxyForURL(url, host) {
+    if (dnsDomainIs(host, ".corp.example")) return "PROXY client";
+    if (shExpMatch(host, "*.blocked.example")) return "DENY";
+    if (host == "squid.example") return "PROXY squid.corp.example:3128; DIRECT";
+    if (host == "gw.example") return "GATEWAY";
+    if (host == "nothing.example") return "";
+    if (host == "broken.example") throw new Error("boom");
+    if (isInNet(host, "10.0.0.0", "255.0.0.0")) return "DIRECT";
+    return null;
+  }
+`
+
+func TestDecideScript(t *testing.T) {
+	p := mustParse(t, pacPolicy, LoadOptions{PAC: slow})
+	tests := []struct {
+		name             string
+		flow             Flow
+		exit, directive  string
+		proxy, reasonHas string
+	}{
+		{"proxy client", Flow{Host: "git.corp.example"}, "client", "PROXY client", "", ""},
+		{"deny", Flow{Host: "ads.blocked.example"}, "deny", "DENY", "", ""},
+		{"real proxy goes to client", Flow{Host: "squid.example", Dst: ap("192.0.2.1:443")}, "client", "PROXY squid.corp.example:3128", "http://squid.corp.example:3128", ""},
+		{"empty is the default", Flow{Host: "nothing.example"}, "proxy", "", "", ""},
+		{"null is the default", Flow{Host: "other.example"}, "proxy", "", "", ""},
+		{"exception fails closed", Flow{Host: "broken.example"}, "deny", "", "", "boom"},
+		{"gateway off fails closed", Flow{Host: "gw.example"}, "deny", "GATEWAY", "", "gateway"},
+		{"address only", Flow{Dst: ap("10.1.2.3:80")}, "direct", "DIRECT", "", ""},
+		{"host literal", Flow{Host: "10.1.2.3"}, "direct", "DIRECT", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := p.Decide(&tt.flow)
+			if d.Exit != tt.exit || d.Directive != tt.directive || d.Proxy != tt.proxy || d.Dimension != DimScript || d.Rule != 0 || d.Priority != 0 {
+				t.Errorf("Decide(%+v) = %+v, want exit %s directive %q proxy %q", tt.flow, d, tt.exit, tt.directive, tt.proxy)
+			}
+			if tt.reasonHas != "" && !strings.Contains(d.Reason, tt.reasonHas) {
+				t.Errorf("Decide(%+v).Reason = %q, want it to mention %q", tt.flow, d.Reason, tt.reasonHas)
+			}
+		})
+	}
+	if d := p.Decide(&Flow{Host: "git.corp.example", Dst: ap("169.254.169.254:80")}); d.Dimension != DimGuard || d.Exit != ExitDirect {
+		t.Errorf("guard before script: Decide = %+v", d)
+	}
+	if !p.NeedsHost() || p.NeedsProcess() || !p.HasScript() {
+		t.Errorf("NeedsHost %v NeedsProcess %v HasScript %v", p.NeedsHost(), p.NeedsProcess(), p.HasScript())
+	}
+	gw := mustParse(t, pacPolicy, LoadOptions{AllowGateway: true, PAC: slow})
+	if d := gw.Decide(&Flow{Host: "gw.example"}); d.Exit != ExitGateway {
+		t.Errorf("gateway allowed: Decide = %+v", d)
+	}
+	det := mustParse(t, pacPolicy, LoadOptions{Detached: true, PAC: slow})
+	if d := det.Decide(&Flow{Host: "git.corp.example"}); d.Exit != ExitDeny || d.Reason == "" {
+		t.Errorf("detached client: Decide = %+v, want deny with a reason", d)
+	}
+}
+
+func TestScriptErrors(t *testing.T) {
+	for _, tt := range []struct {
+		name, src string
+		code      Code
+		line      int
+	}{
+		{"syntax", "default: direct\nscript: |\n  function FindProxyForURL(url, host) {\n    return (;\n  }\n", CodeScript, 4},
+		{"no function", "script: |\n  var x = 1;\n", CodeScript, 0},
+		{"not a string", "script: [a]\n", CodeBadValue, 1},
+		{"too large", "script: \"" + strings.Repeat("x", 1<<20+1) + "\"\n", CodeTooLarge, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("s.yaml", []byte(tt.src), LoadOptions{})
+			e, ok := err.(*Error)
+			if !ok || e.Code != tt.code || (tt.line != 0 && e.Line != tt.line) {
+				t.Errorf("Parse = %v, want %s at line %d", err, tt.code, tt.line)
+			}
+		})
+	}
+}
