@@ -1,58 +1,71 @@
 package pac
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 )
 
-// benchHosts is a mix of destinations that take different branches of the corporate
-// PAC file, early and late. tests/bench feeds pacparser the same list.
-var benchHosts = []string{
-	"www.example.org", "a.corp.example.com", "10.1.2.3", "eu1.salesforce.com", "x.sharepoint.com",
-	"api.github.com", "ads.example.com", "api.partner-a.example", "updates.vendor.example", "intranet",
-	"cdn.static.example.net", "api7.payments.example", "192.168.1.20", "wiki.example.com", "mail.example.com",
-	"x.svc.cluster.local",
-}
-
-// BenchHosts returns the benchmark's host mix (for tests/bench).
-func benchCalls() []Call {
+// benchCalls are the benchmark's flows: testdata/bench_hosts.txt, a mix of
+// destinations that take different branches of the corporate PAC file, early and late.
+// tests/bench feeds pacparser the same list.
+func benchCalls(b *testing.B) []Call {
+	data, err := os.ReadFile("testdata/bench_hosts.txt")
+	if err != nil {
+		b.Fatal(err)
+	}
 	at := time.Date(2026, 3, 18, 10, 0, 0, 0, time.UTC)
-	cs := make([]Call, len(benchHosts))
-	for i, h := range benchHosts {
-		cs[i] = Call{Host: h, Port: 443, At: at, Seed: uint64(i)}
+	var cs []Call
+	for i, h := range strings.Fields(string(data)) {
+		cs = append(cs, Call{Host: h, Port: 443, At: at, Seed: uint64(i)})
 	}
 	return cs
+}
+
+// reportCPU adds the process's CPU time per op (all threads, GC included) next to the
+// wall-clock ns/op: on a shared machine the two differ, and CPU time is the cost.
+func reportCPU(b *testing.B, run func()) {
+	before := cpuTime()
+	b.ResetTimer()
+	run()
+	b.StopTimer()
+	if d := cpuTime() - before; d > 0 {
+		b.ReportMetric(float64(d.Nanoseconds())/float64(b.N), "cpu-ns/op")
+	}
 }
 
 // BenchmarkEvalCorporate is one Eval of the 20-branch corporate PAC per op, on one
 // goroutine (run with -cpu 1 for the single-core figure).
 func BenchmarkEvalCorporate(b *testing.B) {
 	s := mustCompile(b, corporatePAC(b), Options{Deadline: time.Second})
-	cs := benchCalls()
+	cs := benchCalls(b)
 	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if r := s.Eval(cs[i%len(cs)]); r.Failed {
-			b.Fatalf("Eval: %+v", r)
+	reportCPU(b, func() {
+		for i := 0; i < b.N; i++ {
+			if r := s.Eval(cs[i%len(cs)]); r.Failed {
+				b.Fatalf("Eval: %+v", r)
+			}
 		}
-	}
+	})
 }
 
 // BenchmarkEvalCorporateParallel runs Eval from GOMAXPROCS goroutines.
 func BenchmarkEvalCorporateParallel(b *testing.B) {
 	s := mustCompile(b, corporatePAC(b), Options{Deadline: time.Second})
-	cs := benchCalls()
+	cs := benchCalls(b)
 	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		i := 0
-		for pb.Next() {
-			if r := s.Eval(cs[i%len(cs)]); r.Failed {
-				b.Errorf("Eval: %+v", r)
-				return
+	reportCPU(b, func() {
+		b.RunParallel(func(pb *testing.PB) {
+			i := 0
+			for pb.Next() {
+				if r := s.Eval(cs[i%len(cs)]); r.Failed {
+					b.Errorf("Eval: %+v", r)
+					return
+				}
+				i++
 			}
-			i++
-		}
+		})
 	})
 }
 
@@ -62,14 +75,15 @@ func BenchmarkRunCorporate(b *testing.B) {
 	s := mustCompile(b, corporatePAC(b), Options{Deadline: time.Second})
 	w := <-s.p.idle
 	defer func() { s.p.idle <- w }()
-	cs := benchCalls()
+	cs := benchCalls(b)
 	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if r := w.run(cs[i%len(cs)]); r.Failed {
-			b.Fatalf("run: %+v", r)
+	reportCPU(b, func() {
+		for i := 0; i < b.N; i++ {
+			if r := w.run(cs[i%len(cs)]); r.Failed {
+				b.Fatalf("run: %+v", r)
+			}
 		}
-	}
+	})
 }
 
 func BenchmarkParseResult(b *testing.B) {

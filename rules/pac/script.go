@@ -317,12 +317,13 @@ type worker struct {
 	broken  bool  // the runtime could not be set up: retire it
 	initErr error // why (a *CompileError)
 
-	call  Call
-	host  string // the normalised host handed to the script
-	rng   uint64
-	loc   *time.Location
-	log   *slog.Logger
-	shexp shexpCache
+	call    Call
+	host    string // the normalised host handed to the script
+	rng     uint64
+	loc     *time.Location
+	log     *slog.Logger
+	shexp   shexpCache
+	results map[string]Result // ParseResult of recent return values
 }
 
 func (p *pool) newWorker() *worker {
@@ -448,8 +449,20 @@ func (w *worker) run(c Call) (r Result) {
 	if _, ok := v.(goja.String); !ok {
 		return deny(fmt.Sprintf("FindProxyForURL returned a %s, not a string", typeOf(v)))
 	}
-	return ParseResult(v.String())
+	// Scripts return a handful of distinct strings: remember their mapping.
+	str := v.String()
+	if r, ok := w.results[str]; ok {
+		return r
+	}
+	r = ParseResult(str)
+	if w.results == nil || len(w.results) >= resultCacheMax {
+		w.results = make(map[string]Result)
+	}
+	w.results[str] = r
+	return r
 }
+
+const resultCacheMax = 256
 
 func typeOf(v goja.Value) string {
 	switch v.Export().(type) {
