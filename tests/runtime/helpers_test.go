@@ -50,10 +50,34 @@ func bins(t *testing.T) string {
 	return binDir
 }
 
+// relaydBin builds kl-relayd (for the traffic tests), or takes it from $KL_BIN.
+func relaydBin(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("KL_BIN"); d != "" {
+		if _, err := os.Stat(filepath.Join(d, "kl-relayd")); err == nil {
+			return filepath.Join(d, "kl-relayd")
+		}
+	}
+	dir := bins(t)
+	relaydOnce.Do(func() {
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./relayd/kl-relayd")
+		cmd.Dir = testutil.ModuleRoot(t)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			relaydErr = &buildError{err, out}
+		}
+	})
+	if relaydErr != nil {
+		t.Fatalf("build kl-relayd: %v", relaydErr)
+	}
+	return filepath.Join(dir, "kl-relayd")
+}
+
 var (
-	binOnce sync.Once
-	binDir  string
-	binErr  error
+	relaydOnce sync.Once
+	relaydErr  error
+	binOnce    sync.Once
+	binDir     string
+	binErr     error
 )
 
 type buildError struct {
@@ -178,7 +202,11 @@ func run(t *testing.T, env []string, name string, args ...string) result {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = ofile, efile
+	began := time.Now()
 	err := cmd.Run()
+	if os.Getenv("KL_TEST_TIMING") == "1" {
+		t.Logf("%.2fs %s %.60q", time.Since(began).Seconds(), name, args)
+	}
 	r := result{code: cmd.ProcessState.ExitCode()}
 	if err != nil && r.code < 0 {
 		t.Fatalf("%s %q: %v", name, args, err)
