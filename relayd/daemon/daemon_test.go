@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,14 +84,20 @@ func start(t *testing.T, cfg *config.Config) (*api.Client, func()) {
 	return c, stop
 }
 
+// listening reports whether something accepts on the port. The relay resets what it
+// accepts here (a connection made straight to it, not redirected), which can already
+// surface at connect on loopback: only a refusal means "not listening".
 func listening(port uint16) bool {
-	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", itoa(port)), time.Second)
+	c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", itoa(port)), 5*time.Second)
 	if err != nil {
-		return false
+		lastDialErr = err
+		return !errors.Is(err, syscall.ECONNREFUSED)
 	}
 	c.Close()
 	return true
 }
+
+var lastDialErr error
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
 
@@ -112,7 +119,7 @@ func TestRegisterLifecycle(t *testing.T) {
 		t.Errorf("Register = %+v", reg)
 	}
 	if !listening(cfg.RedirectPort) {
-		t.Fatal("Register returned before the listener accepts")
+		t.Fatalf("Register returned before the listener accepts: %v", lastDialErr)
 	}
 	// Refresh: same id, same netns, new labels.
 	w := self()
