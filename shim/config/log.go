@@ -11,8 +11,9 @@ import (
 
 // Logger returns the logger kl-runtime and kl-hook use: warnings and errors on stderr
 // (never stdout, which belongs to the runtime protocol) and, when logFile is set, every
-// record at logLevel as JSON lines in that file. close releases the file.
-func (c *Config) Logger(prog string) (log *slog.Logger, close func()) {
+// record at logLevel as JSON lines in that file. fileOnly writes to the file alone: for
+// the final error, which the caller prints to stderr itself. close releases the file.
+func (c *Config) Logger(prog string) (log, fileOnly *slog.Logger, close func()) {
 	level := slog.LevelInfo
 	switch strings.ToLower(c.LogLevel) {
 	case "debug":
@@ -24,17 +25,20 @@ func (c *Config) Logger(prog string) (log *slog.Logger, close func()) {
 	}
 	handlers := []slog.Handler{slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})}
 	close = func() {}
+	fileOnly = Discard()
 	if c.LogFile != "" {
 		_ = os.MkdirAll(filepath.Dir(c.LogFile), 0o755)
 		f, err := os.OpenFile(c.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
 		if err == nil {
-			handlers = append(handlers, slog.NewJSONHandler(f, &slog.HandlerOptions{Level: level}))
+			fh := slog.NewJSONHandler(f, &slog.HandlerOptions{Level: level})
+			handlers = append(handlers, fh)
+			fileOnly = slog.New(fh).With("prog", prog, "pid", os.Getpid())
 			close = func() { f.Close() }
 		} else {
 			slog.New(handlers[0]).Warn("cannot open log file", "path", c.LogFile, "err", err)
 		}
 	}
-	return slog.New(fanout(handlers)).With("prog", prog, "pid", os.Getpid()), close
+	return slog.New(fanout(handlers)).With("prog", prog, "pid", os.Getpid()), fileOnly, close
 }
 
 // Discard is a logger that drops everything (tests, and before the config is known).

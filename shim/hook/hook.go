@@ -13,6 +13,7 @@ package hook
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -70,7 +71,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader) error {
 	if err != nil {
 		return err
 	}
-	log, closeLog := cfg.Logger("kl-hook")
+	log, fileLog, closeLog := cfg.Logger("kl-hook")
 	defer closeLog()
 	st, err := ParseState(stdin)
 	if err != nil {
@@ -87,7 +88,10 @@ func Run(ctx context.Context, args []string, stdin io.Reader) error {
 		return nil
 	}
 	if err != nil {
-		h.Log.Error("hook failed", "err", err)
+		fileLog.Error("hook failed", "id", st.ID, "stage", fs.Arg(0), "err", err)
+		if fs.Arg(0) == "create" && errors.Is(err, api.ErrUnreachable) {
+			err = fmt.Errorf("%w; egress capture fails closed, so the container does not start (failOpen in %s starts it uncaptured)", err, cfg.Path())
+		}
 	}
 	return err
 }

@@ -53,9 +53,9 @@ func Run(ctx context.Context, args []string) error {
 		fmt.Fprintf(os.Stderr, "kl-runtime: %v; passing %q through to runc\n", cerr, inv.Command)
 		cfg = &config.Config{Runtime: "runc"}
 	}
-	log, closeLog := config.Discard(), func() {}
+	log, fileLog, closeLog := config.Discard(), config.Discard(), func() {}
 	if cerr == nil {
-		log, closeLog = cfg.Logger("kl-runtime")
+		log, fileLog, closeLog = cfg.Logger("kl-runtime")
 	}
 	real, err := resolveRuntime(cfg.Runtime)
 	if err != nil {
@@ -69,7 +69,7 @@ func Run(ctx context.Context, args []string) error {
 		}
 		if err != nil {
 			if !cfg.FailOpen {
-				log.Error("container not created", "id", inv.ContainerID, "err", err)
+				fileLog.Error("container not created", "id", inv.ContainerID, "err", err)
 				closeLog()
 				return report(inv, err)
 			}

@@ -101,6 +101,19 @@ func TestContainerdCtr(t *testing.T) {
 	if _, still := relay.Registered(id2); still {
 		t.Errorf("still registered after the task was deleted; calls %q", relay.Calls())
 	}
+
+	// The relay not answering fails the container with a message that names it, through
+	// runc's log, the shim and containerd, up to ctr.
+	cfgPath := strings.TrimPrefix(env[0], "KL_RUNTIME_CONFIG=")
+	cfg := readFile(cfgPath)
+	os.WriteFile(cfgPath, []byte(strings.Replace(cfg, "relay.sock", "dead.sock", 1)), 0o644)
+	id3 := testutil.Name("klc")
+	r = c.ctr(t, "run", "--rm", "--snapshotter", "native", "--runtime", rt, "--runc-binary", bin, ref, id3, "true")
+	if r.code == 0 || !strings.Contains(r.stderr, "kl-relayd unreachable") {
+		t.Errorf("ctr run with the relay down: exit %d, stderr %s; want a failure naming kl-relayd", r.code, r.stderr)
+	}
+	t.Logf("ctr's error with the relay down: %s", strings.TrimSpace(r.stderr))
+	c.ctr(t, "containers", "delete", id3)
 }
 
 func taskPid(t *testing.T, c *containerd, id string) int {
