@@ -185,11 +185,20 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		d.log.Warn("sd_notify", "err", err)
 	}
 	go d.reap(ctx)
+	hup := notifyHUP()
+	defer stopHUP(hup)
 
 	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-errc:
+wait:
+	for {
+		select {
+		case <-ctx.Done():
+			break wait
+		case serveErr = <-errc:
+			break wait
+		case <-hup:
+			_ = d.Reload()
+		}
 	}
 	d.ready.Store(false)
 	_ = sdNotify("STOPPING=1")

@@ -296,3 +296,48 @@ func TestSdNotify(t *testing.T) {
 		t.Errorf("sdNotify without NOTIFY_SOCKET = %v", err)
 	}
 }
+
+func TestReload(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	c, _ := start(t, cfg)
+	ctx := context.Background()
+	status := func() api.Status {
+		var st api.Status
+		if err := c.Call(ctx, http.MethodGet, "/v1/status", nil, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	first := status().Rules
+
+	// A bad file keeps the live rules and reports why.
+	os.WriteFile(cfg.Rules, []byte("default: sideways\n"), 0o644)
+	var he *api.HTTPError
+	if err := c.Call(ctx, http.MethodPost, "/v1/reload", nil, nil); !errors.As(err, &he) || he.Status != http.StatusUnprocessableEntity {
+		t.Fatalf("reload of a bad file = %v, want 422", err)
+	}
+	bad := status().Rules
+	if bad.Hash != first.Hash || bad.LastErrorCode != "E_BAD_ACTION" || bad.LastError == "" || bad.LastErrorAt.IsZero() {
+		t.Errorf("status after a bad reload = %+v", bad)
+	}
+
+	// A good file, delivered by SIGHUP, replaces them and clears the error.
+	os.WriteFile(cfg.Rules, []byte("default: deny\n"), 0o644)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := status().Rules
+		if r.Hash != first.Hash {
+			if r.LastError != "" || r.LastErrorCode != "" {
+				t.Errorf("error not cleared by a good reload: %+v", r)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("SIGHUP did not reload the rules")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -23,6 +23,7 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/workloads/{id}", d.handleGet)
 	mux.HandleFunc("GET /v1/ready", d.handleReady)
 	mux.HandleFunc("GET /v1/status", d.handleStatus)
+	mux.HandleFunc("POST /v1/reload", d.handleReload)
 	return mux
 }
 
@@ -52,6 +53,8 @@ func (d *Daemon) handleRegister(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusConflict, err)
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)
+	case errors.Is(err, errBudget):
+		writeError(w, http.StatusServiceUnavailable, err)
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err)
 	default:
@@ -92,8 +95,15 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 			return api.Registration{}, fmt.Errorf("%w: netns %s is already served for workload %s", errConflict, wl.Netns, id)
 		}
 	}
-	since := time.Now().UTC()
-	if old, ok := d.regs[wl.ID]; ok {
+	start := time.Now()
+	since := start.UTC()
+	old, refresh := d.regs[wl.ID]
+	if !refresh {
+		if err := checkBudget(2); err != nil {
+			return api.Registration{}, err
+		}
+	}
+	if refresh {
 		if old.NetnsDev == dev && old.NetnsIno == ino && old.Registration.Workload.Netns == wl.Netns {
 			since = old.Registration.Since
 		} else {
@@ -112,7 +122,7 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 		return api.Registration{}, err
 	}
 	d.regs[wl.ID] = e
-	d.log.Info("registered", "workload", wl.ID, "mode", wl.Mode, "source", wl.Source, "pod", wl.Namespace+"/"+wl.Name)
+	d.log.Info("registered", "workload", wl.ID, "mode", wl.Mode, "source", wl.Source, "pod", wl.Namespace+"/"+wl.Name, "took", time.Since(start))
 	return e.Registration, nil
 }
 
@@ -208,3 +218,34 @@ func (d *Daemon) Status() api.Status {
 func (d *Daemon) handleStatus(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, d.Status())
 }
+
+func (d *Daemon) handleReload(w http.ResponseWriter, _ *http.Request) {
+	if err := d.Reload(); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, d.Status().Rules)
+}
+
+// fdReserve is the headroom of descriptors kept for flows, the API and the state
+// directory: a registration that would eat into it is refused with a clear reason rather
+// than letting accept fail with EMFILE later.
+const fdReserve = 256
+
+// checkBudget refuses a new listener when the process is close to its descriptor limit.
+func checkBudget(newFDs int) error {
+	limit, err := fdLimit()
+	if err != nil || limit == 0 {
+		return nil
+	}
+	n, err := fdCount()
+	if err != nil {
+		return nil
+	}
+	if uint64(n+newFDs+fdReserve) > limit {
+		return fmt.Errorf("%w: %d of %d descriptors in use; raise LimitNOFILE of kl-relayd", errBudget, n, limit)
+	}
+	return nil
+}
+
+var errBudget = errors.New("descriptor budget exhausted")

@@ -1,0 +1,39 @@
+package daemon
+
+import (
+	"errors"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+)
+
+// Reload loads the rules file again. On success the new policy replaces the live one
+// atomically (flows already decided keep going; new flows use the new rules) and one load
+// event is logged; on failure the live rules stay and the reason, with its code, shows in
+// Status and the log. It is what SIGHUP and POST /v1/reload do; the file watcher of the
+// next issue calls it too.
+func (d *Daemon) Reload() error {
+	p, err := loadRules(d.cfg)
+	now := time.Now().UTC()
+	d.rulesMu.Lock()
+	defer d.rulesMu.Unlock()
+	if err != nil {
+		d.rules.LastError = err.Error()
+		d.rules.LastErrorCode = ""
+		var re *rules.Error
+		if errors.As(err, &re) {
+			d.rules.LastErrorCode = string(re.Code)
+		}
+		d.rules.LastErrorAt = now
+		d.log.Error("rules reload failed; the previous rules stay live", "path", d.cfg.Rules, "code", d.rules.LastErrorCode, "err", err)
+		return err
+	}
+	old := d.policy.Swap(p)
+	d.rules = api.RulesStatus{Path: d.cfg.Rules, Hash: p.Hash(), LoadedAt: now}
+	if old != nil && old.Hash() == p.Hash() {
+		return nil
+	}
+	d.log.Info("rules loaded", "path", d.cfg.Rules, "hash", p.Hash())
+	return nil
+}
