@@ -45,13 +45,14 @@ func TestEvalResults(t *testing.T) {
 		{"thrown string fails", `throw "boom"`, "deny", true, "script threw: boom"},
 		{"reference error fails", `return nosuch(host)`, "deny", true, "ReferenceError"},
 		{"deep recursion fails", `function f(n) { return f(n + 1) } return f(0)`, "deny", true, ""},
+		{"long exception is cut", `throw "x".repeat(10000)`, "deny", true, "xxx…"},
 		{"bad shExpMatch pattern fails", `return shExpMatch(host, "(") ? "DIRECT" : "DENY"`, "deny", true, "shExpMatch"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := mustCompile(t, "function FindProxyForURL(url, host) {"+tc.body+"}", Options{})
 			r := s.Eval(Call{Host: "www.example.com"})
-			if r.Exit != tc.exit || r.Failed != tc.failed || !strings.Contains(r.Reason, tc.reason) {
+			if r.Exit != tc.exit || r.Failed != tc.failed || !strings.Contains(r.Reason, tc.reason) || len(r.Reason) > maxReason+len("…") {
 				t.Errorf("Eval = %+v, want exit %q failed %v reason containing %q", r, tc.exit, tc.failed, tc.reason)
 			}
 		})

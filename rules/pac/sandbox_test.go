@@ -40,6 +40,7 @@ func TestSandboxGlobals(t *testing.T) {
 // backtracking RegExp (native code that Interrupt cannot stop) for "regex".
 const stuckPAC = `function FindProxyForURL(url, host) {
 	if (host == "loop") { for (;;) {} }
+	if (host == "catch") { for (;;) { try { for (;;) {} } catch (e) {} finally { continue; } } }
 	if (host == "regex") { /^(?=a)(a+)+$/.test("aaaaaaaaaaaaaaaaaaaaa!"); return "DIRECT"; }
 	return "PROXY p.example:3128";
 }`
@@ -63,7 +64,7 @@ func waitAbandoned(t *testing.T, s *Script) {
 func TestDeadline(t *testing.T) {
 	const deadline = 30 * time.Millisecond
 	s := mustCompile(t, stuckPAC, Options{Deadline: deadline})
-	for _, host := range []string{"loop", "regex"} {
+	for _, host := range []string{"loop", "catch", "regex"} {
 		t.Run(host, func(t *testing.T) {
 			r, took := evalTimed(s, host)
 			if r.Exit != "deny" || !r.Failed || !strings.Contains(r.Reason, "did not finish") {
@@ -214,4 +215,23 @@ func TestClose(t *testing.T) {
 	if r := s.Eval(Call{Host: "a"}); r.Exit != "direct" {
 		t.Errorf("Eval after Close = %+v", r)
 	}
+}
+
+func TestCleanupWithoutClose(t *testing.T) {
+	base := runtime.NumGoroutine()
+	func() {
+		s, err := Compile("c.pac", `function FindProxyForURL() { return "DIRECT" }`, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Eval(Call{Host: "a"})
+	}()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+		runtime.GC()
+		if runtime.NumGoroutine() <= base {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("an unreachable Script's runtimes were not released: %d goroutines, %d before", runtime.NumGoroutine(), base)
 }

@@ -162,7 +162,14 @@ func (p *pool) retire(w *worker) {
 
 var errDeadline = errors.New("deadline")
 
+// maxReason bounds a failure reason: it may quote the script's exception, which ends
+// up in logs and audit records.
+const maxReason = 200
+
 func deny(reason string) Result {
+	if len(reason) > maxReason {
+		reason = strings.ToValidUTF8(reason[:maxReason], "") + "…"
+	}
 	return Result{Exit: "deny", Failed: true, Reason: reason}
 }
 
