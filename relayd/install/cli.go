@@ -1,0 +1,142 @@
+package install
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+)
+
+// Usage describes the install and uninstall commands, for kl-ctl's help.
+const Usage = `kl-ctl install|uninstall cni|containerd|docker [flags]
+
+  cni         chain kl-cni as the last plugin of the node's CNI network configuration
+  containerd  register kl-runtime as the containerd runtime "kl" (config.toml v1/v2/v3)
+  docker      register kl-runtime as the dockerd runtime "kl" (daemon.json)
+
+Every edit is idempotent, keeps the rest of the file as it was, saves the previous
+contents as FILE.kl-backup-<time> and prints a unified diff; uninstall takes out exactly
+what install added. --dry-run prints the diff and writes nothing.`
+
+// Run carries out `kl-ctl install …` or `kl-ctl uninstall …`: args starts with the verb
+// ("install" or "uninstall") and the target. Diffs go to stdout, progress to stderr.
+// With `install cni --watch` it runs until ctx ends (kl-ctl cancels it on SIGTERM).
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) < 2 {
+		return fmt.Errorf("usage: %s", Usage)
+	}
+	verb, target := args[0], args[1]
+	if verb != "install" && verb != "uninstall" {
+		return fmt.Errorf("unknown command %q: want install or uninstall", verb)
+	}
+	fs := flag.NewFlagSet(verb+" "+target, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dryRun := fs.Bool("dry-run", false, "print the diff, write nothing")
+	uninstall := fs.Bool("uninstall", verb == "uninstall", "take kl out instead (same as the uninstall command)")
+
+	var (
+		editor Editor
+		path   func() (string, error)
+		agent  *CNIAgent
+	)
+	switch target {
+	case "cni":
+		confDir := fs.String("cni-conf-dir", DefaultCNIConfDir, "the node's CNI configuration directory")
+		confFile := fs.String("cni-conf-file", "", "the conflist to edit (default: the first .conf/.conflist/.json in --cni-conf-dir, as runtimes pick it)")
+		binDir := fs.String("cni-bin-dir", DefaultCNIBinDir, "the node's CNI plugin directory")
+		binary := fs.String("cni-binary", "", "copy this kl-cni binary into --cni-bin-dir first")
+		conf := fs.String("conf", "", `further settings of kl's entry as a JSON object, e.g. '{"mode":"proxy"}'`)
+		watch := fs.Bool("watch", false, "keep kl chained until terminated, re-adding it when the network plugin rewrites its file")
+		interval := fs.Duration("interval", 5*time.Second, "how often --watch checks")
+		onExit := fs.Bool("uninstall-on-exit", false, "with --watch: take kl out of the conflist when terminated")
+		if err := fs.Parse(args[2:]); err != nil {
+			return err
+		}
+		c := CNI{}
+		if *conf != "" {
+			if err := json.Unmarshal([]byte(*conf), &c.Conf); err != nil {
+				return fmt.Errorf("--conf: want a JSON object: %w", err)
+			}
+		}
+		if *watch {
+			if *uninstall || *dryRun || *confFile != "" {
+				return errors.New("--watch installs into --cni-conf-dir; it takes no --uninstall, --dry-run or --cni-conf-file")
+			}
+			agent = &CNIAgent{ConfDir: *confDir, BinDir: *binDir, Binary: *binary, Entry: c, Interval: *interval, UninstallOnExit: *onExit,
+				Log: slog.New(slog.NewTextHandler(stderr, nil))}
+			break
+		}
+		if *binary != "" && !*uninstall && !*dryRun {
+			dst, err := CopyBinary(*binary, *binDir, c.typ())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stderr, "installed %s\n", dst)
+		}
+		editor = c
+		path = func() (string, error) {
+			if *confFile != "" {
+				return *confFile, nil
+			}
+			return FindCNIConfig(*confDir)
+		}
+	case "containerd":
+		cfg := fs.String("config", DefaultContainerdConfig, "containerd's configuration file")
+		version := fs.Int("config-version", 0, "layout for a file that does not say: 2 (containerd 1.x) or 3 (containerd 2.x)")
+		name := fs.String("runtime-name", DefaultRuntimeName, "the runtime's name (the RuntimeClass handler)")
+		bin := fs.String("runtime-binary", DefaultRuntimeBinary, "kl-runtime's path on the node")
+		if err := fs.Parse(args[2:]); err != nil {
+			return err
+		}
+		editor = Containerd{Name: *name, BinaryName: *bin, Version: *version}
+		path = func() (string, error) { return *cfg, nil }
+	case "docker":
+		cfg := fs.String("config", DefaultDockerConfig, "dockerd's daemon.json")
+		name := fs.String("runtime-name", DefaultRuntimeName, "the runtime's name (docker run --runtime NAME)")
+		bin := fs.String("runtime-binary", DefaultRuntimeBinary, "kl-runtime's path on the node")
+		def := fs.Bool("default", false, `also make it dockerd's "default-runtime"`)
+		if err := fs.Parse(args[2:]); err != nil {
+			return err
+		}
+		editor = Docker{Name: *name, Path: *bin, Default: *def}
+		path = func() (string, error) { return *cfg, nil }
+	default:
+		return fmt.Errorf("unknown target %q: want cni, containerd or docker", target)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if agent != nil {
+		return agent.Run(ctx)
+	}
+
+	p, err := path()
+	if err != nil {
+		return err
+	}
+	ch, err := Apply(p, editor, Options{Uninstall: *uninstall, DryRun: *dryRun})
+	if err != nil {
+		return err
+	}
+	io.WriteString(stdout, ch.Diff)
+	switch {
+	case !ch.Changed && *uninstall:
+		fmt.Fprintf(stderr, "%s: kl is not in it; nothing to do\n", p)
+	case !ch.Changed:
+		fmt.Fprintf(stderr, "%s: kl is already in it; nothing to do\n", p)
+	case *dryRun:
+		fmt.Fprintf(stderr, "%s: dry run, nothing written\n", p)
+	case ch.Backup != "":
+		fmt.Fprintf(stderr, "%s: written; previous contents in %s\n", p, ch.Backup)
+	default:
+		fmt.Fprintf(stderr, "%s: written\n", p)
+	}
+	if ch.Changed && !*dryRun && target != "cni" {
+		fmt.Fprintf(stderr, "restart %s for the change to take effect\n", target)
+	}
+	return nil
+}

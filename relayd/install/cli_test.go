@@ -1,0 +1,120 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRun(t *testing.T) {
+	dir := t.TempDir()
+	netd := filepath.Join(dir, "net.d")
+	if err := os.MkdirAll(netd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		filepath.Join(netd, "10-flannel.conflist"): "10-flannel.conflist",
+		filepath.Join(netd, "20-other.conflist"):   "10-calico.conflist",
+		filepath.Join(dir, "config.toml"):          "containerd-v3.toml",
+		filepath.Join(dir, "daemon.json"):          "daemon.json",
+	}
+	orig := map[string][]byte{}
+	for dst, src := range files {
+		b := read(t, src)
+		orig[dst] = b
+		if err := os.WriteFile(dst, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flannel := filepath.Join(netd, "10-flannel.conflist")
+	toml, dj := filepath.Join(dir, "config.toml"), filepath.Join(dir, "daemon.json")
+	src := filepath.Join(dir, "kl-cni-src")
+	if err := os.WriteFile(src, []byte("bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bin")
+
+	steps := []struct {
+		name     string
+		args     []string
+		wantOut  string // substring of stdout
+		wantErr  string // substring of the error, "" for none
+		file     string // file to check afterwards
+		original bool   // whether file must hold its original bytes
+	}{
+		{"dry run prints a diff", []string{"install", "cni", "--dry-run", "--cni-conf-dir", netd}, `+      "type": "kl-cni"`, "", flannel, true},
+		{"install cni picks the first conflist", []string{"install", "cni", "--cni-conf-dir", netd, "--cni-bin-dir", bin, "--cni-binary", src, "--conf", `{"mode":"proxy"}`}, `+      "mode": "proxy"`, "", flannel, false},
+		{"install cni again", []string{"install", "cni", "--cni-conf-dir", netd, "--conf", `{"mode":"proxy"}`}, "", "", flannel, false},
+		{"install cni --uninstall", []string{"install", "cni", "--uninstall", "--cni-conf-dir", netd}, `-      "type": "kl-cni",`, "", flannel, true},
+		{"the other conflist is untouched", []string{"uninstall", "cni", "--cni-conf-file", filepath.Join(netd, "20-other.conflist")}, "", "", filepath.Join(netd, "20-other.conflist"), true},
+		{"install containerd", []string{"install", "containerd", "--config", toml}, "+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kl]", "", toml, false},
+		{"uninstall containerd", []string{"uninstall", "containerd", "--config", toml}, "-        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kl]", "", toml, true},
+		{"install docker --default", []string{"install", "docker", "--config", dj, "--default", "--runtime-binary", "/opt/kl/kl-runtime"}, `+	"default-runtime": "kl"`, "", dj, false},
+		{"uninstall docker", []string{"uninstall", "docker", "--config", dj}, `-	"default-runtime": "kl"`, "", dj, true},
+		{"unknown target", []string{"install", "cri-o"}, "", `unknown target "cri-o"`, "", false},
+		{"unknown verb", []string{"reinstall", "cni"}, "", `unknown command "reinstall"`, "", false},
+		{"bad conf", []string{"install", "cni", "--cni-conf-dir", netd, "--conf", "[1]"}, "", "--conf: want a JSON object", flannel, true},
+		{"watch with dry run", []string{"install", "cni", "--watch", "--dry-run"}, "", "--watch installs", "", false},
+		{"stray argument", []string{"install", "docker", "--config", dj, "extra"}, "", "unexpected arguments", dj, true},
+		{"no conflist", []string{"install", "cni", "--cni-conf-dir", bin + "/none"}, "", "read CNI configuration directory", "", false},
+	}
+	for _, s := range steps {
+		var out, errb bytes.Buffer
+		err := Run(context.Background(), s.args, &out, &errb)
+		switch {
+		case s.wantErr == "" && err != nil:
+			t.Fatalf("%s: Run(%q): %v\n%s", s.name, s.args, err, errb.String())
+		case s.wantErr != "" && (err == nil || !strings.Contains(err.Error(), s.wantErr)):
+			t.Fatalf("%s: Run(%q) error = %v, want %q", s.name, s.args, err, s.wantErr)
+		}
+		if !strings.Contains(out.String(), s.wantOut) {
+			t.Errorf("%s: stdout lacks %q:\n%s", s.name, s.wantOut, out.String())
+		}
+		if s.file != "" {
+			cur, _ := os.ReadFile(s.file)
+			if same := bytes.Equal(cur, orig[s.file]); same != s.original {
+				t.Errorf("%s: %s unchanged = %v, want %v:\n%s", s.name, s.file, same, s.original, cur)
+			}
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(bin, "kl-cni")); err != nil || string(b) != "bin" {
+		t.Errorf("--cni-binary not copied: %q %v", b, err)
+	}
+}
+
+// --watch runs the agent until the context ends.
+func TestRunWatch(t *testing.T) {
+	netd := t.TempDir()
+	conf := filepath.Join(netd, "10-flannel.conflist")
+	orig := read(t, "10-flannel.conflist")
+	if err := os.WriteFile(conf, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		errc <- Run(ctx, []string{"install", "cni", "--watch", "--uninstall-on-exit", "--interval", "10ms", "--cni-conf-dir", netd}, &out, &errb)
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if cur, _ := os.ReadFile(conf); bytes.Contains(cur, []byte("kl-cni")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("--watch never chained kl-cni")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if cur, _ := os.ReadFile(conf); !bytes.Equal(cur, orig) {
+		t.Errorf("--uninstall-on-exit left:\n%s", cur)
+	}
+}
