@@ -1,0 +1,584 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+)
+
+func init() {
+	register(Section{
+		Name: "relay",
+		Doc: "Data path on one netns topology (a pod netns 192.0.2.2 and a server netns 192.0.2.1 " +
+			"joined by a veth), side by side in one run: iperf3 (3 s, one stream) and a " +
+			"short-connection loop (4 workers for 2 s: connect, 1 byte, echo, close) for " +
+			"direct; kl-relayd in transparent mode with the direct exit; kl-relayd to a SOCKS5 " +
+			"(dante) and to a CONNECT (squid) upstream; and redsocks (Debian) to the same " +
+			"upstreams. `setup +p50/p99` is the added connect+echo latency over direct. " +
+			"`idle KiB/conn` is the relay daemon's RSS growth with 1000 relayed connections " +
+			"held open. Targets: transparent >= 0.65x direct throughput and >= 0.45x direct " +
+			"conn/s; via an upstream >= 3x redsocks' throughput and conn/s at least " +
+			"redsocks'; <= 16 KiB per idle relayed connection.",
+		Run: runRelay,
+	})
+}
+
+const (
+	benchPodAddr  = "192.0.2.2"
+	benchSrvAddr  = "192.0.2.1"
+	benchEchoPort = 7
+	benchIperf    = 5201
+	benchDante    = 1080
+	benchSquid    = 3128
+	benchRedsocks = 12345
+	benchWorkers  = 4
+	benchLoopFor  = 2 * time.Second
+	benchIdle     = 1000
+)
+
+// relayBench is the topology and the processes it runs; cleanup undoes all of it.
+type relayBench struct {
+	dir          string
+	pod, srv     string // netns names
+	podPath      string
+	cleanups     []func()
+	relay        *exec.Cmd
+	relayDone    chan struct{}
+	relayLog     *bytes.Buffer
+	socket       string
+	bin          string
+	podCapture   bool
+	stopRedsocks func()
+}
+
+func (b *relayBench) onCleanup(f func()) { b.cleanups = append(b.cleanups, f) }
+
+func (b *relayBench) cleanup() {
+	for i := len(b.cleanups) - 1; i >= 0; i-- {
+		b.cleanups[i]()
+	}
+}
+
+func sh(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// start runs a long-lived program in a netns and stops it by PID at cleanup.
+func (b *relayBench) start(ns string, name string, args ...string) (*exec.Cmd, *bytes.Buffer, error) {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	b.onCleanup(func() { stopProc(cmd, done) })
+	return cmd, &out, nil
+}
+
+func stopProc(cmd *exec.Cmd, done chan struct{}) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(3 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// waitTCP waits until addr accepts connections from inside ns.
+func waitTCP(nsPath, addr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		c, err := netns.Dial(ctx, nsPath, 0x4b4c, "tcp", addr)
+		cancel()
+		if err == nil {
+			_ = c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nothing listens on %s: %w", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func runRelay(ctx context.Context) ([]Row, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("needs root (network namespaces, nftables)")
+	}
+	for _, tool := range []string{"ip", "nft", "iperf3", "danted", "squid", "redsocks"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+	b := &relayBench{}
+	defer b.cleanup()
+	if err := b.setup(); err != nil {
+		return nil, err
+	}
+	type variant struct {
+		name  string
+		prep  func() error
+		relay bool // kl-relayd carries it (RSS measured from it)
+	}
+	noop := func() error { return nil }
+	variants := []variant{
+		{"direct", noop, false},
+		{"redsocks → dante", func() error { return b.redsocks("socks5", benchDante) }, false},
+		{"redsocks → squid", func() error { return b.redsocks("http-connect", benchSquid) }, false},
+		{"kl transparent, direct", func() error { return b.startRelay("") }, true},
+		{"kl → dante (socks5)", func() error { return b.startRelay(fmt.Sprintf("socks5://%s:%d", benchSrvAddr, benchDante)) }, true},
+		{"kl → squid (CONNECT)", func() error { return b.startRelay(fmt.Sprintf("http://%s:%d", benchSrvAddr, benchSquid)) }, true},
+	}
+	type result struct {
+		gbps    float64
+		cps     float64
+		p50     time.Duration
+		p99     time.Duration
+		idleKiB float64
+		err     error
+	}
+	results := make([]result, len(variants))
+	for i, v := range variants {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		r := &results[i]
+		if r.err = v.prep(); r.err != nil {
+			continue
+		}
+		if r.gbps, r.err = b.iperf(ctx); r.err != nil {
+			continue
+		}
+		if r.cps, r.p50, r.p99, r.err = b.connLoop(ctx); r.err != nil {
+			continue
+		}
+		if v.relay && strings.Contains(v.name, "transparent") {
+			r.idleKiB, r.err = b.idleCost(ctx)
+		}
+	}
+	b.stopRelay()
+	d := results[0]
+	var rs [3]result // redsocks dante, redsocks squid for ratios
+	rs[1], rs[2] = results[1], results[2]
+	var rows []Row
+	for i, v := range variants {
+		r := results[i]
+		if r.err != nil {
+			rows = append(rows, Row{Name: v.name, Cols: []Col{{"throughput", "error: " + firstLine(r.err)}}})
+			continue
+		}
+		cols := []Col{
+			{"throughput", fmt.Sprintf("%.2f Gbit/s", r.gbps)},
+			{"vs direct", ratio(r.gbps, d.gbps)},
+			{"conn/s", fmt.Sprintf("%.0f", r.cps)},
+			{"conn vs direct", ratio(r.cps, d.cps)},
+			{"setup p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(r.p50)), fmtNs(float64(r.p99)))},
+		}
+		if i > 0 {
+			cols = append(cols, Col{"setup +p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(r.p50-d.p50)), fmtNs(float64(r.p99-d.p99)))})
+		}
+		switch v.name {
+		case "kl → dante (socks5)":
+			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s conn/s", ratio(r.gbps, rs[1].gbps), ratio(r.cps, rs[1].cps))})
+		case "kl → squid (CONNECT)":
+			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s conn/s", ratio(r.gbps, rs[2].gbps), ratio(r.cps, rs[2].cps))})
+		}
+		if r.idleKiB != 0 {
+			cols = append(cols, Col{"idle KiB/conn", fmt.Sprintf("%.1f", r.idleKiB)})
+		}
+		rows = append(rows, Row{Name: v.name, Cols: cols})
+	}
+	return rows, nil
+}
+
+func firstLine(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i > 0 {
+		s = s[:i]
+	}
+	if len(s) > 120 {
+		s = s[:120] + "…"
+	}
+	return s
+}
+
+func (b *relayBench) setup() error {
+	var err error
+	if b.dir, err = os.MkdirTemp("", "kl-bench-relay-"); err != nil {
+		return err
+	}
+	b.onCleanup(func() { _ = os.RemoveAll(b.dir) })
+	if err := os.Chmod(b.dir, 0o755); err != nil { // squid and dante drop privileges
+		return err
+	}
+	id := strconv.Itoa(os.Getpid() % 100000)
+	b.pod, b.srv = "klbp"+id, "klbs"+id
+	b.podPath = "/var/run/netns/" + b.pod
+	for _, ns := range []string{b.pod, b.srv} {
+		if err := sh("ip", "netns", "add", ns); err != nil {
+			return err
+		}
+		b.onCleanup(func() { _ = sh("ip", "netns", "del", ns) })
+		if err := sh("ip", "-n", ns, "link", "set", "lo", "up"); err != nil {
+			return err
+		}
+	}
+	vp, vs := "klbv"+id+"p", "klbv"+id+"s"
+	if err := sh("ip", "link", "add", vp, "netns", b.pod, "type", "veth", "peer", "name", vs, "netns", b.srv); err != nil {
+		return err
+	}
+	for _, c := range [][]string{
+		{"-n", b.pod, "addr", "add", benchPodAddr + "/24", "dev", vp},
+		{"-n", b.srv, "addr", "add", benchSrvAddr + "/24", "dev", vs},
+		{"-n", b.pod, "link", "set", vp, "up"},
+		{"-n", b.srv, "link", "set", vs, "up"},
+	} {
+		if err := sh("ip", c...); err != nil {
+			return err
+		}
+	}
+	// The echo server runs in this process, its socket in the server netns.
+	ln, err := netns.Listen("/var/run/netns/"+b.srv, "tcp4", fmt.Sprintf("%s:%d", benchSrvAddr, benchEchoPort))
+	if err != nil {
+		return fmt.Errorf("echo server: %w", err)
+	}
+	b.onCleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer func() { _ = c.Close() }()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	if _, _, err := b.start(b.srv, "iperf3", "-s", "-B", benchSrvAddr, "-p", strconv.Itoa(benchIperf)); err != nil {
+		return err
+	}
+	dconf := filepath.Join(b.dir, "danted.conf")
+	if err := os.WriteFile(dconf, []byte(fmt.Sprintf(`logoutput: stderr
+internal: %[1]s port = %[2]d
+external: %[1]s
+clientmethod: none
+socksmethod: none
+user.privileged: root
+user.unprivileged: nobody
+client pass { from: 192.0.2.0/24 to: 0.0.0.0/0 }
+socks pass { from: 192.0.2.0/24 to: 192.0.2.0/24 command: connect }
+`, benchSrvAddr, benchDante)), 0o644); err != nil {
+		return err
+	}
+	if _, _, err := b.start(b.srv, "danted", "-f", dconf, "-p", filepath.Join(b.dir, "danted.pid")); err != nil {
+		return err
+	}
+	sconf := filepath.Join(b.dir, "squid.conf")
+	if err := os.WriteFile(sconf, []byte(fmt.Sprintf(`http_port %s:%d
+pid_filename %[3]s/squid.pid
+cache_log %[3]s/cache.log
+access_log none
+coredump_dir %[3]s
+cache deny all
+shutdown_lifetime 0 seconds
+dns_nameservers 127.0.0.1
+acl bench src 192.0.2.0/24
+http_access allow bench
+http_access deny all
+`, benchSrvAddr, benchSquid, b.dir)), 0o644); err != nil {
+		return err
+	}
+	if _, _, err := b.start(b.srv, "squid", "-N", "-f", sconf); err != nil {
+		return err
+	}
+	srvPath := "/var/run/netns/" + b.srv
+	for _, p := range []int{benchIperf, benchDante, benchSquid} {
+		if err := waitTCP(srvPath, fmt.Sprintf("%s:%d", benchSrvAddr, p), 20*time.Second); err != nil {
+			return err
+		}
+	}
+	b.bin = filepath.Join(os.Getenv("KL_BIN"), "kl-relayd")
+	if os.Getenv("KL_BIN") == "" || !fileExists(b.bin) {
+		b.bin = filepath.Join(b.dir, "kl-relayd")
+		if err := sh(goTool(), "build", "-o", b.bin, "./relayd/kl-relayd"); err != nil {
+			return err
+		}
+	}
+	b.socket = filepath.Join(b.dir, "relayd.sock")
+	return nil
+}
+
+// redsocks puts redsocks in front of the pod's traffic to the server (nftables redirect
+// of the iperf3 and echo ports), towards the given upstream.
+func (b *relayBench) redsocks(typ string, port int) error {
+	b.stopRelay()
+	_ = netns.Remove(b.podPath)
+	_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
+	conf := filepath.Join(b.dir, "redsocks-"+typ+".conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`base { log_debug = off; log_info = off; log = stderr; daemon = off; redirector = iptables; }
+redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s; }
+`, benchRedsocks, benchSrvAddr, port, typ)), 0o644); err != nil {
+		return err
+	}
+	if b.stopRedsocks != nil {
+		b.stopRedsocks()
+	}
+	if _, _, err := b.start(b.pod, "redsocks", "-c", conf); err != nil {
+		return err
+	}
+	// Stop this redsocks when the next variant starts (and still at cleanup).
+	stop := b.cleanups[len(b.cleanups)-1]
+	var once sync.Once
+	b.cleanups[len(b.cleanups)-1] = func() { once.Do(stop) }
+	b.stopRedsocks = func() {
+		once.Do(stop)
+		_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
+	}
+	rules := fmt.Sprintf("table ip klbench {\n chain out {\n  type nat hook output priority -100;\n  ip daddr %s tcp dport { %d, %d } redirect to :%d\n }\n}",
+		benchSrvAddr, benchIperf, benchEchoPort, benchRedsocks)
+	rf := filepath.Join(b.dir, "redsocks.nft")
+	if err := os.WriteFile(rf, []byte(rules+"\n"), 0o644); err != nil {
+		return err
+	}
+	if err := sh("ip", "netns", "exec", b.pod, "nft", "-f", rf); err != nil {
+		return err
+	}
+	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", benchRedsocks), 10*time.Second)
+}
+
+// startRelay (re)starts kl-relayd with the transparent capture in the pod: the direct
+// exit when proxyURL is empty, else `default: proxy` through that upstream.
+func (b *relayBench) startRelay(proxyURL string) error {
+	b.stopRelay()
+	if b.stopRedsocks != nil {
+		b.stopRedsocks()
+		b.stopRedsocks = nil
+	}
+	rulesPath := filepath.Join(b.dir, "rules.yaml")
+	rulesText := "default: direct\n"
+	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nidleTimeout: 5m\nconnectTimeout: 3s\n",
+		b.socket, filepath.Join(b.dir, "state"), rulesPath)
+	if proxyURL != "" {
+		rulesText = "default: proxy\n"
+		settings += fmt.Sprintf("proxy:\n  url: %s\n", proxyURL)
+	}
+	if err := os.WriteFile(rulesPath, []byte(rulesText), 0o644); err != nil {
+		return err
+	}
+	sp := filepath.Join(b.dir, "relayd.yaml")
+	if err := os.WriteFile(sp, []byte(settings), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(b.bin, "--settings", sp)
+	b.relayLog = &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = b.relayLog, b.relayLog
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start kl-relayd: %w", err)
+	}
+	b.relay = cmd
+	b.relayDone = make(chan struct{})
+	done := b.relayDone
+	go func() { _ = cmd.Wait(); close(done) }()
+	cl := api.NewClient(b.socket, 2*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for cl.Ping(context.Background()) != nil {
+		select {
+		case <-done:
+			return fmt.Errorf("kl-relayd exited: %s", b.relayLog.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kl-relayd not ready: %s", b.relayLog.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := netns.Install(b.podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
+		return fmt.Errorf("install capture: %w", err)
+	}
+	b.podCapture = true
+	if _, err := cl.Register(context.Background(), api.Workload{ID: "bench-" + b.pod, Netns: b.podPath, Mode: api.ModeTransparent, Source: "cni"}); err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort), 10*time.Second)
+}
+
+func (b *relayBench) stopRelay() {
+	if b.relay != nil {
+		stopProc(b.relay, b.relayDone)
+		b.relay = nil
+	}
+	if b.podCapture {
+		_ = netns.Remove(b.podPath)
+		b.podCapture = false
+	}
+}
+
+// iperf runs one iperf3 client in the pod and returns the received Gbit/s.
+func (b *relayBench) iperf(ctx context.Context) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", b.pod, "iperf3", "-c", benchSrvAddr, "-p", strconv.Itoa(benchIperf), "-t", "3", "-J").Output()
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if jerr := json.Unmarshal(out, &r); jerr != nil || r.Error != "" || err != nil {
+		return 0, fmt.Errorf("iperf3: %v %v %s", err, jerr, r.Error)
+	}
+	return r.End.SumReceived.BitsPerSecond / 1e9, nil
+}
+
+// connLoop runs benchWorkers loops of connect, 1 byte, echo, close from the pod for
+// benchLoopFor; it returns connections per second and the p50/p99 of one round.
+func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time.Duration, error) {
+	addr := net.JoinHostPort(benchSrvAddr, strconv.Itoa(benchEchoPort))
+	var mu sync.Mutex
+	var lat []time.Duration
+	var firstErr error
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(benchLoopFor)
+	for range benchWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			err := netns.Do(b.podPath, func() error {
+				one := []byte{'x'}
+				buf := make([]byte, 1)
+				for time.Now().Before(end) && ctx.Err() == nil {
+					t0 := time.Now()
+					c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+					if err != nil {
+						return err
+					}
+					_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+					if _, err := c.Write(one); err != nil {
+						_ = c.Close()
+						return err
+					}
+					if _, err := io.ReadFull(c, buf); err != nil {
+						_ = c.Close()
+						return err
+					}
+					mine = append(mine, time.Since(t0))
+					_ = c.Close()
+				}
+				return nil
+			})
+			mu.Lock()
+			lat = append(lat, mine...)
+			if err != nil && firstErr == nil {
+				firstErr = err
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, 0, 0, fmt.Errorf("connection loop: %w", firstErr)
+	}
+	if len(lat) == 0 {
+		return 0, 0, 0, errors.New("connection loop: no connection completed")
+	}
+	took := time.Since(start)
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return float64(len(lat)) / took.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100], nil
+}
+
+// idleCost holds benchIdle relayed connections open and returns kl-relayd's RSS growth
+// per connection in KiB.
+func (b *relayBench) idleCost(ctx context.Context) (float64, error) {
+	if b.relay == nil {
+		return 0, errors.New("no relay running")
+	}
+	pid := b.relay.Process.Pid
+	time.Sleep(300 * time.Millisecond)
+	before, err := rssKiB(pid)
+	if err != nil {
+		return 0, err
+	}
+	addr := net.JoinHostPort(benchSrvAddr, strconv.Itoa(benchEchoPort))
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	err = netns.Do(b.podPath, func() error {
+		buf := make([]byte, 1)
+		for range benchIdle {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c)
+			// One round trip makes sure the relay has set the flow up completely.
+			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := c.Write([]byte{'x'}); err != nil {
+				return err
+			}
+			if _, err := io.ReadFull(c, buf); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("open %d connections: %w", benchIdle, err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	after, err := rssKiB(pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / benchIdle, nil
+}
+
+func rssKiB(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			f := strings.Fields(v)
+			if len(f) > 0 {
+				return strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
