@@ -157,3 +157,12 @@ func TestEvalMixedDst(t *testing.T) {
 		}
 	}
 }
+
+func TestTopLevelDeterministic(t *testing.T) {
+	s := mustCompile(t, `var loaded = new Date().toISOString() + " " + Math.random();
+		function FindProxyForURL(url, host) { return loaded; }`, Options{})
+	got := rawEval(t, s, Call{Host: "a", At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)})
+	if !strings.HasPrefix(got, "1970-01-01T00:00:00.000Z ") {
+		t.Errorf("top-level code saw %q, want the fixed load time", got)
+	}
+}

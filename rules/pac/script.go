@@ -380,6 +380,10 @@ func (w *worker) setup() (err error) {
 	if err := installDateZone(vm, w.loc); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up Date: " + err.Error()}
 	}
+	// Top-level code belongs to no flow: it sees a fixed time and seed, so that it
+	// computes the same thing on every hop.
+	w.call, w.rng = Call{At: time.Unix(0, 0)}, 0
+	defer func() { w.call = Call{} }()
 	if _, err := vm.RunProgram(w.p.prog); err != nil {
 		return scriptError(err, "top-level code")
 	}
