@@ -49,6 +49,7 @@ type Relay interface {
 	Deregister(ctx context.Context, id string) error
 	Get(ctx context.Context, id string) (api.Registration, bool, error)
 	Ping(ctx context.Context) error
+	List(ctx context.Context) ([]api.Registration, error)
 }
 
 // Plugin runs the CNI commands. The zero value is not usable; New returns the real one.
@@ -98,6 +99,7 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 		Del:    p.guard("DEL", p.Del),
 		Check:  p.guard("CHECK", p.Check),
 		Status: p.guard("STATUS", p.Status),
+		GC:     p.guard("GC", p.GC),
 	}
 }
 
@@ -153,6 +155,7 @@ func workload(args *skel.CmdArgs, c *Config, mode string) (api.Workload, error) 
 		Netns:       args.Netns,
 		Mode:        mode,
 		Source:      "cni",
+		Network:     c.Name,
 		Namespace:   pa.Namespace,
 		Name:        pa.Name,
 		Labels:      c.RuntimeConfig.Labels,
@@ -307,6 +310,43 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	defer cancel()
 	if err := p.NewRelay(c.Socket, c.timeout).Ping(ctx); err != nil {
 		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("kl-relayd is not ready at %s", c.Socket), err.Error())
+	}
+	return nil
+}
+
+// GC (CNI 1.1) deregisters this network's sandboxes that the runtime no longer lists as
+// valid attachments: their DEL never reached the relay. Their tables went with their
+// netns. Registrations of other networks and of the OCI hook are left alone.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return configError(err)
+	}
+	valid := map[string]bool{}
+	for _, a := range c.ValidAttachments {
+		valid[a.ContainerID] = true
+	}
+	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
+	defer cancel()
+	relay := p.NewRelay(c.Socket, c.timeout)
+	regs, err := relay.List(ctx)
+	if err != nil {
+		return types.NewError(types.ErrTryAgainLater, "kl-cni GC: "+err.Error(), "")
+	}
+	var errs []error
+	for _, r := range regs {
+		w := r.Workload
+		if w.Source != "cni" || w.Network != c.Name || valid[w.ID] {
+			continue
+		}
+		if err := relay.Deregister(ctx, w.ID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		p.Log.Info("gc: deregistered stale sandbox", "container", w.ID)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return types.NewError(types.ErrInternal, "kl-cni GC: "+err.Error(), "")
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,17 @@ func (f *fakeRelay) Get(_ context.Context, id string) (api.Registration, bool, e
 }
 
 func (f *fakeRelay) Ping(context.Context) error { return f.err() }
+
+func (f *fakeRelay) List(context.Context) ([]api.Registration, error) {
+	if err := f.err(); err != nil {
+		return nil, err
+	}
+	var out []api.Registration
+	for _, w := range f.regs {
+		out = append(out, api.Registration{Workload: w})
+	}
+	return out, nil
+}
 
 func newPlugin() (*Plugin, *fakeRelay, *netns.Fake, *bytes.Buffer) {
 	fr := &fakeRelay{regs: map[string]api.Workload{}}
@@ -123,7 +135,7 @@ func TestAddTransparent(t *testing.T) {
 		t.Errorf("exclusion missing from table:\n%s", tbl.Render())
 	}
 	want := api.Workload{
-		ID: "abc123", Netns: "/var/run/netns/pod1", Mode: "transparent", Source: "cni", Namespace: "shop", Name: "web-0",
+		ID: "abc123", Netns: "/var/run/netns/pod1", Mode: "transparent", Source: "cni", Network: "kl-test", Namespace: "shop", Name: "web-0",
 		Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"team": "a"},
 		Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("fd00:1::10")},
 	}
@@ -323,5 +335,29 @@ func TestParseArgs(t *testing.T) {
 	got := parseArgs("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=n;junk;K8S_POD_INFRA_CONTAINER_ID=id")
 	if want := (podArgs{Namespace: "ns", Name: "n", InfraID: "id"}); got != want {
 		t.Errorf("parseArgs = %+v, want %+v", got, want)
+	}
+}
+
+func TestGC(t *testing.T) {
+	p, fr, _, _ := newPlugin()
+	fr.regs["stale"] = api.Workload{ID: "stale", Source: "cni", Network: "kl-test"}
+	fr.regs["live"] = api.Workload{ID: "live", Source: "cni", Network: "kl-test"}
+	fr.regs["other-net"] = api.Workload{ID: "other-net", Source: "cni", Network: "other"}
+	fr.regs["docker"] = api.Workload{ID: "docker", Source: "hook"}
+	stdin := conf(`,"cni.dev/valid-attachments":[{"containerID":"live","ifname":"eth0"}]`, false)
+	if err := p.GC(args(stdin)); err != nil {
+		t.Fatalf("GC = %v", err)
+	}
+	var left []string
+	for id := range fr.regs {
+		left = append(left, id)
+	}
+	slices.Sort(left)
+	if want := []string{"docker", "live", "other-net"}; !slices.Equal(left, want) {
+		t.Errorf("after GC: %v, want %v", left, want)
+	}
+	fr.down = true
+	if err := p.GC(args(stdin)); err == nil {
+		t.Error("GC with the relay down succeeded")
 	}
 }

@@ -23,10 +23,11 @@ const LabelMode = "kl.egress.mode"
 
 // Workload is one registered sandbox or container: a network namespace the relay serves.
 type Workload struct {
-	ID          string            `json:"id"`     // sandbox or container id; the registration key
-	Netns       string            `json:"netns"`  // path of the network namespace, e.g. /var/run/netns/x or /proc/PID/ns/net
-	Mode        string            `json:"mode"`   // transparent or proxy
-	Source      string            `json:"source"` // "cni" or "hook"
+	ID          string            `json:"id"`                // sandbox or container id; the registration key
+	Netns       string            `json:"netns"`             // path of the network namespace, e.g. /var/run/netns/x or /proc/PID/ns/net
+	Mode        string            `json:"mode"`              // transparent or proxy
+	Source      string            `json:"source"`            // "cni" or "hook"
+	Network     string            `json:"network,omitempty"` // source "cni": the CNI network (conflist name), for GC
 	Namespace   string            `json:"namespace,omitempty"`
 	Name        string            `json:"name,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
 )
 
 var counterRE = regexp.MustCompile(`counter packets \d+ bytes \d+`)
@@ -180,6 +182,31 @@ func TestCNIChain(t *testing.T) {
 		if !strings.Contains(out, "redirect") {
 			t.Errorf("CHECK error does not name the missing rule:\n%s", out)
 		}
+	})
+
+	t.Run("GC drops stale registrations", func(t *testing.T) {
+		// A sandbox of this network whose DEL never reached the relay.
+		stale := n.newPod("stale")
+		w := api.Workload{ID: "stale-" + stale.ns.Name, Netns: stale.ns.Path, Mode: "transparent", Source: "cni", Network: n.netName}
+		if _, err := n.client().Register(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+		// Not this network's: left alone.
+		other := n.newPod("other")
+		wo := api.Workload{ID: "other-" + other.ns.Name, Netns: other.ns.Path, Mode: "transparent", Source: "cni", Network: "another-net"}
+		if _, err := n.client().Register(ctx, wo); err != nil {
+			t.Fatal(err)
+		}
+		// cnitool gc passes no valid attachments: it DELs every cached one, then GCs.
+		if out, err := n.cnitool(nil, "gc", n.netName, n.ns.Path); err != nil {
+			t.Fatalf("GC: %v\n%s", err, out)
+		}
+		for id, want := range map[string]bool{w.ID: false, a.id: false, wo.ID: true} {
+			if _, found, err := n.client().Get(ctx, id); err != nil || found != want {
+				t.Errorf("after GC, %s registered = %v (%v), want %v", id, found, err, want)
+			}
+		}
+		n.client().Deregister(ctx, wo.ID)
 	})
 
 	t.Run("DEL leaves nothing", func(t *testing.T) {

@@ -220,7 +220,9 @@ var ipRE = regexp.MustCompile(`"address":\s*"([^"/]+)/`)
 
 // add runs ADD for the pod; on success it records the pod's addresses from the result.
 func (n *node) add(p *pod) (string, error) {
+	start := time.Now()
 	out, err := n.cnitool(p.args, "add", n.netName, p.ns.Path)
+	n.t.Logf("cnitool add %s: %v", p.ns.Name, time.Since(start))
 	if err == nil {
 		for _, m := range ipRE.FindAllStringSubmatch(out, -1) {
 			a := netip.MustParseAddr(m[1])
