@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -164,7 +166,9 @@ func genCases(n int) []diffCase {
 	var cs []diffCase
 	for len(cs) < n {
 		h := genHost(r)
-		switch r.IntN(8) {
+		switch r.IntN(9) {
+		case 8:
+			cs = append(cs, genInNetEx(r))
 		case 0:
 			cs = append(cs, diffCase{"isPlainHostName", []string{h}})
 		case 1:
@@ -212,6 +216,28 @@ func trickyCases() []diffCase {
 	return cs
 }
 
+var v6s = []string{"::1", "::", "2001:db8::1", "2001:db8:0:1::5", "3ffe:8311:ffff:abcd:1234:dead:beef:101", "fd00::7", "fe80::1:2"}
+
+// genInNetEx makes isInNetEx calls on IPv4 (dotted quads only: anything else would go
+// to pacparser's IPv6 code) and IPv6 literals, with prefixes from the same family,
+// the other family and out-of-range lengths.
+func genInNetEx(r *rand.Rand) diffCase {
+	if r.IntN(2) == 0 {
+		ip := genQuad(r)
+		pfx := ip[:strings.LastIndexByte(ip, '.')] + ".0"
+		if r.IntN(3) == 0 {
+			pfx = genQuad(r)
+		}
+		return diffCase{"isInNetEx", []string{ip, fmt.Sprintf("%s/%d", pfx, r.IntN(36))}}
+	}
+	ip := v6s[r.IntN(len(v6s))]
+	pfx := v6s[r.IntN(len(v6s))]
+	if r.IntN(3) == 0 {
+		pfx = ip
+	}
+	return diffCase{"isInNetEx", []string{ip, fmt.Sprintf("%s/%d", pfx, r.IntN(140))}}
+}
+
 func diffScript(cs []diffCase) string {
 	var b strings.Builder
 	b.WriteString("function T(f) { try { return String(f()); } catch (e) { return 'EXC'; } }\n")
@@ -223,12 +249,30 @@ func diffScript(cs []diffCase) string {
 	return b.String()
 }
 
+var leadingZero = regexp.MustCompile(`(^|\.)0[0-9]`)
+
+func isAddr(s string) bool {
+	_, err := netip.ParseAddr(s)
+	return err == nil
+}
+
 // knownDifference names the cases where the two implementations legitimately differ.
 func knownDifference(c diffCase, ours, theirs string) string {
 	switch c.fn {
 	case "shExpMatch":
 		if ours == "EXC" && (strings.Contains(c.args[1], "(?=") || strings.Contains(c.args[1], `\1`)) {
 			return "lookahead and backreferences need a backtracking engine: refused (an exception, so deny), never run"
+		}
+	case "isInNetEx":
+		ip := c.args[0]
+		pfx, bits, _ := strings.Cut(c.args[1], "/")
+		switch {
+		case leadingZero.MatchString(ip) || leadingZero.MatchString(pfx):
+			return "isInNetEx: an octet with a leading zero is octal to Chromium, decimal to Mozilla; not an address here (false)"
+		case !isAddr(pfx) && ours == "false":
+			return "isInNetEx: a prefix that is not an address (an octet over 255) is false here; pacparser masks it with & 0xff"
+		case bits == "0" && ours == "true":
+			return "isInNetEx: /0 contains every address of the family (Chromium); pacparser's isInNetEx4 answers false"
 		}
 	case "isPlainHostName":
 		if strings.Contains(c.args[0], ":") && ours == "false" && theirs == "true" {
