@@ -77,8 +77,63 @@ func VerifyWith(b Backend, nsPath string, c Capture) error {
 	if err != nil {
 		return fmt.Errorf("verify nftables table inet %s in %s: %w", TableName, nsPath, err)
 	}
-	if d := Diff(c.Program(), got); len(d) > 0 {
+	if d := Diff(c.Program(), c.withoutDecisions(got)); len(d) > 0 {
 		return &VerifyError{NS: nsPath, Diffs: d}
+	}
+	return nil
+}
+
+// InstallDecisions replaces the netns's kl table with c's program carrying the kernel
+// decisions d, in one atomic transaction: packets see the old table or the new one,
+// never a mixture, and established connections keep flowing (their conntrack entries
+// and marks are untouched; nat rules only see a connection's first packet).
+func InstallDecisions(nsPath string, c Capture, d Decisions) error {
+	return InstallDecisionsWith(defaultBackend, nsPath, c, d)
+}
+
+// VerifyDecisions is Verify for a table installed with InstallDecisions: it compares
+// the whole program, decisions included. (Verify checks only the capture underneath
+// and accepts any decisions, so that CNI CHECK, which does not know them, still works.)
+func VerifyDecisions(nsPath string, c Capture, d Decisions) error {
+	return VerifyDecisionsWith(defaultBackend, nsPath, c, d)
+}
+
+// InstallDecisionsWith is InstallDecisions on a given backend.
+func InstallDecisionsWith(b Backend, nsPath string, c Capture, d Decisions) error {
+	if nsPath == "" {
+		return fmt.Errorf("install nftables table inet %s: %w", TableName, errNoPath)
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	t, err := c.ProgramWith(d)
+	if err != nil {
+		return err
+	}
+	if err := b.Apply(nsPath, t); err != nil {
+		return fmt.Errorf("install nftables table inet %s with kernel decisions in %s: %w", TableName, nsPath, err)
+	}
+	return nil
+}
+
+// VerifyDecisionsWith is VerifyDecisions on a given backend.
+func VerifyDecisionsWith(b Backend, nsPath string, c Capture, d Decisions) error {
+	if nsPath == "" {
+		return fmt.Errorf("verify nftables table inet %s: %w", TableName, errNoPath)
+	}
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	want, err := c.ProgramWith(d)
+	if err != nil {
+		return err
+	}
+	got, err := b.Get(nsPath, TableName)
+	if err != nil {
+		return fmt.Errorf("verify nftables table inet %s in %s: %w", TableName, nsPath, err)
+	}
+	if diff := Diff(want, got); len(diff) > 0 {
+		return &VerifyError{NS: nsPath, Diffs: diff}
 	}
 	return nil
 }

@@ -102,6 +102,8 @@ func (c Capture) Program() *Table { return c.build(extension{}) }
 type extension struct {
 	sets      []Set
 	decisions []Rule
+	guard     *Rule // in the nat chain only, just before the 169.254.0.0/16 exemption
+	final     *Rule // replaces the catch-all redirect (a pod whose every flow is decided)
 }
 
 // build lays the nat chain out in three parts: exemptions, decisions, redirect.
@@ -141,13 +143,18 @@ func (c Capture) build(ext extension) *Table {
 	exempt := c.exemptions(len(v4) > 0, len(v6) > 0, len(ports) > 0)
 
 	nat := Chain{Name: NATChain, Type: ChainNAT, Priority: NATPriority}
-	nat.Rules = append(nat.Rules, exempt...)
-	nat.Rules = append(nat.Rules, ext.decisions...)
-	redirect := Rule{Match: []Match{MatchL4Proto{ProtoTCP}}, Action: Redirect{c.RedirectPort}}
-	if !c.IPv6 {
-		redirect.Match = append([]Match{MatchNFProto{4}}, redirect.Match...)
+	for _, r := range exempt {
+		if ext.guard != nil && r.String() == guardExemption {
+			nat.Rules = append(nat.Rules, *ext.guard)
+		}
+		nat.Rules = append(nat.Rules, r)
 	}
-	nat.Rules = append(nat.Rules, redirect)
+	nat.Rules = append(nat.Rules, ext.decisions...)
+	if ext.final != nil {
+		nat.Rules = append(nat.Rules, *ext.final)
+	} else {
+		nat.Rules = append(nat.Rules, c.redirect())
+	}
 	t.Chains = append(t.Chains, nat)
 
 	if c.RejectQUIC || !c.IPv6 {
@@ -171,6 +178,18 @@ func (c Capture) build(ext extension) *Table {
 	}
 	return t
 }
+
+// redirect is the catch-all rule that sends captured TCP to the relay.
+func (c Capture) redirect() Rule {
+	r := Rule{Match: []Match{MatchL4Proto{ProtoTCP}}, Action: Redirect{c.RedirectPort}}
+	if !c.IPv6 {
+		r.Match = append([]Match{MatchNFProto{4}}, r.Match...)
+	}
+	return r
+}
+
+// guardExemption is how the metadata exemption renders.
+const guardExemption = "ip daddr 169.254.0.0/16 return"
 
 // exemptions are the rules that return early, identical in both chains so that what is not
 // captured is exactly what is not rejected.

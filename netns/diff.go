@@ -24,17 +24,18 @@ func Diff(want, got *Table) []string {
 		switch {
 		case !ok:
 			d = append(d, fmt.Sprintf("set %s is missing", w.Name))
-		case g.Type != w.Type:
+		case g.Type != w.Type || g.Map != w.Map:
 			d = append(d, fmt.Sprintf("set %s has type %s, want %s", w.Name, g.Type, w.Type))
 		default:
 			we, ge := elements(w), elements(g)
+			wm, gm := setOf(we), setOf(ge)
 			for _, e := range we {
-				if !slices.Contains(ge, e) {
+				if !gm[e] {
 					d = append(d, fmt.Sprintf("set %s is missing element %s", w.Name, e))
 				}
 			}
 			for _, e := range ge {
-				if !slices.Contains(we, e) {
+				if !wm[e] {
 					d = append(d, fmt.Sprintf("set %s has unexpected element %s", w.Name, e))
 				}
 			}
@@ -118,6 +119,18 @@ func elements(s Set) []string {
 	for _, p := range s.Ports {
 		out = append(out, fmt.Sprint(p))
 	}
+	for _, r := range s.PortRanges {
+		out = append(out, r.String())
+	}
+	if s.Map {
+		for i := range out {
+			m := "?"
+			if i < len(s.Marks) {
+				m = fmt.Sprintf("0x%08x", s.Marks[i])
+			}
+			out[i] += " : " + m
+		}
+	}
 	return out
 }
 
@@ -136,4 +149,12 @@ func (t *Table) String() string {
 		return "<no table>"
 	}
 	return strings.TrimSpace(t.Render())
+}
+
+func setOf(es []string) map[string]bool {
+	m := make(map[string]bool, len(es))
+	for _, e := range es {
+		m[e] = true
+	}
+	return m
 }

@@ -58,6 +58,8 @@ func cloneTable(t *Table) *Table {
 	for _, s := range t.Sets {
 		s.Addrs = slices.Clone(s.Addrs)
 		s.Ports = slices.Clone(s.Ports)
+		s.PortRanges = slices.Clone(s.PortRanges)
+		s.Marks = slices.Clone(s.Marks)
 		c.Sets = append(c.Sets, s)
 	}
 	for _, ch := range t.Chains {

@@ -10,8 +10,36 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
+	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
+
+// batchBuffer is the socket buffer size forced on the nf_tables socket: one transaction
+// of a 10k-rule pod's maps is megabytes, more than the default limit lets one sendmsg
+// carry, and splitting it would lose atomicity.
+const batchBuffer = 64 << 20
+
+// elemChunk is how many set elements go in one netlink message.
+const elemChunk = 512
+
+func bigBuffers(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		if e := unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, batchBuffer); e != nil {
+			// Without CAP_NET_ADMIN in the netns's owner: the capped size is the best we get.
+			e = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, batchBuffer)
+			serr = e
+		}
+		_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, batchBuffer)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
 
 // nftBackend programs nf_tables over netlink from a socket opened inside the target netns.
 type nftBackend struct{}
@@ -24,7 +52,7 @@ var errNetnsGone = errors.New("netns is gone")
 // conn opens a lasting nf_tables connection whose socket lives in nsPath.
 func openConn(nsPath string) (*nftables.Conn, func(), error) {
 	if isCurrent(nsPath) {
-		c, err := nftables.New(nftables.AsLasting())
+		c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(bigBuffers))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -43,7 +71,7 @@ func openConn(nsPath string) (*nftables.Conn, func(), error) {
 		unix.Close(fd)
 		return nil, nil, fmt.Errorf("%s is not a network namespace: %w", nsPath, errNetnsGone)
 	}
-	c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting())
+	c, err := nftables.New(nftables.WithNetNSFd(fd), nftables.AsLasting(), nftables.WithSockOptions(bigBuffers))
 	if err != nil {
 		unix.Close(fd)
 		return nil, nil, fmt.Errorf("netlink in %s: %w", nsPath, err)
@@ -69,8 +97,18 @@ func (nftBackend) Apply(nsPath string, t *Table) error {
 		if err != nil {
 			return err
 		}
-		if err := c.AddSet(ns, elems); err != nil {
+		// Elements go in messages of elemChunk: one netlink attribute holds at most 64 KiB,
+		// so a large set in one message would overflow it. All messages are one batch.
+		first := elems[:min(len(elems), elemChunk)]
+		if err := c.AddSet(ns, first); err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
+		}
+		for rest := elems[len(first):]; len(rest) > 0; {
+			n := min(len(rest), elemChunk)
+			if err := c.SetAddElements(ns, rest[:n]); err != nil {
+				return fmt.Errorf("set %s: %w", s.Name, err)
+			}
+			rest = rest[n:]
 		}
 		sets[s.Name] = ns
 	}
@@ -209,6 +247,20 @@ func cmpString(a, b string) int {
 
 func encodeSet(nt *nftables.Table, s Set) (*nftables.Set, []nftables.SetElement, error) {
 	ns := &nftables.Set{Table: nt, Name: s.Name}
+	if s.Map {
+		ns.IsMap = true
+		ns.DataType = nftables.TypeMark
+		n := len(s.Addrs) + len(s.PortRanges)
+		if len(s.Marks) != n {
+			return nil, nil, fmt.Errorf("map %s: %d marks for %d elements", s.Name, len(s.Marks), n)
+		}
+	}
+	val := func(i int) []byte {
+		if !s.Map {
+			return nil
+		}
+		return binaryutil.NativeEndian.PutUint32(s.Marks[i])
+	}
 	var elems []nftables.SetElement
 	switch s.Type {
 	case SetIPv4, SetIPv6:
@@ -217,12 +269,17 @@ func encodeSet(nt *nftables.Table, s Set) (*nftables.Set, []nftables.SetElement,
 		if s.Type == SetIPv6 {
 			ns.KeyType = nftables.TypeIP6Addr
 		}
-		for _, r := range s.Addrs {
+		for i, r := range s.Addrs {
 			if r.From.Is4() != (s.Type == SetIPv4) || r.To.Is4() != (s.Type == SetIPv4) {
 				return nil, nil, fmt.Errorf("set %s: range %s is not %s", s.Name, r, s.Type)
 			}
-			elems = append(elems, nftables.SetElement{Key: r.From.AsSlice()})
-			// The end element is exclusive; a range up to the last address has none.
+			if i > 0 && s.Addrs[i-1].To.Compare(r.From) >= 0 {
+				return nil, nil, fmt.Errorf("set %s: range %s overlaps or is out of order", s.Name, r)
+			}
+			elems = append(elems, nftables.SetElement{Key: r.From.AsSlice(), Val: val(i)})
+			// The end element is exclusive; a range up to the last address has none. A
+			// range the next one starts right after still has its end (the kernel wants
+			// it, as nft sends it: an end and a start element with the same key).
 			if next := r.To.Next(); next.IsValid() {
 				elems = append(elems, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
 			}
@@ -232,6 +289,18 @@ func encodeSet(nt *nftables.Table, s Set) (*nftables.Set, []nftables.SetElement,
 		for _, p := range s.Ports {
 			elems = append(elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
 		}
+	case SetPortRange:
+		ns.Interval = true
+		ns.KeyType = nftables.TypeInetService
+		for i, r := range s.PortRanges {
+			if r.From > r.To || i > 0 && s.PortRanges[i-1].To >= r.From {
+				return nil, nil, fmt.Errorf("set %s: port range %s is backwards, overlaps or is out of order", s.Name, r)
+			}
+			elems = append(elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(r.From), Val: val(i)})
+			if r.To < 65535 {
+				elems = append(elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(r.To + 1), IntervalEnd: true})
+			}
+		}
 	default:
 		return nil, nil, fmt.Errorf("set %s: unknown type %v", s.Name, s.Type)
 	}
@@ -239,7 +308,11 @@ func encodeSet(nt *nftables.Table, s Set) (*nftables.Set, []nftables.SetElement,
 }
 
 func decodeSet(ns *nftables.Set, elems []nftables.SetElement) Set {
-	s := Set{Name: ns.Name}
+	s := Set{Name: ns.Name, Map: ns.IsMap}
+	if ns.IsMap && ns.DataType.Name != nftables.TypeMark.Name {
+		s.Type = 0 // not a map kl writes
+		return s
+	}
 	switch ns.KeyType.Name {
 	case nftables.TypeIPAddr.Name:
 		s.Type = SetIPv4
@@ -247,6 +320,9 @@ func decodeSet(ns *nftables.Set, elems []nftables.SetElement) Set {
 		s.Type = SetIPv6
 	case nftables.TypeInetService.Name:
 		s.Type = SetPort
+		if ns.Interval {
+			s.Type = SetPortRange
+		}
 	}
 	if s.Type == SetPort {
 		for _, e := range elems {
@@ -262,7 +338,7 @@ func decodeSet(ns *nftables.Set, elems []nftables.SetElement) Set {
 		return s
 	}
 	// Interval elements come back in no useful order: sort by key, then each start runs to
-	// the next end element (exclusive) or, without one, to the last address.
+	// the next end element (exclusive), the next start, or the end of the key space.
 	slices.SortFunc(elems, func(a, b nftables.SetElement) int {
 		if c := bytes.Compare(a.Key, b.Key); c != 0 {
 			return c
@@ -276,25 +352,57 @@ func decodeSet(ns *nftables.Set, elems []nftables.SetElement) Set {
 		}
 		return 0
 	})
-	var open *netip.Addr
+	var open []byte
+	var mark uint32
+	closeAt := func(endExcl []byte) {
+		if open == nil {
+			return
+		}
+		if s.Type == SetPortRange {
+			from := binary.BigEndian.Uint16(open)
+			to := uint16(65535)
+			if endExcl != nil {
+				to = binary.BigEndian.Uint16(endExcl) - 1
+			}
+			s.PortRanges = append(s.PortRanges, PortRange{from, to})
+		} else {
+			from, _ := netip.AddrFromSlice(open)
+			to := lastAddr(netip.PrefixFrom(from, 0))
+			if endExcl != nil {
+				a, _ := netip.AddrFromSlice(endExcl)
+				to = a.Prev()
+			}
+			s.Addrs = append(s.Addrs, AddrRange{From: from, To: to})
+		}
+		if s.Map {
+			s.Marks = append(s.Marks, mark)
+		}
+		open = nil
+	}
+	want := 4
+	switch s.Type {
+	case SetIPv6:
+		want = 16
+	case SetPortRange:
+		want = 2
+	}
 	for _, e := range elems {
-		a, ok := netip.AddrFromSlice(e.Key)
-		if !ok {
+		if len(e.Key) != want {
 			continue
 		}
 		if e.IntervalEnd {
-			if open != nil {
-				s.Addrs = append(s.Addrs, AddrRange{From: *open, To: a.Prev()})
-				open = nil
-			}
+			closeAt(e.Key)
 			continue
 		}
-		if open == nil {
-			open = &a
+		if !s.Map && open != nil {
+			continue // a plain set's adjacent start (kl merges those; keep the first)
+		}
+		closeAt(e.Key)
+		open = e.Key
+		if s.Map && len(e.Val) == 4 {
+			mark = binaryutil.NativeEndian.Uint32(e.Val)
 		}
 	}
-	if open != nil {
-		s.Addrs = append(s.Addrs, AddrRange{From: *open, To: lastAddr(netip.PrefixFrom(*open, 0))})
-	}
+	closeAt(nil)
 	return s
 }

@@ -94,6 +94,11 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			out = append(out, loadMeta(expr.MetaKeyL4PROTO), cmpEq([]byte{m.Proto}),
 				loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
 				cmpEq(binaryutil.BigEndian.PutUint16(m.Port)))
+		case MatchDportRange:
+			out = append(out, loadMeta(expr.MetaKeyL4PROTO), cmpEq([]byte{m.Proto}),
+				loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
+				&expr.Range{Op: expr.CmpOpEq, Register: reg,
+					FromData: binaryutil.BigEndian.PutUint16(m.From), ToData: binaryutil.BigEndian.PutUint16(m.To)})
 		case Counter:
 			out = append(out, &expr.Counter{})
 		case MatchDportSet:
@@ -114,6 +119,35 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			return nil, fmt.Errorf("verdict %q has no kernel encoding", a)
 		}
 		out = append(out, &expr.Verdict{Kind: k})
+	case SetMark:
+		k, ok := verdictKinds[a.Then]
+		if !ok {
+			return nil, fmt.Errorf("verdict %q has no kernel encoding", a.Then)
+		}
+		out = append(out, &expr.Immediate{Register: reg, Data: binaryutil.NativeEndian.PutUint32(a.Mark)},
+			&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyMARK},
+			&expr.Verdict{Kind: k})
+	case MapMark:
+		s, ok := sets[a.Map]
+		if !ok {
+			return nil, fmt.Errorf("map %s is not in the table", a.Map)
+		}
+		switch a.Key {
+		case KeyDaddr4, KeyDaddr6:
+			fam, n := 4, uint32(4)
+			if a.Key == KeyDaddr6 {
+				fam, n = 6, 16
+			}
+			out = append(out, loadMeta(expr.MetaKeyNFPROTO), cmpEq(nfproto(fam)),
+				loadPayload(expr.PayloadBaseNetworkHeader, daddrOffset(fam == 4), n))
+		case KeyDport:
+			out = append(out, loadPayload(expr.PayloadBaseTransportHeader, 2, 2))
+		default:
+			return nil, fmt.Errorf("map key %v has no kernel encoding", a.Key)
+		}
+		out = append(out, &expr.Lookup{SourceRegister: reg, DestRegister: reg, IsDestRegSet: true, SetName: s.Name, SetID: s.ID},
+			&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyMARK},
+			&expr.Verdict{Kind: expr.VerdictAccept})
 	case Redirect:
 		out = append(out, &expr.Immediate{Register: reg, Data: binaryutil.BigEndian.PutUint16(a.Port)},
 			&expr.Redir{RegisterProtoMin: reg, RegisterProtoMax: reg, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
@@ -132,6 +166,13 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 		return nil, fmt.Errorf("action %v has no kernel encoding", r.Action)
 	}
 	return out, nil
+}
+
+// isCtMarkSet recognizes a `ct mark set` statement. google/nftables does not decode the
+// source register the kernel echoes, so a read-back set has neither register nor flag.
+func isCtMarkSet(e expr.Any) bool {
+	c, ok := e.(*expr.Ct)
+	return ok && c.Key == expr.CtKeyMARK && (c.SourceRegister || c.Register == 0)
 }
 
 var verdictKinds = map[Verdict]expr.VerdictKind{
@@ -208,7 +249,14 @@ func parseRule(es []expr.Any) (Rule, bool) {
 				if len(c.Data) != 1 {
 					return r, false
 				}
-				if p, ok := at(2).(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader {
+				_, lookup := at(3).(*expr.Lookup)
+				if p, ok := at(2).(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader && !lookup {
+					if rg, ok := at(3).(*expr.Range); ok && len(rg.FromData) == 2 && len(rg.ToData) == 2 {
+						r.Match = append(r.Match, MatchDportRange{Proto: c.Data[0],
+							From: binary.BigEndian.Uint16(rg.FromData), To: binary.BigEndian.Uint16(rg.ToData)})
+						i += 4
+						continue
+					}
 					c2, ok := at(3).(*expr.Cmp)
 					if !ok || len(c2.Data) != 2 {
 						return r, false
@@ -231,6 +279,18 @@ func parseRule(es []expr.Any) (Rule, bool) {
 				if !ok || p.Base != expr.PayloadBaseNetworkHeader {
 					r.Match = append(r.Match, MatchNFProto{fam})
 					i += 2
+					continue
+				}
+				if l, ok := at(3).(*expr.Lookup); ok && l.IsDestRegSet {
+					if !isCtMarkSet(at(4)) {
+						return r, false
+					}
+					key := KeyDaddr4
+					if fam == 6 {
+						key = KeyDaddr6
+					}
+					r.Action = MapMark{Key: key, Map: l.SetName}
+					i += 6 // meta, cmp, payload, lookup, ct, verdict
 					continue
 				}
 				if l, ok := at(3).(*expr.Lookup); ok {
@@ -276,6 +336,14 @@ func parseRule(es []expr.Any) (Rule, bool) {
 			if !ok || e.Base != expr.PayloadBaseTransportHeader {
 				return r, false
 			}
+			if l.IsDestRegSet {
+				if !isCtMarkSet(at(2)) {
+					return r, false
+				}
+				r.Action = MapMark{Key: KeyDport, Map: l.SetName}
+				i += 4
+				continue
+			}
 			r.Match = append(r.Match, MatchDportSet{l.SetName})
 			i += 2
 		case *expr.Counter:
@@ -289,6 +357,21 @@ func parseRule(es []expr.Any) (Rule, bool) {
 			}
 			i++
 		case *expr.Immediate:
+			if isCtMarkSet(at(1)) {
+				v, ok := at(2).(*expr.Verdict)
+				if !ok || len(e.Data) != 4 {
+					return r, false
+				}
+				sm := SetMark{Mark: binaryutil.NativeEndian.Uint32(e.Data)}
+				for vv, k := range verdictKinds {
+					if k == v.Kind {
+						sm.Then = vv
+					}
+				}
+				r.Action = sm
+				i += 3
+				continue
+			}
 			if _, ok := at(1).(*expr.Redir); !ok || len(e.Data) != 2 {
 				return r, false
 			}
@@ -338,6 +421,10 @@ func normalize(e expr.Any) expr.Any {
 		return &c
 	case *expr.Counter:
 		return &expr.Counter{}
+	case *expr.Ct:
+		if isCtMarkSet(e) {
+			return &expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: reg}
+		}
 	}
 	return e
 }

@@ -18,9 +18,10 @@ type Table struct {
 type SetType uint8
 
 const (
-	SetIPv4 SetType = iota + 1 // ipv4_addr, flags interval
-	SetIPv6                    // ipv6_addr, flags interval
-	SetPort                    // inet_service
+	SetIPv4      SetType = iota + 1 // ipv4_addr, flags interval
+	SetIPv6                         // ipv6_addr, flags interval
+	SetPort                         // inet_service
+	SetPortRange                    // inet_service, flags interval
 )
 
 func (t SetType) String() string {
@@ -29,7 +30,7 @@ func (t SetType) String() string {
 		return "ipv4_addr"
 	case SetIPv6:
 		return "ipv6_addr"
-	case SetPort:
+	case SetPort, SetPortRange:
 		return "inet_service"
 	}
 	return fmt.Sprintf("settype(%d)", uint8(t))
@@ -42,6 +43,22 @@ type Set struct {
 	Type  SetType
 	Addrs []AddrRange
 	Ports []uint16
+	// PortRanges are the elements of a SetPortRange set: sorted, disjoint ranges.
+	PortRanges []PortRange
+	// Map makes the set a map to conntrack marks: Marks[i] is the value of the i-th
+	// element (of Addrs or PortRanges). Map ranges may be adjacent (with different marks).
+	Map   bool
+	Marks []uint32
+}
+
+// PortRange is an inclusive range of ports.
+type PortRange struct{ From, To uint16 }
+
+func (r PortRange) String() string {
+	if r.From == r.To {
+		return fmt.Sprint(r.From)
+	}
+	return fmt.Sprintf("%d-%d", r.From, r.To)
 }
 
 // AddrRange is an inclusive address range, one interval element of a set.
@@ -163,6 +180,18 @@ type MatchDport struct {
 // MatchDportSet matches the transport destination port (th dport) against a port set.
 type MatchDportSet struct{ Set string }
 
+// MatchDportRange matches the destination port of one transport protocol against an
+// inclusive range.
+type MatchDportRange struct {
+	Proto    uint8
+	From, To uint16
+}
+
+func (MatchDportRange) isMatch() {}
+func (m MatchDportRange) String() string {
+	return fmt.Sprintf("%s dport %d-%d", protoName(m.Proto), m.From, m.To)
+}
+
 // Counter counts the packets that reach it (it always matches). nft lists it with its
 // current values; Render and Verify ignore them.
 type Counter struct{}
@@ -237,6 +266,48 @@ const (
 // Reject refuses the packet with an answer the sender sees immediately.
 type Reject struct{ Kind RejectKind }
 
+// SetMark sets the connection's conntrack mark, then ends with Then (accept or return).
+type SetMark struct {
+	Mark uint32
+	Then Verdict
+}
+
+// MapKey is what a mark map is looked up by.
+type MapKey uint8
+
+const (
+	KeyDaddr4 MapKey = iota + 1 // ip daddr
+	KeyDaddr6                   // ip6 daddr
+	KeyDport                    // th dport
+)
+
+func (k MapKey) String() string {
+	switch k {
+	case KeyDaddr4:
+		return "ip daddr"
+	case KeyDaddr6:
+		return "ip6 daddr"
+	case KeyDport:
+		return "th dport"
+	}
+	return fmt.Sprintf("mapkey(%d)", uint8(k))
+}
+
+// MapMark looks Key up in the mark map Map: when found, the connection's conntrack mark
+// is set to the element's value and the rule accepts; when not found the rule does not
+// match and the chain goes on.
+type MapMark struct {
+	Key MapKey
+	Map string
+}
+
+func (SetMark) isAction() {}
+func (MapMark) isAction() {}
+func (a SetMark) String() string {
+	return fmt.Sprintf("ct mark set 0x%08x %s", a.Mark, a.Then)
+}
+func (a MapMark) String() string { return fmt.Sprintf("ct mark set %s map @%s accept", a.Key, a.Map) }
+
 func (Verdict) isAction()  {}
 func (Redirect) isAction() {}
 func (Reject) isAction()   {}
@@ -270,17 +341,15 @@ func (t *Table) Render() string {
 	}
 	for _, s := range t.Sets {
 		sep()
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.Type)
+		if s.Map {
+			fmt.Fprintf(&b, "\tmap %s {\n\t\ttype %s : mark\n", s.Name, s.Type)
+		} else {
+			fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n", s.Name, s.Type)
+		}
 		if s.Type != SetPort {
 			b.WriteString("\t\tflags interval\n")
 		}
-		var el []string
-		for _, r := range s.Addrs {
-			el = append(el, r.String())
-		}
-		for _, p := range s.Ports {
-			el = append(el, fmt.Sprint(p))
-		}
+		el := elements(s)
 		if len(el) > 0 {
 			fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(el, ", "))
 		}

@@ -1,0 +1,223 @@
+package netns
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// A sample of every decision shape: the guard mark, an address stage mixing marks and
+// relay ranges in both families (nested prefixes, adjacent results), a port stage, an
+// address-and-port entry, and a marking catch-all that replaces the redirect.
+var goldenDecisions = []struct {
+	name string
+	c    Capture
+	d    Decisions
+}{
+	{"decisions-mixed", goldenCaptures[0].c, Decisions{
+		Guard: 0x6b010000,
+		List: []Decision{
+			{Prefixes: prefixes("10.1.2.0/24", "fd00::/64"), Mark: 0x6b010003},
+			{Prefixes: prefixes("10.0.0.0/8", "2001:db8::/32"), Mark: 0},
+			{Prefixes: prefixes("10.1.0.0/16", "192.0.2.0/24"), Mark: 0x6b010004},
+			{Ports: []PortRange{{443, 443}, {8000, 8999}}, Mark: 0x6b010005},
+			{Ports: []PortRange{{22, 22}, {8080, 8080}}},
+			{Prefixes: prefixes("198.51.100.0/24", "fd00:1::/48"), Ports: []PortRange{{5432, 5432}}, Mark: 0x6b010006},
+			{Prefixes: prefixes("203.0.113.0/24"), Ports: []PortRange{{1, 1024}, {2000, 3000}}},
+			{Mark: 0x6b010007},
+			{Prefixes: prefixes("10.9.0.0/16"), Mark: 0x6b010008}, // unreachable
+		},
+	}},
+	{"decisions-relay-default-ipv4-only", goldenCaptures[3].c, Decisions{
+		List: []Decision{
+			{Prefixes: prefixes("0.0.0.0/1", "fd00::/8"), Mark: 0x6b020001},
+			{Ports: []PortRange{{1, 65535}}, Mark: 0},
+		},
+	}},
+}
+
+func TestDecisionsGolden(t *testing.T) {
+	for _, tc := range goldenDecisions {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := tc.c.ProgramWith(tc.d)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, "render-"+tc.name, p.Render())
+		})
+	}
+}
+
+func TestDecisionsShape(t *testing.T) {
+	c := goldenCaptures[1].c
+	all := Decisions{List: []Decision{{Mark: 7}}}
+	p, err := c.ProgramWith(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(p.Render(), "redirect") {
+		t.Errorf("a pod whose every flow is decided still has a redirect:\n%s", p.Render())
+	}
+	none, err := c.ProgramWith(Decisions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if none.Render() != c.Render() {
+		t.Errorf("no decisions changed the program:\n%s", none.Render())
+	}
+	bad := Decisions{List: []Decision{{Prefixes: []netip.Prefix{}}, {Ports: []PortRange{{0, 3}}}, {Prefixes: prefixes("::ffff:10.0.0.0/104")}}}
+	if _, err := c.ProgramWith(bad); err == nil || !strings.Contains(err.Error(), "entry 0") || !strings.Contains(err.Error(), "entry 1") || !strings.Contains(err.Error(), "entry 2") {
+		t.Errorf("ProgramWith(bad) = %v, want errors naming entries 0, 1 and 2", err)
+	}
+}
+
+// Verify checks the capture underneath whatever decisions are installed (CNI CHECK does
+// not know them), VerifyDecisions checks them too.
+func TestVerifyWithDecisions(t *testing.T) {
+	f := NewFake()
+	for _, tc := range goldenDecisions {
+		if err := InstallDecisionsWith(f, "/ns", tc.c, tc.d); err != nil {
+			t.Fatal(err)
+		}
+		if err := VerifyWith(f, "/ns", tc.c); err != nil {
+			t.Errorf("%s: Verify: %v", tc.name, err)
+		}
+		if err := VerifyDecisionsWith(f, "/ns", tc.c, tc.d); err != nil {
+			t.Errorf("%s: VerifyDecisions: %v", tc.name, err)
+		}
+		other := tc.d
+		other.List = append([]Decision{{Prefixes: prefixes("192.0.2.9/32"), Mark: 99}}, tc.d.List...)
+		if err := VerifyDecisionsWith(f, "/ns", tc.c, other); err == nil {
+			t.Errorf("%s: VerifyDecisions with other decisions passed", tc.name)
+		}
+		// A capture rule deleted by hand is still caught under decisions.
+		tb := f.Tables["/ns"]
+		nat := &tb.Chains[0]
+		nat.Rules = nat.Rules[1:]
+		if err := VerifyWith(f, "/ns", tc.c); err == nil || !strings.Contains(err.Error(), "meta mark") {
+			t.Errorf("%s: Verify after deleting the mark exemption = %v", tc.name, err)
+		}
+	}
+}
+
+// resolveAddrs against a brute-force first match over generated nested prefixes.
+func TestResolveAddrs(t *testing.T) {
+	for seed := range 200 {
+		r := rand.New(rand.NewPCG(uint64(seed), 1))
+		var list []Decision
+		for i := 0; i < 1+r.IntN(6); i++ {
+			var ps []netip.Prefix
+			for j := 0; j < 1+r.IntN(3); j++ {
+				if r.IntN(4) == 0 {
+					ps = append(ps, netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, byte(r.IntN(2))}), 8+r.IntN(9)).Masked())
+					continue
+				}
+				a := netip.AddrFrom4([4]byte{10, byte(r.IntN(3)), byte(r.IntN(3)), byte(r.IntN(256))})
+				ps = append(ps, netip.PrefixFrom(a, []int{0, 8, 16, 23, 24, 30, 32}[r.IntN(7)]).Masked())
+			}
+			list = append(list, Decision{Prefixes: ps, Mark: uint32(r.IntN(3))})
+		}
+		for _, v4 := range []bool{true, false} {
+			ranges, marks := resolveAddrs(list, v4)
+			for k := 1; k < len(ranges); k++ {
+				if ranges[k-1].To.Compare(ranges[k].From) >= 0 {
+					t.Fatalf("seed %d: ranges overlap or unsorted: %v", seed, ranges)
+				}
+				if ranges[k-1].To.Next() == ranges[k].From && marks[k-1] == marks[k] {
+					t.Fatalf("seed %d: adjacent ranges with one mark not merged: %v %v", seed, ranges, marks)
+				}
+			}
+			var probes []netip.Addr
+			for _, e := range list {
+				for _, p := range e.Prefixes {
+					if p.Addr().Is4() != v4 {
+						continue
+					}
+					lo, hi := p.Addr(), lastAddr(p)
+					probes = append(probes, lo, hi, lo.Prev(), hi.Next())
+				}
+			}
+			for _, a := range probes {
+				if !a.IsValid() {
+					continue
+				}
+				want, wantIn := uint32(0), false
+				for _, e := range list {
+					for _, p := range e.Prefixes {
+						if p.Contains(a) {
+							want, wantIn = e.Mark, true
+							break
+						}
+					}
+					if wantIn {
+						break
+					}
+				}
+				got, gotIn := uint32(0), false
+				for k, rg := range ranges {
+					if rg.From.Compare(a) <= 0 && a.Compare(rg.To) <= 0 {
+						got, gotIn = marks[k], true
+					}
+				}
+				if got != want || gotIn != wantIn {
+					t.Fatalf("seed %d: %s: resolved (%d, %v), first match (%d, %v)\nlist %v\nranges %v %v", seed, a, got, gotIn, want, wantIn, list, ranges, marks)
+				}
+			}
+		}
+	}
+}
+
+func TestResolvePorts(t *testing.T) {
+	list := []Decision{
+		{Ports: []PortRange{{443, 443}}, Mark: 1},
+		{Ports: []PortRange{{1, 1024}}, Mark: 2},
+		{Ports: []PortRange{{1000, 2000}, {65535, 65535}}, Mark: 0},
+		{Ports: []PortRange{{2001, 3000}}, Mark: 0},
+	}
+	rs, ms := resolvePorts(list)
+	got := fmt.Sprint(rs, ms)
+	want := "[1-442 443 444-1024 1025-3000 65535] [2 1 2 0 0]"
+	if got != want {
+		t.Errorf("resolvePorts = %s, want %s", got, want)
+	}
+}
+
+func BenchmarkProgramWith10k(b *testing.B) {
+	d := bigDecisions(10000)
+	c := goldenCaptures[1].c
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := c.ProgramWith(d); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// bigDecisions is what a 10k-rule dimension-form policy compiles to: the cidr tier in
+// file order (/24s, some shadowed by earlier /16s, v6 /64s), then the port tier, then
+// the default.
+func bigDecisions(n int) Decisions {
+	var d Decisions
+	var ports []Decision
+	for i := 0; i < n; i++ {
+		switch i % 8 {
+		case 7:
+			ports = append(ports, Decision{Ports: []PortRange{{uint16(1 + i%60000), uint16(1 + i%60000)}}, Mark: uint32(0x6b000000 | i)})
+		case 6:
+			d.List = append(d.List, Decision{Prefixes: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom16([16]byte{0xfd, 0, byte(i >> 8), byte(i)}), 64)}, Mark: uint32(0x6b000000 | i)})
+		case 5:
+			d.List = append(d.List, Decision{Prefixes: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), 0, 0}), 16)}, Mark: 0})
+		default:
+			mark := uint32(0x6b000000 | i)
+			if i%3 == 0 {
+				mark = 0
+			}
+			d.List = append(d.List, Decision{Prefixes: []netip.Prefix{netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 0}), 24)}, Mark: mark})
+		}
+	}
+	d.List = append(d.List, ports...)
+	d.List = append(d.List, Decision{Mark: 0x6b00ffff})
+	return d
+}
