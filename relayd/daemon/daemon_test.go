@@ -18,6 +18,7 @@ import (
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/relayd/registry"
+	"github.com/kl-egress/kl/relayd/relay"
 )
 
 // freePort returns a TCP port nothing listens on right now (in the test's own netns,
@@ -340,4 +341,40 @@ func TestReload(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func TestBuildExits(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.Exits = map[string]config.Upstream{"egress-b": {URL: "socks5://127.0.0.1:1080"}}
+	cfg.Proxy = &config.Upstream{URL: "http://127.0.0.1:3128"}
+	if err := cfg.Fill(); err != nil {
+		t.Fatal(err)
+	}
+	exits, err := buildExits(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := exits["gateway"]; ok {
+		t.Error("gateway exit without the operator's opt-in")
+	}
+	if exits["proxy"] == nil || exits["egress-b"] == nil {
+		t.Errorf("exits = %v", exits)
+	}
+	cfg.Gateway = true
+	exits, _ = buildExits(cfg)
+	gw := exits["gateway"]
+	if gw == nil {
+		t.Fatal("no gateway exit with KL_EGRESS_GATEWAY=1")
+	}
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ap := ln.Addr().(*net.TCPAddr).AddrPort()
+	c, err := gw(context.Background(), &api.Workload{Netns: "/nonexistent"}, relay.Dest{Addr: ap, Port: ap.Port()})
+	if err != nil {
+		t.Fatalf("gateway dial from the daemon's own netns: %v", err)
+	}
+	c.Close()
 }

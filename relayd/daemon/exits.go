@@ -15,8 +15,8 @@ import (
 
 type nsKey struct{}
 
-// buildExits turns the configured upstreams into the relay's exits: `proxy` and every
-// named exit. The connection to an upstream is made from the workload's own netns with the
+// buildExits turns the configured upstreams into the relay's exits: `proxy`, every named
+// exit, and `gateway` when the operator opted in. The connection to an upstream is made from the workload's own netns with the
 // relay's mark, like a direct dial, so it follows the pod's network and is not captured
 // again.
 func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
@@ -35,6 +35,14 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
 		}
 		return nil
+	}
+	if cfg.Gateway {
+		// The operator opted in (KL_EGRESS_GATEWAY=1): the node's own network, i.e. the
+		// daemon's netns. Without the opt-in a policy naming gateway is refused at load.
+		exits[rules.ExitGateway] = func(ctx context.Context, _ *api.Workload, dst relay.Dest) (net.Conn, error) {
+			t := upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port}
+			return netns.Dial(ctx, "", cfg.Mark, "tcp", t.String())
+		}
 	}
 	if cfg.Proxy != nil {
 		if err := add(rules.ExitProxy, *cfg.Proxy); err != nil {
