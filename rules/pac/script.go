@@ -324,13 +324,14 @@ type worker struct {
 	broken  bool  // the runtime could not be set up: retire it
 	initErr error // why (a *CompileError)
 
-	call    Call
-	host    string // the normalised host handed to the script
-	rng     uint64
-	loc     *time.Location
-	log     *slog.Logger
-	shexp   shexpCache
-	results map[string]Result // ParseResult of recent return values
+	call     Call
+	host     string // the normalised host handed to the script
+	rng      uint64
+	loc      *time.Location
+	log      *slog.Logger
+	shexp    shexpCache
+	results  map[string]Result   // ParseResult of recent return values
+	argCache map[string]callArgs // arguments for recent hosts
 }
 
 func (p *pool) newWorker() *worker {
@@ -440,9 +441,9 @@ func (w *worker) run(c Call) (r Result) {
 	}()
 	w.call = c
 	w.rng = c.Seed
-	url, host := BuildURL(c)
-	w.host = host
-	v, err := w.fn(goja.Undefined(), w.vm.ToValue(url), w.vm.ToValue(host))
+	a := w.args(c)
+	w.host = a.host
+	v, err := w.fn(goja.Undefined(), a.urlV, a.hostV)
 	if err != nil {
 		var ie *goja.InterruptedError
 		if errors.As(err, &ie) {
@@ -474,6 +475,32 @@ func (w *worker) run(c Call) (r Result) {
 }
 
 const resultCacheMax = 256
+
+// callArgs are FindProxyForURL's arguments for a host, ready for the runtime.
+type callArgs struct {
+	host        string
+	urlV, hostV goja.Value
+}
+
+// args builds the arguments, remembering them for recent hosts on the default https
+// port (most flows go to hosts seen before).
+func (w *worker) args(c Call) callArgs {
+	cacheable := c.Host != "" && c.Scheme == "" && (c.Port == 0 || c.Port == 443)
+	if cacheable {
+		if a, ok := w.argCache[c.Host]; ok {
+			return a
+		}
+	}
+	url, host := BuildURL(c)
+	a := callArgs{host: host, urlV: w.vm.ToValue(url), hostV: w.vm.ToValue(host)}
+	if cacheable {
+		if w.argCache == nil || len(w.argCache) >= resultCacheMax {
+			w.argCache = make(map[string]callArgs)
+		}
+		w.argCache[c.Host] = a
+	}
+	return a
+}
 
 func typeOf(v goja.Value) string {
 	switch v.Export().(type) {
