@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -256,4 +257,26 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 		return netip.Prefix{}, err
 	}
 	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// RealRuntime finds the real runtime and refuses kl-runtime itself: a PATH where "runc"
+// is kl-runtime would otherwise exec itself forever.
+func (c *Config) RealRuntime() (string, error) {
+	p := c.Runtime
+	if !strings.Contains(p, "/") {
+		var err error
+		if p, err = exec.LookPath(c.Runtime); err != nil {
+			return "", fmt.Errorf("real runtime %q: %w", c.Runtime, err)
+		}
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", fmt.Errorf("real runtime: %w", err)
+	}
+	if self, err := os.Executable(); err == nil {
+		if sfi, err := os.Stat(self); err == nil && os.SameFile(fi, sfi) {
+			return "", fmt.Errorf("real runtime %s is kl-runtime itself: set runtime in %s to runc or crun", p, Resolve(c.path))
+		}
+	}
+	return p, nil
 }

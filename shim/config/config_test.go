@@ -61,3 +61,19 @@ func TestParseBad(t *testing.T) {
 		t.Errorf("missing explicit file: %v", err)
 	}
 }
+
+func TestRealRuntime(t *testing.T) {
+	self, _ := os.Executable()
+	c := &Config{Runtime: self}
+	if _, err := c.RealRuntime(); err == nil || !strings.Contains(err.Error(), "kl-runtime itself") {
+		t.Errorf("RealRuntime(self) = %v", err)
+	}
+	c.Runtime = "no-such-runtime-kl"
+	if _, err := c.RealRuntime(); err == nil {
+		t.Errorf("RealRuntime(missing) = nil")
+	}
+	c.Runtime = "sh"
+	if p, err := c.RealRuntime(); err != nil || !filepath.IsAbs(p) {
+		t.Errorf("RealRuntime(sh) = %q, %v", p, err)
+	}
+}

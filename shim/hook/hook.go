@@ -8,7 +8,8 @@
 // Host-network containers are left alone, with a log line. Any failure fails container
 // creation (fail closed) unless the operator set failOpen.
 //
-// It reads the OCI state from stdin and never writes to stdout.
+// As a hook it reads the OCI state from stdin and never writes to stdout; `kl-hook check`,
+// run by hand, reports on stdout whether the node's settings work.
 package hook
 
 import (
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 
 	"github.com/kl-egress/kl/netns"
@@ -52,17 +54,22 @@ var (
 
 type workloadLookup = workload.Lookup
 
-// Run is kl-hook's main: args are os.Args, stdin carries the OCI state.
+// Run is kl-hook's main: args are os.Args, stdin carries the OCI state. `kl-hook check`
+// (run by hand) reports whether the settings work and writes the report to stdout.
 func Run(ctx context.Context, args []string, stdin io.Reader) error {
+	return run(ctx, args, stdin, os.Stdout)
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("kl-hook", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cfgPath := fs.String("config", "", "kl runtime settings file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
 	mode := fs.String("mode", "", "egress mode kl-runtime chose for this container")
 	if err := fs.Parse(args[1:]); err != nil {
-		return fmt.Errorf("usage: kl-hook [--config FILE] [--mode MODE] create|delete: %w", err)
+		return fmt.Errorf("usage: kl-hook [--config FILE] [--mode MODE] create|delete|check: %w", err)
 	}
-	if fs.NArg() != 1 || (fs.Arg(0) != "create" && fs.Arg(0) != "delete") {
-		return fmt.Errorf("usage: kl-hook [--config FILE] [--mode MODE] create|delete (got %q)", fs.Args())
+	if fs.NArg() != 1 || (fs.Arg(0) != "create" && fs.Arg(0) != "delete" && fs.Arg(0) != "check") {
+		return fmt.Errorf("usage: kl-hook [--config FILE] [--mode MODE] create|delete|check (got %q)", fs.Args())
 	}
 	if *mode != "" && !config.ValidMode(*mode) {
 		return fmt.Errorf("--mode %q: want env, proxy or transparent", *mode)
@@ -70,6 +77,9 @@ func Run(ctx context.Context, args []string, stdin io.Reader) error {
 	cfg, err := config.Load(config.Resolve(*cfgPath))
 	if err != nil {
 		return err
+	}
+	if fs.Arg(0) == "check" {
+		return Check(ctx, cfg, newRelay(cfg), stdout)
 	}
 	log, fileLog, closeLog := cfg.Logger("kl-hook")
 	defer closeLog()

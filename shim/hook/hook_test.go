@@ -190,3 +190,34 @@ func TestRunConfigErrors(t *testing.T) {
 		t.Errorf("missing config: %v", err)
 	}
 }
+
+func TestCheck(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(rules, []byte("default: direct\n"), 0o644)
+	hookBin := filepath.Join(dir, "kl-hook")
+	os.WriteFile(hookBin, []byte("#!/bin/sh\n"), 0o755)
+	p := filepath.Join(dir, "runtime.yaml")
+	os.WriteFile(p, []byte("runtime: sh\nrules: "+rules+"\nhook: "+hookBin+"\ndockerSocket: "+filepath.Join(dir, "none.sock")+"\n"), 0o644)
+	fr := &fakeRelay{regs: map[string]api.Registration{"a": {}}}
+	newRelay = func(*config.Config) Relay { return fr }
+	t.Cleanup(func() {
+		newRelay = func(cfg *config.Config) Relay { return api.NewClient(cfg.RelaySocket, cfg.RelayTimeout) }
+	})
+	var out strings.Builder
+	if err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out); err != nil {
+		t.Fatalf("check: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "ok   rules    " + rules, "(1 workloads registered)", "not answering"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("check output lacks %q:\n%s", want, out.String())
+		}
+	}
+	fr.err = api.ErrUnreachable
+	out.Reset()
+	os.Remove(rules)
+	err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out)
+	if err == nil || !strings.Contains(out.String(), "FAIL relay") || !strings.Contains(out.String(), "FAIL rules") {
+		t.Errorf("check with relay down and rules missing: %v\n%s", err, out.String())
+	}
+}

@@ -14,9 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -57,7 +55,7 @@ func Run(ctx context.Context, args []string) error {
 	if cerr == nil {
 		log, fileLog, closeLog = cfg.Logger("kl-runtime")
 	}
-	real, err := resolveRuntime(cfg.Runtime)
+	real, err := cfg.RealRuntime()
 	if err != nil {
 		closeLog()
 		return report(inv, err)
@@ -179,28 +177,6 @@ func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ
 		}
 	}
 	return mods, nil
-}
-
-// resolveRuntime finds the real runtime and refuses kl-runtime itself (a PATH where
-// "runc" is kl-runtime would otherwise loop forever).
-func resolveRuntime(name string) (string, error) {
-	p := name
-	if !strings.Contains(name, "/") {
-		var err error
-		if p, err = exec.LookPath(name); err != nil {
-			return "", fmt.Errorf("real runtime %q: %w", name, err)
-		}
-	}
-	fi, err := os.Stat(p)
-	if err != nil {
-		return "", fmt.Errorf("real runtime: %w", err)
-	}
-	if self, err := os.Executable(); err == nil {
-		if sfi, err := os.Stat(self); err == nil && os.SameFile(fi, sfi) {
-			return "", fmt.Errorf("real runtime %s is kl-runtime itself: set runtime in %s to runc or crun", p, config.DefaultPath)
-		}
-	}
-	return p, nil
 }
 
 // report adds err to the runtime log the engine asked for with --log (containerd and

@@ -35,6 +35,7 @@ func TestContainerdSnippets(t *testing.T) {
 // rules file and a hook registration with the image; transparent mode (node default)
 // gets the capture table in the container's netns.
 func TestContainerdCtr(t *testing.T) {
+	t.Parallel() // each test has its own daemons, directories and names
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "busybox", "runc", "nft")
 	dir := t.TempDir()

@@ -71,6 +71,7 @@ func (d *dockerd) docker(t *testing.T, args ...string) result {
 // the container with its labels and normalized image; a transparent-mode container gets
 // the capture table; a container run without kl gets nothing.
 func TestDockerRun(t *testing.T) {
+	t.Parallel() // each test has its own daemons, directories and names
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "busybox", "runc", "nft")
 	dir := t.TempDir()
@@ -188,6 +189,10 @@ func testDockerTraffic(t *testing.T, dir, cfgPath string, d *dockerd) {
 	world.WaitPort(t, "tcp", ":3128", 10*time.Second)
 	cfg := readFile(cfgPath)
 	os.WriteFile(cfgPath, []byte(strings.Replace(cfg, "relaySocket: ", "relaySocket: "+socket+"\n# fake: ", 1)), 0o644)
+	if r := run(t, nil, filepath.Join(bins(t), "kl-hook"), "--config", cfgPath, "check"); r.code != 0 ||
+		len(contains(r.stdout, "ok   relay    "+socket, "ok   docker   "+filepath.Join(dir, "docker.sock"), "ok   runtime")) > 0 {
+		t.Errorf("kl-hook check against the real relay and dockerd: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 
 	start := func(net int, labels ...string) (id string) {
 		args := []string{"run", "-d", "--runtime", "kl", "--network", "none"}

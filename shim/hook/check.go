@@ -1,0 +1,80 @@
+package hook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/kl-egress/kl/shim/config"
+	"github.com/kl-egress/kl/shim/docker"
+)
+
+// Check proves a node's wrapper settings work, building what a container create would
+// use: the real runtime, the hook, the rules file, the relay and the Docker API. It
+// writes one line per item to out and fails when a container create would fail.
+func Check(ctx context.Context, cfg *config.Config, relay Relay, out io.Writer) error {
+	var failed []string
+	line := func(ok bool, what, detail string) {
+		mark := "ok  "
+		if !ok {
+			mark = "FAIL"
+			failed = append(failed, what)
+		}
+		fmt.Fprintf(out, "%s %-8s %s\n", mark, what, detail)
+	}
+	src := cfg.Path()
+	if src == "" {
+		src = config.DefaultPath + " (absent: defaults)"
+	}
+	fmt.Fprintf(out, "ok   config   %s (node mode %s, failOpen %v)\n", src, cfg.Mode, cfg.FailOpen)
+
+	if p, err := cfg.RealRuntime(); err != nil {
+		line(false, "runtime", err.Error())
+	} else {
+		line(true, "runtime", p)
+	}
+	if fi, err := os.Stat(cfg.Hook); err != nil {
+		line(false, "hook", err.Error())
+	} else if fi.Mode().Perm()&0o111 == 0 || !fi.Mode().IsRegular() {
+		line(false, "hook", cfg.Hook+" is not an executable file")
+	} else {
+		line(true, "hook", cfg.Hook)
+	}
+	if cfg.Rules == "-" {
+		fmt.Fprintln(out, "ok   rules    not mounted (rules: -)")
+	} else if f, err := os.Open(cfg.Rules); err != nil {
+		line(false, "rules", err.Error())
+	} else {
+		f.Close()
+		line(true, "rules", cfg.Rules+" -> "+config.ContainerRulesPath+" (read-only)")
+	}
+	if regs, err := relay.List(ctx); err != nil {
+		if cfg.FailOpen {
+			fmt.Fprintf(out, "warn relay    %v (failOpen: containers start uncaptured)\n", err)
+		} else {
+			line(false, "relay", err.Error())
+		}
+	} else {
+		line(true, "relay", fmt.Sprintf("%s (%d workloads registered)", cfg.RelaySocket, len(regs)))
+	}
+	switch {
+	case cfg.DockerSocket == "-":
+		fmt.Fprintln(out, "ok   docker   lookup off (dockerSocket: -)")
+	default:
+		_, _, err := docker.Client{Socket: cfg.DockerSocket}.Lookup(ctx, "kl-check")
+		switch {
+		case errors.Is(err, docker.ErrUnavailable):
+			fmt.Fprintf(out, "ok   docker   %s not answering: Docker labels and images unavailable (fine without dockerd)\n", cfg.DockerSocket)
+		case err != nil:
+			line(false, "docker", err.Error())
+		default:
+			line(true, "docker", cfg.DockerSocket)
+		}
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("check failed: %v", failed)
+	}
+	return nil
+}
