@@ -18,6 +18,11 @@ var fuzzFlows = []Flow{
 func FuzzParse(f *testing.F) {
 	f.Add([]byte("default: direct\nrules:\n  - domain: \"*.example.com\"\n    action: proxy\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
+		func() {
+			defer func(a, b int) { chunkMinBytes, chunkItems = a, b }(chunkMinBytes, chunkItems)
+			chunkMinBytes, chunkItems = 0, 2
+			sameRules(t, data)
+		}()
 		for _, o := range []LoadOptions{{}, {AllowGateway: true, Detached: true}} {
 			p, err := Parse("fuzz.yaml", data, o)
 			if err != nil {

@@ -129,7 +129,20 @@ func yamlString(s string) string {
 
 var yamlLine = regexp.MustCompile(`line (\d+)`)
 
+// parse loads a file. A large rules list is parsed in chunks of items, so the YAML
+// node tree of the whole file never exists at once; any file the chunked reading
+// cannot handle exactly, and any error, goes through one whole-document parse, which
+// alone defines the result.
 func parse(name string, data []byte, o LoadOptions) (*Policy, error) {
+	if len(data) >= chunkMinBytes {
+		if p, ok := parseChunked(name, data, o); ok {
+			return p, nil
+		}
+	}
+	return parseDoc(name, data, o)
+}
+
+func parseDoc(name string, data []byte, o LoadOptions) (*Policy, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -299,6 +312,15 @@ var dimFields = map[string]Dimension{
 	"domain": DimDomain, "cidr": DimCIDR, "port": DimPort, "pattern": DimPattern,
 }
 
+func mappingHas(n *yaml.Node, key string) bool {
+	for j := 0; j < len(n.Content); j += 2 {
+		if n.Content[j].Value == key {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Policy) parseRules(n *yaml.Node, o LoadOptions) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
@@ -306,26 +328,32 @@ func (p *Policy) parseRules(n *yaml.Node, o LoadOptions) error {
 	if n.Kind != yaml.SequenceNode {
 		return &Error{Code: CodeBadValue, Line: n.Line, Msg: "rules must be a list"}
 	}
-	formRule := 0
-	for i, item := range n.Content {
-		idx := i + 1
-		r, err := parseRule(idx, item, o)
-		if err != nil {
+	for _, item := range n.Content {
+		if err := p.addRule(item, o); err != nil {
 			return err
 		}
-		isPattern := r.dim == DimPattern
-		if formRule == 0 {
-			formRule = idx
-			p.pattern = isPattern
-		} else if isPattern != p.pattern {
-			first, this := "dimension", "pattern"
-			if p.pattern {
-				first, this = this, first
-			}
-			return &Error{Code: CodeMixedForms, Rule: idx, Line: r.line, Msg: fmt.Sprintf("a %s rule in a file whose rule %d is a %s rule; one file uses one form", this, formRule, first)}
-		}
-		p.rules = append(p.rules, r)
 	}
+	return nil
+}
+
+// addRule parses the next rule and appends it.
+func (p *Policy) addRule(item *yaml.Node, o LoadOptions) error {
+	idx := len(p.rules) + 1
+	r, err := parseRule(idx, item, o)
+	if err != nil {
+		return err
+	}
+	isPattern := r.dim == DimPattern
+	if idx == 1 {
+		p.pattern = isPattern
+	} else if isPattern != p.pattern {
+		first, this := "dimension", "pattern"
+		if p.pattern {
+			first, this = this, first
+		}
+		return &Error{Code: CodeMixedForms, Rule: idx, Line: r.line, Msg: fmt.Sprintf("a %s rule in a file whose rule 1 is a %s rule; one file uses one form", this, first)}
+	}
+	p.rules = append(p.rules, r)
 	return nil
 }
 
@@ -346,20 +374,18 @@ func parseRule(idx int, n *yaml.Node, o LoadOptions) (rule, error) {
 		matchLine, actionLine, exitLine, nmatches int
 		action, exitName_                         string
 		hasAction, hasExit                        bool
-		keys                                      []string
 	)
-	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if err := noAlias(k, v); err != nil {
 			err.(*Error).Rule = idx
 			return rule{}, err
 		}
-		if l, dup := seen[k.Value]; dup {
-			return fail(CodeSyntax, k.Line, "key %q repeated (first at line %d)", k.Value, l)
+		for j := 0; j < i; j += 2 {
+			if n.Content[j].Value == k.Value {
+				return fail(CodeSyntax, k.Line, "key %q repeated (first at line %d)", k.Value, n.Content[j].Line)
+			}
 		}
-		seen[k.Value] = k.Line
-		keys = append(keys, k.Value)
 		if _, ok := dimFields[k.Value]; ok {
 			nmatches++
 			if nmatches > 1 {
@@ -414,7 +440,7 @@ func parseRule(idx int, n *yaml.Node, o LoadOptions) (rule, error) {
 	if r.dim == DimPattern {
 		want = "route"
 	}
-	if _, ok := seen[want]; !ok && hasAction {
+	if !mappingHas(n, want) && hasAction {
 		other := "route"
 		if want == "route" {
 			other = "action"
