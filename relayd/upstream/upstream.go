@@ -202,8 +202,9 @@ func (c *common) connect(ctx context.Context, t Target) (net.Conn, context.Conte
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	conn, err := c.base(ctx, "tcp", c.addr)
 	if err != nil {
+		err = c.errorf("connect: %w", dialReason(ctx, c.timeout, err))
 		cancel()
-		return nil, nil, nil, c.errorf("connect: %w", dialReason(ctx, err))
+		return nil, nil, nil, err
 	}
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
@@ -220,16 +221,32 @@ func (c *common) connect(ctx context.Context, t Target) (net.Conn, context.Conte
 	return conn, ctx, done, nil
 }
 
-// dialReason makes a connect failure say why in words.
-func dialReason(ctx context.Context, err error) error {
+// dialReason makes a connect failure say why in words, keeping the original error in the
+// chain (errors.Is still finds ECONNREFUSED or a deadline).
+func dialReason(ctx context.Context, timeout time.Duration, err error) error {
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return fmt.Errorf("timed out: %w", err)
+		return &wordsError{fmt.Sprintf("timed out after %v", timeout), err}
+	case errors.Is(ctx.Err(), context.Canceled):
+		return &wordsError{"cancelled", err}
 	case isRefused(err):
-		return fmt.Errorf("connection refused: %w", err)
+		return &wordsError{"connection refused", err}
+	case errors.Is(err, syscall.ENETUNREACH):
+		return &wordsError{"network unreachable", err}
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		return &wordsError{"host unreachable", err}
 	}
 	return err
 }
+
+// wordsError reads as a short phrase but unwraps to the full error.
+type wordsError struct {
+	words string
+	err   error
+}
+
+func (e *wordsError) Error() string { return e.words }
+func (e *wordsError) Unwrap() error { return e.err }
 
 // handshakeErr turns an I/O error during the handshake into words.
 func (c *common) handshakeErr(ctx context.Context, stage string, err error) error {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -278,6 +279,27 @@ func TestDialErrors(t *testing.T) {
 			_, err = d.Dial(context.Background(), Target{Host: "h", Port: 1})
 			if err == nil || !strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), d.String()) {
 				t.Fatalf("Dial via a closed port = %v, want a refused error naming %s", err, d)
+			}
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("Dial via a closed port = %v, which does not wrap ECONNREFUSED", err)
+			}
+		})
+		t.Run(scheme+" connect timeout", func(t *testing.T) {
+			slow := func(ctx context.Context, network, addr string) (net.Conn, error) {
+				<-ctx.Done()
+				return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+			}
+			d, err := New(scheme+"://192.0.2.1:1", 100*time.Millisecond, slow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			_, err = d.Dial(context.Background(), Target{Host: "h", Port: 1})
+			if err == nil || !strings.Contains(err.Error(), "connect: timed out after 100ms") || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Dial through a silent network = %v", err)
+			}
+			if took := time.Since(start); took > time.Second {
+				t.Fatalf("connect timeout of 100ms took %v", took)
 			}
 		})
 		t.Run(scheme+" cancelled", func(t *testing.T) {
