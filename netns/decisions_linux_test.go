@@ -24,6 +24,9 @@ func TestDecisionsRoundTrip(t *testing.T) {
 			if err := Verify(ns.Path, tc.c); err != nil {
 				t.Errorf("Verify: %v", err)
 			}
+			if c, err := Installed(ns.Path); err != nil || c.Render() != tc.c.Render() {
+				t.Errorf("Installed = %v, %v; want the capture underneath", c, err)
+			}
 			listed := ns.Exec(t, "nft", "list", "table", "inet", "kl")
 			golden(t, "nft-"+tc.name, listed)
 			p, _ := tc.c.ProgramWith(tc.d)

@@ -221,3 +221,44 @@ func bigDecisions(n int) Decisions {
 	d.List = append(d.List, Decision{Mark: 0x6b00ffff})
 	return d
 }
+
+// Installed reads back the capture under decisions, for every golden capture.
+func TestInstalled(t *testing.T) {
+	f := NewFake()
+	for _, tc := range goldenCaptures {
+		for _, d := range []Decisions{{}, goldenDecisions[0].d, {List: []Decision{{Mark: 5}}}} {
+			if err := InstallDecisionsWith(f, "/ns", tc.c, d); err != nil {
+				t.Fatal(err)
+			}
+			got, err := InstalledWith(f, "/ns")
+			if err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+			if len(d.List) == 1 {
+				if got.RedirectPort != 0 {
+					t.Errorf("%s: a table without a redirect gave port %d", tc.name, got.RedirectPort)
+				}
+				got.RedirectPort = tc.c.RedirectPort
+			}
+			if got.Render() != tc.c.Render() {
+				t.Errorf("%s: Installed renders\n%s\nwant\n%s", tc.name, got.Render(), tc.c.Render())
+			}
+		}
+	}
+	if _, err := InstalledWith(f, "/nothing"); err == nil {
+		t.Error("Installed on a netns without a table passed")
+	}
+}
+
+func TestRangePrefixes(t *testing.T) {
+	r := AddrRange{From: netip.MustParseAddr("10.0.0.1"), To: netip.MustParseAddr("10.0.1.0")}
+	got := fmt.Sprint(rangePrefixes(r))
+	want := "[10.0.0.1/32 10.0.0.2/31 10.0.0.4/30 10.0.0.8/29 10.0.0.16/28 10.0.0.32/27 10.0.0.64/26 10.0.0.128/25 10.0.1.0/32]"
+	if got != want {
+		t.Errorf("rangePrefixes = %s, want %s", got, want)
+	}
+	all := AddrRange{From: netip.MustParseAddr("::"), To: netip.MustParseAddr("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")}
+	if got := fmt.Sprint(rangePrefixes(all)); got != "[::/0]" {
+		t.Errorf("whole space = %s", got)
+	}
+}

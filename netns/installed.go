@@ -1,0 +1,121 @@
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// Installed reads the capture program installed in nsPath back as the Capture that
+// produced it (kernel decisions, if any, set aside), so that a component that did not
+// install it — the relay daemon adding kernel decisions to a table kl-cni wrote — can
+// rebuild the same capture without knowing the plugin's configuration. It fails when
+// the table is missing or is not exactly a capture program. When kernel decisions
+// leave no flow to redirect, the table no longer says the relay's port: RedirectPort is
+// then 0 and the caller fills it in (it is the relay's own listener port).
+func Installed(nsPath string) (Capture, error) { return InstalledWith(defaultBackend, nsPath) }
+
+// InstalledWith is Installed on a given backend.
+func InstalledWith(b Backend, nsPath string) (Capture, error) {
+	if nsPath == "" {
+		return Capture{}, fmt.Errorf("read nftables table inet %s: %w", TableName, errNoPath)
+	}
+	got, err := b.Get(nsPath, TableName)
+	if err != nil {
+		return Capture{}, fmt.Errorf("read nftables table inet %s in %s: %w", TableName, nsPath, err)
+	}
+	c, err := captureOf(got)
+	if err != nil {
+		return Capture{}, fmt.Errorf("nftables table inet %s in %s: %w", TableName, nsPath, err)
+	}
+	if d := Diff(c.Program(), c.withoutDecisions(got)); len(d) > 0 {
+		return Capture{}, &VerifyError{NS: nsPath, Diffs: d}
+	}
+	return c, nil
+}
+
+// captureOf infers the Capture fields from a table; the caller checks that the inferred
+// capture renders to the same table.
+func captureOf(t *Table) (Capture, error) {
+	var c Capture
+	var nat, filter *Chain
+	for i := range t.Chains {
+		switch t.Chains[i].Name {
+		case NATChain:
+			nat = &t.Chains[i]
+		case FilterChain:
+			filter = &t.Chains[i]
+		}
+	}
+	if nat == nil || len(nat.Rules) == 0 {
+		return c, errors.New("no nat chain: not a capture program")
+	}
+	if m, ok := firstMatch(nat.Rules[0]).(MatchMark); ok {
+		c.Mark = m.Mark
+	}
+	c.IPv6 = true
+	for _, r := range nat.Rules {
+		switch a := r.Action.(type) {
+		case Redirect:
+			c.RedirectPort = a.Port
+		}
+		if !isDecisionRule(r) {
+			if _, ok := r.Action.(Redirect); ok {
+				for _, m := range r.Match {
+					if f, ok := m.(MatchNFProto); ok && f.Family == 4 {
+						c.IPv6 = false
+					}
+				}
+			}
+		}
+	}
+	if filter != nil {
+		for _, r := range filter.Rules {
+			if m, ok := firstMatch(r).(MatchDport); ok && m.Proto == ProtoUDP && m.Port == 443 {
+				c.RejectQUIC = true
+			}
+			if m, ok := firstMatch(r).(MatchNFProto); ok && m.Family == 6 {
+				c.IPv6 = false
+			}
+		}
+	}
+	for _, s := range t.Sets {
+		switch s.Name {
+		case ExcludeV4Set, ExcludeV6Set:
+			for _, r := range s.Addrs {
+				c.ExcludeCIDRs = append(c.ExcludeCIDRs, rangePrefixes(r)...)
+			}
+		case ExcludePortSet:
+			c.ExcludePorts = append(c.ExcludePorts, s.Ports...)
+		}
+	}
+	return c, nil
+}
+
+func firstMatch(r Rule) Match {
+	if len(r.Match) == 0 {
+		return nil
+	}
+	return r.Match[0]
+}
+
+// rangePrefixes splits an inclusive range into the fewest prefixes that cover it.
+func rangePrefixes(r AddrRange) []netip.Prefix {
+	var out []netip.Prefix
+	from := r.From
+	for from.IsValid() && from.Compare(r.To) <= 0 {
+		bits := from.BitLen()
+		// The shortest prefix starting at from that stays within the range.
+		best := netip.PrefixFrom(from, bits)
+		for l := bits - 1; l >= 0; l-- {
+			p := netip.PrefixFrom(from, l)
+			if p.Masked().Addr() != from || lastAddr(p).Compare(r.To) > 0 {
+				break
+			}
+			best = p
+		}
+		out = append(out, best)
+		from = lastAddr(best).Next()
+	}
+	return out
+}
