@@ -1,0 +1,672 @@
+package attach
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/proxy"
+	"github.com/kl-egress/kl/relayd/upstream"
+	"github.com/kl-egress/kl/rules"
+)
+
+const testToken = "alice-token-0123456789"
+
+// logBuf is a goroutine-safe log sink.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type fixture struct {
+	t      *testing.T
+	pki    *testPKI
+	srv    *Server
+	addr   string
+	policy atomic.Pointer[rules.Policy]
+	log    *logBuf
+	audit  *audit.Log
+}
+
+func mustPolicy(t testing.TB, src string) *rules.Policy {
+	t.Helper()
+	p, err := rules.Parse("rules.yaml", []byte(src), rules.LoadOptions{AllowGateway: true})
+	if err != nil {
+		t.Fatalf("policy: %v", err)
+	}
+	return p
+}
+
+func newFixture(t *testing.T, policy string, creds ...Credential) *fixture {
+	t.Helper()
+	f := &fixture{t: t, pki: newPKI(t), log: &logBuf{}}
+	f.policy.Store(mustPolicy(t, policy))
+	if len(creds) == 0 {
+		creds = []Credential{{Name: "alice", Token: testToken, Selector: "team=pay"}}
+	}
+	var err error
+	if f.audit, err = audit.New("", 0, 0, 64); err != nil {
+		t.Fatal(err)
+	}
+	f.srv, err = NewServer(ServerOptions{
+		Settings: &Settings{Listen: "127.0.0.1:0", Cert: f.pki.Cert, Key: f.pki.Key, ClientCA: f.pki.CAFile, Credentials: creds},
+		Policy:   f.policy.Load,
+		Log:      slog.New(slog.NewTextHandler(f.log, nil)),
+		Audit:    f.audit,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.addr = ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.srv.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return f
+}
+
+// attach starts a client with these options (server, CA filled in) and waits until its
+// session is live for w.
+func (f *fixture) attach(o ClientOptions, w *api.Workload) (*Client, context.CancelFunc) {
+	f.t.Helper()
+	o.Server, o.CAFile = f.addr, f.pki.CAFile
+	if o.Getenv == nil {
+		o.Getenv = func(string) string { return "" }
+	}
+	c, err := NewClient(o)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Keep(ctx); close(done) }()
+	stop := func() { cancel(); <-done }
+	f.t.Cleanup(stop)
+	f.waitLive(w, true)
+	return c, stop
+}
+
+func (f *fixture) waitLive(w *api.Workload, want bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for f.srv.Live(w) != want {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("Live(%s) stayed %v\nlog:\n%s", w.ID, !want, f.log.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// echoServer answers each connection with "hello from <name>\n" and then echoes.
+func echoServer(t *testing.T, name string) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "hello from %s\n", name)
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+func roundTrip(t *testing.T, c net.Conn, want string) {
+	t.Helper()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != want {
+		t.Fatalf("greeting = %q, %v; want %q", buf, err, want)
+	}
+	c.Write([]byte("ping"))
+	buf = buf[:4]
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("echo = %q, %v", buf, err)
+	}
+}
+
+var payWorkload = &api.Workload{ID: "pod-pay", Labels: map[string]string{"team": "pay"}, Image: "nginx"}
+
+const clientAll = "default: client\n"
+
+func TestClientFlow(t *testing.T) {
+	f := newFixture(t, clientAll)
+	dst := echoServer(t, "corp")
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	conn, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+	if err != nil {
+		t.Fatalf("Dial: %v\n%s", err, f.log.String())
+	}
+	roundTrip(t, conn, "hello from corp\n")
+	deadline := time.Now().Add(2 * time.Second)
+	for c.Stats().BytesIn < uint64(len("hello from corp\nping")) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	st := c.Stats()
+	if st.Flows != 1 || st.Refused != 0 || st.BytesOut != 4 || st.BytesIn != uint64(len("hello from corp\nping")) || !st.Connected {
+		t.Errorf("Stats = %+v", st)
+	}
+	if s := f.srv.Sessions(); len(s) != 1 || s[0].Credential != "alice" || s[0].Flows != 1 {
+		t.Errorf("Sessions = %+v", s)
+	}
+}
+
+func TestCredentials(t *testing.T) {
+	f := newFixture(t, clientAll,
+		Credential{Name: "alice", Token: testToken, Selector: "team=pay"},
+		Credential{Name: "bob", Subject: "bob@laptop", Workloads: []string{"pod-pay"}})
+	bobCert, bobKey := f.pki.Issue("bob@laptop", false)
+	eveCert, eveKey := f.pki.Issue("eve@laptop", false)
+	other := newPKI(t)
+	strayCert, strayKey := other.Issue("bob@laptop", false)
+	tests := []struct {
+		name    string
+		o       ClientOptions
+		wantErr string // "" = accepted
+		logged  string
+	}{
+		{"token", ClientOptions{Token: testToken}, "", "auth=token"},
+		{"certificate", ClientOptions{CertFile: bobCert, KeyFile: bobKey}, "", "auth=certificate"},
+		{"wrong token", ClientOptions{Token: "not-the-token-at-all"}, "authentication failed", "reason=\"wrong token\""},
+		{"certificate of nobody", ClientOptions{CertFile: eveCert, KeyFile: eveKey}, "authentication failed", "matches no credential"},
+		{"certificate of another CA", ClientOptions{CertFile: strayCert, KeyFile: strayKey}, "before welcoming", "TLS handshake failed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.o.Server, tt.o.CAFile = f.addr, f.pki.CAFile
+			c, err := NewClient(tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if tt.wantErr == "" {
+				done := make(chan error, 1)
+				go func() { done <- c.Run(ctx) }()
+				f.waitLive(payWorkload, true)
+				cancel()
+				if err := <-done; err != nil {
+					t.Fatalf("Run = %v", err)
+				}
+				f.waitLive(payWorkload, false)
+			} else {
+				err := c.Run(ctx)
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Run = %v, want an error containing %q", err, tt.wantErr)
+				}
+				if strings.Contains(tt.wantErr, "authentication") {
+					var ae *AuthError
+					if !errors.As(err, &ae) {
+						t.Errorf("Run = %T, want *AuthError (no reconnecting)", err)
+					}
+				}
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for !strings.Contains(f.log.String(), tt.logged) {
+				if time.Now().After(deadline) {
+					t.Fatalf("log lacks %q:\n%s", tt.logged, f.log.String())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	t.Run("missing credentials", func(t *testing.T) {
+		if _, err := NewClient(ClientOptions{Server: f.addr}); err == nil {
+			t.Fatal("NewClient without credentials succeeded")
+		}
+		// A client that sends no token at all is refused by the daemon too.
+		c, _ := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: "x"})
+		c.o.Token = ""
+		if err := c.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "authentication failed") {
+			t.Fatalf("Run without a token = %v", err)
+		}
+		if !strings.Contains(f.log.String(), "no token and no client certificate") {
+			t.Errorf("refusal not logged:\n%s", f.log.String())
+		}
+	})
+}
+
+// TestScope: a session only ever receives flows of workloads its credential (narrowed
+// by the session's own request) covers; others find no session.
+func TestScope(t *testing.T) {
+	f := newFixture(t, clientAll,
+		Credential{Name: "alice", Token: testToken, Selector: "team=pay"},
+		Credential{Name: "carol", Token: "carol-token-0123456789", Workloads: []string{"pod-web"}})
+	dst := echoServer(t, "corp")
+	web := &api.Workload{ID: "pod-web", Labels: map[string]string{"team": "web"}}
+	ops := &api.Workload{ID: "pod-ops", Labels: map[string]string{"team": "pay", "env": "prod"}}
+	dev := &api.Workload{ID: "pod-dev", Labels: map[string]string{"team": "pay", "env": "dev"}}
+	alice, _ := f.attach(ClientOptions{Token: testToken, Selector: "env=dev"}, dev)
+
+	for _, tt := range []struct {
+		w    *api.Workload
+		live bool
+	}{{dev, true}, {ops, false}, {web, false}, {payWorkload, false}} {
+		_, err := f.srv.Dial(context.Background(), tt.w, rules.Flow{Labels: tt.w.Labels, Dst: dst}, nil)
+		if tt.live && err != nil {
+			t.Errorf("Dial(%s) = %v, want carried", tt.w.ID, err)
+		}
+		if !tt.live && !errors.Is(err, ErrNoSession) {
+			t.Errorf("Dial(%s) = %v, want ErrNoSession", tt.w.ID, err)
+		}
+	}
+	if got := alice.Stats().Flows; got != 1 {
+		t.Errorf("alice received %d flows, want only pod-dev's", got)
+	}
+	carol, _ := f.attach(ClientOptions{Token: "carol-token-0123456789"}, web)
+	if _, err := f.srv.Dial(context.Background(), web, rules.Flow{Labels: web.Labels, Dst: dst}, nil); err != nil {
+		t.Errorf("Dial(pod-web) with carol attached = %v", err)
+	}
+	if alice.Stats().Flows != 1 || carol.Stats().Flows != 1 {
+		t.Errorf("flows alice %d carol %d, want 1 each", alice.Stats().Flows, carol.Stats().Flows)
+	}
+	recs := f.audit.Recent(10)
+	found := false
+	for _, r := range recs {
+		if r.Exit == "client" && strings.Contains(r.Reason, ErrNoSession.Error()) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no audit record for the refused flows: %+v", recs)
+	}
+}
+
+// TestNoSession: without a session a client flow is refused and audited with the reason;
+// when the session comes back, the same flow is carried.
+func TestNoSession(t *testing.T) {
+	f := newFixture(t, clientAll)
+	dst := echoServer(t, "corp")
+	flow := rules.Flow{Labels: payWorkload.Labels, Dst: dst}
+	_, err := f.srv.Dial(context.Background(), payWorkload, flow, nil)
+	var oe *net.OpError
+	if !errors.Is(err, ErrNoSession) || !errors.As(err, &oe) || strings.Contains(err.Error(), "127.0.0.1") {
+		t.Fatalf("Dial without a session = %v, want an OpError with ErrNoSession and no destination", err)
+	}
+	if r := f.audit.Recent(1); len(r) != 1 || r[0].Exit != "client" || r[0].Reason != ErrNoSession.Error() || r[0].Dimension != "default" {
+		t.Errorf("audit = %+v", r)
+	}
+	_, stop := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	conn, err := f.srv.Dial(context.Background(), payWorkload, flow, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, conn, "hello from corp\n")
+	stop()
+	f.waitLive(payWorkload, false)
+	if _, err := f.srv.Dial(context.Background(), payWorkload, flow, nil); !errors.Is(err, ErrNoSession) {
+		t.Fatalf("Dial after the session stopped = %v", err)
+	}
+	f.attach(ClientOptions{Token: testToken}, payWorkload)
+	conn, err = f.srv.Dial(context.Background(), payWorkload, flow, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, conn, "hello from corp\n")
+}
+
+// consistencyPolicy mixes every input a decision can depend on; the script uses Date and
+// Math.random, which must come out the same at every hop.
+const consistencyRules = `default: direct
+rules:
+  - label: kl.route=client
+    action: client
+  - image: "corp/*"
+    action: client
+  - domain: "*.corp.example"
+    action: client
+  - cidr: 203.0.113.0/24
+    action: client
+  - port: "8443"
+    action: deny
+`
+
+const consistencyScript = `default: direct
+script: |
+  function FindProxyForURL(url, host) {
+    if (dnsDomainIs(host, ".corp.example")) return "CLIENT";
+    var d = new Date();
+    if (host == "time.example") return (d.getUTCSeconds() % 2 == 0) ? "CLIENT" : "DIRECT";
+    if (host == "dice.example") return (Math.random() < 0.5) ? "CLIENT" : "DIRECT";
+    if (host == "squid.example") return "PROXY PROXYADDR";
+    if (isInNet(host, "203.0.113.0", "255.255.255.0")) return "CLIENT";
+    return "DIRECT";
+  }
+`
+
+// TestThreeHops decides a table of flows at the three hops (the relay's decision, the
+// daemon's attach server, the attach side) and checks they agree; a flow the policy does
+// not route to the client, pushed over the session as if it were, is refused by the
+// attach side.
+func TestThreeHops(t *testing.T) {
+	dst := echoServer(t, "corp")
+	corp := netip.MustParseAddr("203.0.113.7")
+	prox := startProxy(t, dst)
+	base := time.Date(2026, 11, 30, 5, 0, 0, 0, time.UTC)
+	for _, pol := range []struct{ name, src string }{
+		{"rules", consistencyRules},
+		{"script", strings.Replace(consistencyScript, "PROXYADDR", prox.addr, 1)},
+	} {
+		t.Run(pol.name, func(t *testing.T) {
+			f := newFixture(t, pol.src, Credential{Name: "alice", Token: testToken, Selector: "team"})
+			w := &api.Workload{ID: "w", Labels: map[string]string{"team": "x"}}
+			c, _ := f.attach(ClientOptions{Token: testToken}, w)
+			// Every flow really goes to the echo server: the attach side's dial seam maps
+			// the table's destinations onto it.
+			c.o.dialNet = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				if addr == prox.addr {
+					return (&net.Dialer{}).DialContext(ctx, network, addr)
+				}
+				return (&net.Dialer{}).DialContext(ctx, network, dst.String())
+			}
+			clientSide := c.pols.wait(f.policy.Load().Hash(), time.Second)
+			if clientSide == nil {
+				t.Fatal("the attach side holds no policy")
+			}
+			type row struct {
+				labels map[string]string
+				image  string
+				host   string
+				dst    netip.AddrPort
+			}
+			var flows []row
+			for _, h := range []string{"", "git.corp.example", "time.example", "dice.example", "squid.example", "www.example.org"} {
+				for _, a := range []netip.AddrPort{netip.AddrPortFrom(corp, 443), netip.MustParseAddrPort("192.0.2.9:8443"), netip.MustParseAddrPort("198.51.100.4:80")} {
+					flows = append(flows, row{labels: map[string]string{"team": "x"}, host: h, dst: a})
+				}
+			}
+			flows = append(flows, row{labels: map[string]string{"team": "x", "kl.route": "client"}, dst: netip.MustParseAddrPort("192.0.2.1:22")},
+				row{labels: map[string]string{"team": "x"}, image: "corp/api:1", dst: netip.MustParseAddrPort("192.0.2.1:22")})
+			var clientN, refusedN int
+			for i, r := range flows {
+				for k := range 4 {
+					fl := rules.Flow{Labels: r.labels, Image: r.image, Host: r.host, Dst: r.dst, At: base.Add(time.Duration(i*4+k) * 1500 * time.Millisecond), ID: uint64(1000 + i*4 + k)}
+					relay := f.policy.Load().Decide(&fl) // hop 1: the relay
+					attachSide := clientSide.Decide(&fl) // hop 3, evaluated here as a table
+					if relay != attachSide {
+						t.Errorf("flow %d (%+v): relay %+v, attach side %+v", i, r, relay, attachSide)
+					}
+					t.Logf("%-3d host=%-17q dst=%-18s at=%s id=%d  relay=%-7s attach=%-7s proxy=%q", i, r.host, r.dst, fl.At.Format("15:04:05.0"), fl.ID, relay.Exit, attachSide.Exit, relay.Proxy)
+					// Hop 2 carries the relay's decision; when it says client the attach
+					// side must accept, otherwise a crafted claim of client must be refused.
+					claim := relay
+					if relay.Exit != rules.ExitClient {
+						claim = rules.Decision{Exit: rules.ExitClient, Dimension: relay.Dimension}
+					}
+					conn, err := f.srv.Dial(context.Background(), w, fl, &claim)
+					if relay.Exit == rules.ExitClient {
+						clientN++
+						if err != nil {
+							t.Errorf("flow %d routed client was refused: %v", i, err)
+							continue
+						}
+						roundTrip(t, conn, "hello from corp\n")
+						continue
+					}
+					refusedN++
+					var re *RefusedError
+					if !errors.As(err, &re) || re.Code != RefuseRoute {
+						t.Errorf("flow %d routed %s, claimed client: Dial = %v, want a %s refusal", i, relay.Exit, err, RefuseRoute)
+					}
+				}
+			}
+			if clientN == 0 || refusedN == 0 {
+				t.Errorf("table has %d client and %d other flows; it must have both", clientN, refusedN)
+			}
+			if st := c.Stats(); st.ByCode[RefuseRoute] != uint64(refusedN) {
+				t.Errorf("attach side counted %d route refusals, want %d", st.ByCode[RefuseRoute], refusedN)
+			}
+			if pol.name == "script" && prox.n.Load() == 0 {
+				t.Error("no flow went through the PAC's proxy")
+			}
+		})
+	}
+}
+
+type testProxy struct {
+	addr string
+	n    atomic.Int64
+}
+
+// startProxy runs kl's own HTTP CONNECT proxy on loopback, counting tunnels; every
+// tunnel goes to the address to (the test's echo server stands for every destination).
+func startProxy(t *testing.T, to netip.AddrPort) *testProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &testProxy{addr: ln.Addr().String()}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go proxy.ServeHTTP(ctx, ln, func(ctx context.Context, tg upstream.Target) (net.Conn, error) {
+		p.n.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, "tcp", to.String())
+	}, slog.New(slog.DiscardHandler))
+	return p
+}
+
+func TestProxies(t *testing.T) {
+	echo := echoServer(t, "corp")
+	prox := startProxy(t, echo)
+	// Loopback is never proxied (as in curl and Go); the flows go to a corp address that
+	// only the proxy can reach.
+	dst := netip.MustParseAddrPort("203.0.113.7:443")
+	t.Run("environment", func(t *testing.T) {
+		f := newFixture(t, clientAll)
+		env := map[string]string{"https_proxy": "http://" + prox.addr, "NO_PROXY": "skip.example"}
+		c, _ := f.attach(ClientOptions{Token: testToken, Getenv: func(k string) string { return env[k] }}, payWorkload)
+		before := prox.n.Load()
+		conn, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		roundTrip(t, conn, "hello from corp\n")
+		if prox.n.Load() != before+1 {
+			t.Errorf("HTTPS_PROXY not used: %d tunnels", prox.n.Load()-before)
+		}
+		// NO_PROXY: a flow to that host dials directly (here: fails to resolve).
+		_, err = f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Host: "skip.example", Dst: dst}, nil)
+		if prox.n.Load() != before+1 {
+			t.Errorf("NO_PROXY ignored")
+		}
+		var re *RefusedError
+		if !errors.As(err, &re) || re.Code != RefuseDial {
+			t.Errorf("unresolvable host: %v, want %s", err, RefuseDial)
+		}
+		if c.Stats().ByCode[RefuseDial] != 1 {
+			t.Errorf("stats: %+v", c.Stats())
+		}
+	})
+	t.Run("bad environment fails closed", func(t *testing.T) {
+		f := newFixture(t, clientAll)
+		env := map[string]string{"ALL_PROXY": "ftp://" + prox.addr}
+		f.attach(ClientOptions{Token: testToken, Getenv: func(k string) string { return env[k] }}, payWorkload)
+		_, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+		var re *RefusedError
+		if !errors.As(err, &re) || re.Code != RefuseProxy {
+			t.Fatalf("Dial = %v, want %s", err, RefuseProxy)
+		}
+	})
+}
+
+// TestReload: a reloaded policy reaches the session and flows decided under it are
+// carried; a flow claiming a version the attach side never got is refused.
+func TestReload(t *testing.T) {
+	f := newFixture(t, "default: direct\n")
+	dst := echoServer(t, "corp")
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	flow := rules.Flow{Labels: payWorkload.Labels, Dst: dst}
+	if _, err := f.srv.Dial(context.Background(), payWorkload, flow, nil); !errors.Is(err, ErrNotClient) {
+		t.Fatalf("Dial under a direct policy = %v", err)
+	}
+	f.policy.Store(mustPolicy(t, clientAll))
+	f.srv.Reload()
+	conn, err := f.srv.Dial(context.Background(), payWorkload, flow, nil)
+	if err != nil {
+		t.Fatalf("Dial after reload: %v", err)
+	}
+	roundTrip(t, conn, "hello from corp\n")
+	if c.Stats().Policy != f.policy.Load().Hash() {
+		t.Errorf("attach side holds %s", c.Stats().Policy)
+	}
+	// A header naming an unknown version, written straight onto a stream.
+	se := f.srv.pick(payWorkload)
+	st, err := se.mux.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	writeFrame(st, Header{Flow: 9, At: time.Now(), Workload: payWorkload.ID, Dst: dst, Port: dst.Port(), Policy: strings.Repeat("ab", 32), Exit: "client"})
+	var v Verdict
+	st.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := readFrame(bufioReader(st), maxSmallFrame, &v); err != nil || v.OK || v.Code != RefusePolicy {
+		t.Fatalf("verdict = %+v, %v; want %s", v, err, RefusePolicy)
+	}
+}
+
+func TestSettings(t *testing.T) {
+	tests := []struct {
+		name string
+		s    Settings
+		want string // "" = valid
+	}{
+		{"off", Settings{}, ""},
+		{"ok", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", Token: testToken, Selector: "team=pay"}}}, ""},
+		{"no tls", Settings{Listen: ":7443", Credentials: []Credential{{Name: "a", Token: testToken, Workloads: []string{"x"}}}}, "cert and key"},
+		{"no creds", Settings{Listen: ":7443", Cert: "/c", Key: "/k"}, "no credentials"},
+		{"short token", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", Token: "abc", Workloads: []string{"x"}}}}, "shorter than 16"},
+		{"two kinds", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", Token: testToken, Subject: "a", Workloads: []string{"x"}}}}, "exactly one"},
+		{"grants nothing", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", Token: testToken}}}, "carry nothing"},
+		{"bad selector", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", Token: testToken, Selector: "=x"}}}, "credentials[0] (a): selector"},
+		{"subject without CA", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", Subject: "a", Workloads: []string{"x"}}}}, "needs clientCA"},
+		{"relative cert", Settings{Listen: ":7443", Cert: "c", Key: "/k", Credentials: []Credential{{Name: "a", Token: testToken, Workloads: []string{"x"}}}}, "not an absolute path"},
+		{"bad hash", Settings{Listen: ":7443", Cert: "/c", Key: "/k", Credentials: []Credential{{Name: "a", TokenSHA256: "zz", Workloads: []string{"x"}}}}, "64 hex"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.s.Validate()
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Errorf("Validate() = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestSelector(t *testing.T) {
+	tests := []struct {
+		sel    string
+		labels map[string]string
+		want   bool
+	}{
+		{"team=pay", map[string]string{"team": "pay"}, true},
+		{"team=pay", map[string]string{"team": "payx"}, false},
+		{"team", map[string]string{"team": ""}, true},
+		{"team=pay,env=dev", map[string]string{"team": "pay"}, false},
+		{" env = dev , team ", map[string]string{"team": "pay", "env": "dev"}, true},
+		{"", map[string]string{"team": "pay"}, false},
+	}
+	for _, tt := range tests {
+		s, err := ParseSelector(tt.sel)
+		if err != nil {
+			t.Fatalf("ParseSelector(%q): %v", tt.sel, err)
+		}
+		if got := s.Matches(tt.labels); got != tt.want {
+			t.Errorf("ParseSelector(%q).Matches(%v) = %v, want %v", tt.sel, tt.labels, got, tt.want)
+		}
+	}
+}
+
+func TestTokenSHA256(t *testing.T) {
+	sum := sha256.Sum256([]byte(testToken))
+	c := Credential{TokenSHA256: hex.EncodeToString(sum[:])}
+	if !c.tokenMatches(testToken) {
+		t.Error("the token does not match its own hash")
+	}
+	for _, tok := range []string{"", testToken + "x", strings.ToUpper(testToken)} {
+		if c.tokenMatches(tok) {
+			t.Errorf("token %q matched", tok)
+		}
+	}
+}
+
+func bufioReader(r io.Reader) *bufio.Reader { return bufio.NewReader(r) }
+
+func TestAgentControl(t *testing.T) {
+	f := newFixture(t, clientAll)
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	path := filepath.Join(t.TempDir(), "ctl", "attach.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stopped := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- ServeControl(ctx, path, c, func() { close(stopped); cancel() }) }()
+	deadline := time.Now().Add(5 * time.Second)
+	var st AgentStatus
+	var err error
+	for {
+		if st, err = AgentRequest(context.Background(), path, "status"); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil || !st.Stats.Connected || st.PID == 0 || st.Server != f.addr {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+	if err := ServeControl(context.Background(), path, c, func() {}); err == nil || !strings.Contains(err.Error(), "another attach agent") {
+		t.Errorf("second agent on the same socket: %v", err)
+	}
+	if _, err := AgentRequest(context.Background(), path, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	<-stopped
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AgentRequest(context.Background(), path, "status"); !errors.Is(err, ErrNoAgent) {
+		t.Errorf("status after stop = %v, want ErrNoAgent", err)
+	}
+}

@@ -1,0 +1,526 @@
+package attach
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/kl-egress/kl/rules"
+)
+
+// AuthError is the daemon refusing a session (wrong or missing credentials, a protocol
+// version it does not speak). Reconnecting will not help.
+type AuthError struct{ Msg string }
+
+func (e *AuthError) Error() string { return "attach refused by the daemon: " + e.Msg }
+
+// ClientOptions configure the attach side. Server and one of Token or Cert/Key are
+// required.
+type ClientOptions struct {
+	Server     string // host:port of the daemon's attach listener (an https:// or kl:// prefix is allowed)
+	ServerName string // TLS name to verify (default: the host of Server)
+	CAFile     string // CA bundle to verify the daemon with (default: the system's)
+	Token      string
+	CertFile   string // client certificate and key, instead of a token
+	KeyFile    string
+	Workloads  []string // narrow the session to these workload ids
+	Selector   string   // narrow the session to workloads with these labels
+
+	// Getenv reads the proxy environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY,
+	// lower case too); default os.Getenv.
+	Getenv         func(string) string
+	ConnectTimeout time.Duration // dials to destinations and proxies (default 10s)
+	Log            *slog.Logger
+	// OnEvent, when set, is told about every session and flow event (it must not block).
+	OnEvent func(Event)
+
+	// dialServer and dialNet are test seams for the connection to the daemon and the
+	// attach side's own dials.
+	dialServer func(ctx context.Context, network, addr string) (net.Conn, error)
+	dialNet    func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Event is one thing that happened on the attach side.
+type Event struct {
+	At       time.Time
+	Kind     string // session, policy, flow, refused, end, disconnected
+	Session  string
+	Flow     uint64
+	Workload string
+	Dest     string // host:port (shown by kl-ctl only with --verbose)
+	Via      string // the proxy the flow went through, "" for a direct dial
+	Code     string
+	Reason   string
+	BytesOut uint64
+	BytesIn  uint64
+}
+
+// Stats are the attach side's counters, over every session it held.
+type Stats struct {
+	Connected  bool              `json:"connected"`
+	Session    string            `json:"session,omitempty"`
+	Scope      string            `json:"scope,omitempty"`
+	Policy     string            `json:"policy,omitempty"`
+	Since      time.Time         `json:"since,omitzero"`
+	Sessions   uint64            `json:"sessions"`
+	Flows      uint64            `json:"flows"`
+	Active     int64             `json:"active"`
+	Refused    uint64            `json:"refused"`
+	BytesOut   uint64            `json:"bytesOut"`
+	BytesIn    uint64            `json:"bytesIn"`
+	ByCode     map[string]uint64 `json:"refusedByCode,omitempty"`
+	LastError  string            `json:"lastError,omitempty"`
+	Reconnects uint64            `json:"reconnects"`
+}
+
+// Client is the attach side: it holds a session to one daemon, re-decides every flow the
+// daemon sends with the same policy and carries the accepted ones from its own network.
+type Client struct {
+	o   ClientOptions
+	tls *tls.Config
+
+	flows, refused, bytesOut, bytesIn, sessions, reconnects atomic.Uint64
+	active                                                  atomic.Int64
+
+	mu        sync.Mutex
+	connected bool
+	session   string
+	scope     string
+	since     time.Time
+	lastErr   string
+	byCode    map[string]uint64
+	pols      *policies
+}
+
+// NewClient checks the options and loads the TLS material.
+func NewClient(o ClientOptions) (*Client, error) {
+	if o.Server == "" {
+		return nil, errors.New("attach: no server")
+	}
+	o.Server = strings.TrimPrefix(strings.TrimPrefix(o.Server, "https://"), "kl://")
+	o.Server = strings.TrimSuffix(o.Server, "/")
+	host, _, err := net.SplitHostPort(o.Server)
+	if err != nil {
+		return nil, fmt.Errorf("attach: server %q is not host:port", o.Server)
+	}
+	if o.Token == "" && o.CertFile == "" {
+		return nil, errors.New("attach: no credentials: give a token or a client certificate")
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, errors.New("attach: a client certificate needs both its file and its key")
+	}
+	if _, err := ParseSelector(o.Selector); err != nil {
+		return nil, fmt.Errorf("attach: %w", err)
+	}
+	if o.Getenv == nil {
+		o.Getenv = os.Getenv
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 10 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.dialServer == nil {
+		d := &net.Dialer{Timeout: o.ConnectTimeout, KeepAlive: 15 * time.Second}
+		o.dialServer = d.DialContext
+	}
+	if o.dialNet == nil {
+		d := &net.Dialer{Timeout: o.ConnectTimeout}
+		o.dialNet = d.DialContext
+	}
+	tc := &tls.Config{ServerName: o.ServerName, MinVersion: tls.VersionTLS13, NextProtos: []string{"kl-attach/1"}}
+	if tc.ServerName == "" {
+		tc.ServerName = host
+	}
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("attach: CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("attach: CA %s holds no PEM certificate", o.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if o.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("attach: client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies()}, nil
+}
+
+// Stats returns the counters.
+func (c *Client) Stats() Stats {
+	c.mu.Lock()
+	s := Stats{Connected: c.connected, Session: c.session, Scope: c.scope, Since: c.since, LastError: c.lastErr, ByCode: map[string]uint64{}}
+	for k, v := range c.byCode {
+		s.ByCode[k] = v
+	}
+	c.mu.Unlock()
+	s.Policy = c.pols.current()
+	s.Sessions, s.Flows, s.Refused = c.sessions.Load(), c.flows.Load(), c.refused.Load()
+	s.BytesOut, s.BytesIn, s.Active, s.Reconnects = c.bytesOut.Load(), c.bytesIn.Load(), c.active.Load(), c.reconnects.Load()
+	return s
+}
+
+func (c *Client) event(e Event) {
+	if c.o.OnEvent != nil {
+		e.At = time.Now()
+		c.o.OnEvent(e)
+	}
+}
+
+// Keep holds a session and reconnects with exponential backoff (200ms up to 30s, reset
+// once a session has lasted a minute) until ctx is done. The daemon refusing the
+// credentials ends it with an *AuthError.
+func (c *Client) Keep(ctx context.Context) error {
+	backoff := 200 * time.Millisecond
+	for {
+		start := time.Now()
+		err := c.Run(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var ae *AuthError
+		if errors.As(err, &ae) {
+			return err
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 200 * time.Millisecond
+		}
+		c.o.Log.Warn("attach session lost; reconnecting", "err", err, "in", backoff)
+		c.reconnects.Add(1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// Run holds one session until it ends or ctx is done (nil then).
+func (c *Client) Run(ctx context.Context) (err error) {
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			c.mu.Lock()
+			c.lastErr = err.Error()
+			c.mu.Unlock()
+		}
+	}()
+	raw, err := c.o.dialServer(ctx, "tcp", c.o.Server)
+	if err != nil {
+		return fmt.Errorf("attach: connect to %s: %w", c.o.Server, err)
+	}
+	tc := tls.Client(raw, c.tls)
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		raw.Close()
+		return fmt.Errorf("attach: TLS with %s: %w", c.o.Server, err)
+	}
+	cfg := yamux.DefaultConfig()
+	cfg.LogOutput = io.Discard
+	cfg.EnableKeepAlive = true
+	cfg.KeepAliveInterval = 15 * time.Second
+	cfg.MaxStreamWindowSize = 1 << 20
+	cfg.AcceptBacklog = 1024
+	mux, err := yamux.Client(tc, cfg)
+	if err != nil {
+		tc.Close()
+		return err
+	}
+	defer mux.Close()
+	ctrl, err := mux.OpenStream()
+	if err != nil {
+		return fmt.Errorf("attach: the daemon closed the session before welcoming it (does it trust the client certificate?): %w", err)
+	}
+	host, _ := os.Hostname()
+	ctrl.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := writeFrame(ctrl, Hello{Version: Version, Token: c.o.Token, Workloads: c.o.Workloads, Selector: c.o.Selector, Client: host}); err != nil {
+		return fmt.Errorf("attach: the daemon closed the session before welcoming it (does it trust the client certificate?): %w", err)
+	}
+	br := bufio.NewReader(ctrl)
+	var w Welcome
+	if err := readFrame(br, maxSmallFrame, &w); err != nil {
+		return fmt.Errorf("attach: the daemon closed the session before welcoming it (does it trust the client certificate?): %w", err)
+	}
+	if w.Error != "" {
+		return &AuthError{Msg: w.Error}
+	}
+	var pm PolicyMsg
+	if err := readFrame(br, maxPolicyFrame, &pm); err != nil {
+		return fmt.Errorf("attach: no policy from the daemon: %w", err)
+	}
+	if err := c.pols.add(&pm); err != nil {
+		return err
+	}
+	ctrl.SetDeadline(time.Time{})
+	c.sessions.Add(1)
+	c.mu.Lock()
+	c.connected, c.session, c.scope, c.since = true, w.Session, w.Scope, time.Now()
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.connected = false
+		c.mu.Unlock()
+	}()
+	c.o.Log.Info("attach session started", "session", w.Session, "credential", w.Credential, "scope", w.Scope, "policy", pm.Hash)
+	c.event(Event{Kind: "session", Session: w.Session, Reason: w.Scope})
+	c.event(Event{Kind: "policy", Session: w.Session, Reason: pm.Hash})
+
+	ctlErr := make(chan error, 1)
+	go func() {
+		for {
+			var pm PolicyMsg
+			if err := readFrame(br, maxPolicyFrame, &pm); err != nil {
+				ctlErr <- err
+				return
+			}
+			if err := c.pols.add(&pm); err != nil {
+				c.o.Log.Error("attach: the daemon's policy does not load here; flows under it will be refused", "err", err)
+				continue
+			}
+			c.o.Log.Info("attach: policy updated", "policy", pm.Hash)
+			c.event(Event{Kind: "policy", Session: w.Session, Reason: pm.Hash})
+		}
+	}()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mux.CloseChan():
+		}
+		mux.Close()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := mux.AcceptStream()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			select {
+			case e := <-ctlErr:
+				err = e
+			default:
+			}
+			c.event(Event{Kind: "disconnected", Session: w.Session, Reason: err.Error()})
+			return fmt.Errorf("attach: session ended: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.flow(ctx, w.Session, st)
+		}()
+	}
+}
+
+// flow handles one flow stream: re-decide, dial from this side's network, answer, copy.
+func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
+	defer st.Close()
+	c.flows.Add(1)
+	st.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReaderSize(st, 4096)
+	var h Header
+	refuse := func(code, reason string) {
+		c.refused.Add(1)
+		c.mu.Lock()
+		c.byCode[code]++
+		c.mu.Unlock()
+		st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		writeFrame(st, Verdict{Code: code, Reason: reason})
+		c.o.Log.Info("attach: flow refused", "flow", h.Flow, "workload", h.Workload, "code", code, "reason", reason)
+		c.event(Event{Kind: "refused", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Code: code, Reason: reason})
+	}
+	if err := readFrame(br, maxSmallFrame, &h); err != nil {
+		refuse(RefuseHeader, err.Error())
+		return
+	}
+	if err := h.Check(); err != nil {
+		refuse(RefuseHeader, err.Error())
+		return
+	}
+	p := c.pols.wait(h.Policy, 2*time.Second)
+	if p == nil {
+		refuse(RefusePolicy, "policy "+short(h.Policy)+" is not the one this session holds")
+		return
+	}
+	// The decision this side would take itself, from the same policy bytes and the same
+	// deterministic inputs: a workload cannot promote its own route past this check.
+	f := h.RulesFlow()
+	d := p.Decide(&f)
+	if d.Exit != rules.ExitClient {
+		refuse(RefuseRoute, fmt.Sprintf("this side decides %s (%s rule %d), not client", d.Exit, d.Dimension, d.Rule))
+		return
+	}
+	if d.Proxy != h.Proxy {
+		refuse(RefuseRoute, fmt.Sprintf("this side decides proxy %q, the daemon claims %q", d.Proxy, h.Proxy))
+		return
+	}
+	dctx, cancel := context.WithTimeout(ctx, c.o.ConnectTimeout)
+	up, via, err := c.dial(dctx, &h, d.Proxy)
+	cancel()
+	if err != nil {
+		code := RefuseDial
+		var pe *proxyError
+		if errors.As(err, &pe) {
+			code = RefuseProxy
+		}
+		refuse(code, err.Error())
+		return
+	}
+	defer up.Close()
+	st.SetDeadline(time.Time{})
+	if err := writeFrame(st, Verdict{OK: true}); err != nil {
+		return
+	}
+	c.active.Add(1)
+	defer c.active.Add(-1)
+	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
+	out, in := c.pipe(st, br, up)
+	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via, BytesOut: out, BytesIn: in})
+}
+
+func (h *Header) dest() string {
+	if h.Host != "" {
+		return net.JoinHostPort(h.Host, strconv.Itoa(int(h.Port)))
+	}
+	if h.Dst.IsValid() {
+		return h.Dst.String()
+	}
+	return ""
+}
+
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}
+
+// pipe copies both ways between the stream and the destination until both directions
+// end, passing half-closes on, and counts the bytes.
+func (c *Client) pipe(st *yamux.Stream, br *bufio.Reader, up net.Conn) (out, in uint64) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n, _ := io.Copy(countWriter{up, &c.bytesOut}, br)
+		out = uint64(n)
+		if cw, ok := up.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		} else {
+			up.Close()
+		}
+	}()
+	n, _ := io.Copy(countWriter{st, &c.bytesIn}, up)
+	in = uint64(n)
+	st.Close()
+	wg.Wait()
+	return out, in
+}
+
+type countWriter struct {
+	w io.Writer
+	n *atomic.Uint64
+}
+
+func (c countWriter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n.Add(uint64(n))
+	return n, err
+}
+
+// policies holds the versions of the daemon's policy this side has parsed, by hash. A
+// reload races the flows decided under it, so a flow may name a version that arrives a
+// moment later; the last few versions stay for flows decided just before a reload.
+type policies struct {
+	mu   sync.Mutex
+	byH  map[string]*rules.Policy
+	keep []string
+	cur  string
+	ch   chan struct{} // closed and replaced on every add
+}
+
+func newPolicies() *policies {
+	return &policies{byH: map[string]*rules.Policy{}, ch: make(chan struct{})}
+}
+
+func (ps *policies) add(pm *PolicyMsg) error {
+	// The daemon already enforced its own gateway and exit settings when it loaded these
+	// bytes; this side only needs the same decisions, so it accepts what loaded there.
+	p, err := rules.Parse(pm.Name, pm.Source, rules.LoadOptions{AllowGateway: true})
+	if err != nil {
+		return fmt.Errorf("attach: the daemon's policy %s: %w", short(pm.Hash), err)
+	}
+	if p.Hash() != pm.Hash {
+		return fmt.Errorf("attach: the daemon's policy hashes to %s, not %s as announced", short(p.Hash()), short(pm.Hash))
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if _, ok := ps.byH[pm.Hash]; !ok {
+		ps.byH[pm.Hash] = p
+		ps.keep = append(ps.keep, pm.Hash)
+		if len(ps.keep) > 4 {
+			delete(ps.byH, ps.keep[0])
+			ps.keep = ps.keep[1:]
+		}
+	}
+	ps.cur = pm.Hash
+	close(ps.ch)
+	ps.ch = make(chan struct{})
+	return nil
+}
+
+func (ps *policies) current() string {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return ps.cur
+}
+
+func (ps *policies) wait(hash string, d time.Duration) *rules.Policy {
+	deadline := time.After(d)
+	for {
+		ps.mu.Lock()
+		p, ch := ps.byH[hash], ps.ch
+		ps.mu.Unlock()
+		if p != nil {
+			return p
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			return nil
+		}
+	}
+}
+
+// target is where this side dials: the hostname when the daemon knew it (it then
+// resolves here, on the operator's network: VPN and corporate DNS included), else the
+// address.
+func (h *Header) target() string {
+	if h.Host != "" {
+		return net.JoinHostPort(h.Host, strconv.Itoa(int(h.Port)))
+	}
+	return h.Dst.String()
+}

@@ -1,0 +1,112 @@
+package attach
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	"golang.org/x/net/http/httpproxy"
+
+	"github.com/kl-egress/kl/relayd/upstream"
+)
+
+// proxyError marks a dial that failed because of the proxy setting itself (unparsable or
+// unsupported), not the network.
+type proxyError struct{ err error }
+
+func (e *proxyError) Error() string { return e.err.Error() }
+func (e *proxyError) Unwrap() error { return e.err }
+
+// dial connects to the flow's destination from this side's network: through the proxy
+// the policy named (a PAC's `PROXY host:port`), else through the proxy this side's
+// environment names for it, else directly. It returns the proxy used ("" for none).
+func (c *Client) dial(ctx context.Context, h *Header, pacProxy string) (net.Conn, string, error) {
+	t := upstream.Target{Host: h.Host, Addr: h.Dst, Port: h.Port}
+	via := pacProxy
+	if via == "" {
+		var err error
+		if via, err = c.envProxy(h); err != nil {
+			return nil, "", &proxyError{err}
+		}
+	}
+	if via == "" {
+		conn, err := c.o.dialNet(ctx, "tcp", h.target())
+		return conn, "", err
+	}
+	u, err := normalizeProxy(via)
+	if err != nil {
+		return nil, via, &proxyError{err}
+	}
+	d, err := upstream.New(u, c.o.ConnectTimeout, c.o.dialNet)
+	if err != nil {
+		return nil, via, &proxyError{err}
+	}
+	conn, err := d.Dial(ctx, t)
+	return conn, d.String(), err
+}
+
+// normalizeProxy maps the proxy URL forms of PAC results and environment variables onto
+// those package upstream dials: http:// (CONNECT) and socks5://.
+func normalizeProxy(raw string) (string, error) {
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("proxy %q does not parse", raw)
+	}
+	switch u.Scheme {
+	case "http", "socks5":
+	case "socks5h", "socks":
+		u.Scheme = "socks5"
+	default:
+		return "", fmt.Errorf("proxy scheme %q is not supported here (http, socks5)", u.Scheme)
+	}
+	if u.Port() == "" {
+		switch u.Scheme {
+		case "http":
+			u.Host = net.JoinHostPort(u.Hostname(), "80")
+		default:
+			u.Host = net.JoinHostPort(u.Hostname(), "1080")
+		}
+	}
+	return u.String(), nil
+}
+
+// envProxy is the proxy this side's environment names for the flow's destination, as
+// curl and Go programs would read it: HTTP_PROXY for port 80, HTTPS_PROXY for every
+// other port (a TCP tunnel), ALL_PROXY when those are unset, NO_PROXY excluding.
+func (c *Client) envProxy(h *Header) (string, error) {
+	get := func(k string) string {
+		if v := c.o.Getenv(k); v != "" {
+			return v
+		}
+		return c.o.Getenv(strings.ToLower(k))
+	}
+	all := get("ALL_PROXY")
+	cfg := httpproxy.Config{HTTPProxy: get("HTTP_PROXY"), HTTPSProxy: get("HTTPS_PROXY"), NoProxy: get("NO_PROXY")}
+	if cfg.HTTPProxy == "" {
+		cfg.HTTPProxy = all
+	}
+	if cfg.HTTPSProxy == "" {
+		cfg.HTTPSProxy = all
+	}
+	if cfg.HTTPProxy == "" && cfg.HTTPSProxy == "" {
+		return "", nil
+	}
+	scheme := "https"
+	if h.Port == 80 {
+		scheme = "http"
+	}
+	u, err := cfg.ProxyFunc()(&url.URL{Scheme: scheme, Host: h.target()})
+	if err != nil {
+		// Never fall back to a direct dial the operator's environment did not ask for.
+		return "", fmt.Errorf("proxy environment: %w", err)
+	}
+	if u == nil {
+		return "", nil
+	}
+	return u.String(), nil
+}

@@ -1,0 +1,499 @@
+package attach
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/rules"
+)
+
+// Errors of Server.Dial. Each is wrapped in a *net.OpError (Op "attach") whose text names
+// no destination, so logs and audit records keep the reason and nothing else.
+var (
+	ErrNoSession = errors.New("no live attach session for the workload")
+	ErrNotClient = errors.New("the policy does not route this flow to the client")
+	ErrRefused   = errors.New("refused by the attach side")
+)
+
+// RefusedError is an attach side's refusal of one flow.
+type RefusedError struct{ Code, Reason string }
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("refused by the attach side: %s: %s", e.Code, e.Reason)
+}
+
+func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
+
+// ServerOptions configure a Server. Settings and Policy are required.
+type ServerOptions struct {
+	Settings *Settings
+	// Policy is the daemon's live rule set; it is sent when a session starts and, after
+	// Reload, to every session.
+	Policy func() *rules.Policy
+	Log    *slog.Logger
+	// Audit, when set, receives a record for every client flow refused at this hop.
+	Audit *audit.Log
+	// HandshakeTimeout bounds TLS, Hello and Welcome (default 10s).
+	HandshakeTimeout time.Duration
+	// IdleTimeout is how long a half-closed flow stream may linger (default 10m).
+	IdleTimeout time.Duration
+}
+
+// Server is the daemon side: it accepts attach sessions, keeps the registry of live
+// sessions and carries `client` flows over them.
+type Server struct {
+	o     ServerOptions
+	tls   *tls.Config
+	creds []Credential
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	seq      atomic.Uint64
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+type session struct {
+	id      string
+	cred    string
+	client  string
+	remote  string
+	scope   *scope
+	mux     *yamux.Session
+	started time.Time
+
+	ctrlMu   sync.Mutex
+	ctrl     net.Conn
+	sentHash string
+
+	flows   atomic.Uint64
+	refused atomic.Uint64
+}
+
+// SessionInfo describes a live session for status output.
+type SessionInfo struct {
+	ID         string    `json:"id"`
+	Credential string    `json:"credential"`
+	Client     string    `json:"client,omitempty"`
+	Remote     string    `json:"remote"`
+	Scope      string    `json:"scope"`
+	Since      time.Time `json:"since"`
+	Policy     string    `json:"policy"`
+	Flows      uint64    `json:"flows"`
+	Refused    uint64    `json:"refused"`
+}
+
+// NewServer loads the certificates the settings name and checks the credentials.
+func NewServer(o ServerOptions) (*Server, error) {
+	if !o.Settings.Enabled() {
+		return nil, errors.New("attach: no listen address configured")
+	}
+	if err := o.Settings.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Policy == nil {
+		return nil, errors.New("attach: no policy")
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 10 * time.Second
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 10 * time.Minute
+	}
+	cert, err := tls.LoadX509KeyPair(o.Settings.Cert, o.Settings.Key)
+	if err != nil {
+		return nil, fmt.Errorf("attach: server certificate: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13, NextProtos: []string{"kl-attach/1"}}
+	if o.Settings.ClientCA != "" {
+		pem, err := os.ReadFile(o.Settings.ClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("attach: clientCA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("attach: clientCA %s holds no PEM certificate", o.Settings.ClientCA)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return &Server{o: o, tls: tc, creds: o.Settings.Credentials, sessions: map[string]*session{}}, nil
+}
+
+// Serve accepts attach connections on ln (plain TCP; Serve adds TLS) until ctx is done,
+// then closes every session.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	tln := tls.NewListener(ln, s.tls)
+	go func() { <-ctx.Done(); tln.Close() }()
+	defer s.closeAll()
+	var delay time.Duration
+	for {
+		c, err := tln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.o.Log.Warn("attach: accept failed", "err", err, "retry", delay)
+			time.Sleep(delay)
+			continue
+		}
+		delay = 0
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.handle(ctx, c.(*tls.Conn))
+		}()
+	}
+}
+
+func (s *Server) closeAll() {
+	s.mu.Lock()
+	s.closed = true
+	ss := make([]*session, 0, len(s.sessions))
+	for _, se := range s.sessions {
+		ss = append(ss, se)
+	}
+	s.mu.Unlock()
+	for _, se := range ss {
+		se.mux.Close()
+	}
+	s.wg.Wait()
+}
+
+func (s *Server) muxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.LogOutput = io.Discard
+	c.EnableKeepAlive = true
+	c.KeepAliveInterval = 15 * time.Second
+	c.StreamOpenTimeout = s.o.HandshakeTimeout
+	c.StreamCloseTimeout = s.o.IdleTimeout
+	c.MaxStreamWindowSize = 1 << 20
+	c.AcceptBacklog = 1024
+	return c
+}
+
+// handle runs one attach connection: handshake, authentication, then the session until
+// either side ends it.
+func (s *Server) handle(ctx context.Context, c *tls.Conn) {
+	remote := c.RemoteAddr().String()
+	log := s.o.Log.With("remote", remote)
+	c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
+	if err := c.HandshakeContext(ctx); err != nil {
+		log.Warn("attach refused: TLS handshake failed", "err", err)
+		c.Close()
+		return
+	}
+	mux, err := yamux.Server(c, s.muxConfig())
+	if err != nil {
+		c.Close()
+		return
+	}
+	defer mux.Close()
+	ctrl, err := mux.AcceptStream()
+	if err != nil {
+		log.Warn("attach refused: no control stream", "err", err)
+		return
+	}
+	br := bufio.NewReader(ctrl)
+	var h Hello
+	if err := readFrame(br, maxSmallFrame, &h); err != nil {
+		log.Warn("attach refused: bad hello", "err", err)
+		return
+	}
+	refuse := func(why, said string) {
+		log.Warn("attach refused", "reason", why, "client", h.Client)
+		writeFrame(ctrl, Welcome{Version: Version, Error: said})
+		ctrl.Close()
+		// Let the refusal reach the other side before the connection goes.
+		time.Sleep(50 * time.Millisecond)
+	}
+	if h.Version != Version {
+		refuse(fmt.Sprintf("protocol version %d", h.Version), fmt.Sprintf("protocol version %d is not supported (want %d)", h.Version, Version))
+		return
+	}
+	cred, how := s.authenticate(c.ConnectionState(), h.Token)
+	if cred == nil {
+		refuse(how, "authentication failed")
+		return
+	}
+	sc, err := newScope(cred, &h)
+	if err != nil {
+		refuse("bad scope: "+err.Error(), err.Error())
+		return
+	}
+	c.SetDeadline(time.Time{})
+	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), ctrl: ctrl}
+	if err := writeFrame(ctrl, Welcome{Version: Version, Session: se.id, Credential: cred.Name, Scope: sc.String()}); err != nil {
+		return
+	}
+	if err := se.sendPolicy(s.o.Policy()); err != nil {
+		log.Warn("attach: sending the policy failed", "err", err)
+		return
+	}
+	if !s.add(se) {
+		return
+	}
+	log.Info("attach session started", "session", se.id, "credential", cred.Name, "auth", how, "client", h.Client, "scope", sc.String())
+	// The attach side sends nothing more on the control stream: EOF or an error there,
+	// or the session dying, ends the session.
+	done := make(chan struct{})
+	go func() { io.Copy(io.Discard, br); close(done) }()
+	select {
+	case <-done:
+	case <-mux.CloseChan():
+	case <-ctx.Done():
+	}
+	s.remove(se)
+	mux.Close()
+	log.Info("attach session ended", "session", se.id, "credential", cred.Name, "flows", se.flows.Load(), "refused", se.refused.Load(), "lasted", time.Since(se.started).Round(time.Millisecond))
+}
+
+// authenticate finds the credential a connection presents: a verified client
+// certificate whose subject a credential names, else a bearer token.
+func (s *Server) authenticate(st tls.ConnectionState, token string) (*Credential, string) {
+	if len(st.VerifiedChains) > 0 {
+		leaf := st.VerifiedChains[0][0]
+		names := append([]string{leaf.Subject.CommonName}, leaf.DNSNames...)
+		for i := range s.creds {
+			c := &s.creds[i]
+			for _, n := range names {
+				if c.Subject != "" && n == c.Subject {
+					return c, "certificate"
+				}
+			}
+		}
+		if token == "" {
+			return nil, fmt.Sprintf("certificate %q matches no credential", leaf.Subject.CommonName)
+		}
+	}
+	if token == "" {
+		return nil, "no token and no client certificate"
+	}
+	var found *Credential
+	for i := range s.creds {
+		// Compare with every credential, so timing does not tell which one is close.
+		if s.creds[i].tokenMatches(token) && found == nil {
+			found = &s.creds[i]
+		}
+	}
+	if found == nil {
+		return nil, "wrong token"
+	}
+	return found, "token"
+}
+
+func newID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Server) add(se *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.sessions[se.id] = se
+	return true
+}
+
+func (s *Server) remove(se *session) {
+	s.mu.Lock()
+	delete(s.sessions, se.id)
+	s.mu.Unlock()
+}
+
+func (se *session) sendPolicy(p *rules.Policy) error {
+	se.ctrlMu.Lock()
+	defer se.ctrlMu.Unlock()
+	if se.sentHash == p.Hash() {
+		return nil
+	}
+	se.ctrl.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	defer se.ctrl.SetWriteDeadline(time.Time{})
+	if err := writeFrame(se.ctrl, PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}); err != nil {
+		return err
+	}
+	se.sentHash = p.Hash()
+	return nil
+}
+
+// Reload sends the live policy to every session that does not hold it yet. The daemon
+// calls it after a successful reload.
+func (s *Server) Reload() {
+	p := s.o.Policy()
+	for _, se := range s.live() {
+		if err := se.sendPolicy(p); err != nil {
+			s.o.Log.Warn("attach: sending the reloaded policy failed; ending the session", "session", se.id, "err", err)
+			se.mux.Close()
+		}
+	}
+}
+
+func (s *Server) live() []*session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss := make([]*session, 0, len(s.sessions))
+	for _, se := range s.sessions {
+		if !se.mux.IsClosed() {
+			ss = append(ss, se)
+		}
+	}
+	sort.Slice(ss, func(i, j int) bool { return ss[i].started.After(ss[j].started) })
+	return ss
+}
+
+// pick returns the newest live session that may carry w's flows.
+func (s *Server) pick(w *api.Workload) *session {
+	for _, se := range s.live() {
+		if se.scope.allows(w) {
+			return se
+		}
+	}
+	return nil
+}
+
+// Live reports whether a session that may carry w's flows is up.
+func (s *Server) Live(w *api.Workload) bool { return s.pick(w) != nil }
+
+// Sessions lists the live sessions, newest first.
+func (s *Server) Sessions() []SessionInfo {
+	var out []SessionInfo
+	for _, se := range s.live() {
+		se.ctrlMu.Lock()
+		h := se.sentHash
+		se.ctrlMu.Unlock()
+		out = append(out, SessionInfo{ID: se.id, Credential: se.cred, Client: se.client, Remote: se.remote, Scope: se.scope.String(),
+			Since: se.started, Policy: h, Flows: se.flows.Load(), Refused: se.refused.Load()})
+	}
+	return out
+}
+
+// Dial carries one flow of workload w over the newest live session allowed to carry it.
+// f is the flow as the relay decided it (labels, image, process, host, destination,
+// source, timestamp and id) and d that decision; with d nil, Dial decides f itself with
+// the live policy (filling At and ID when zero). A flow whose decision is not `client`,
+// a workload with no live session, or a refusal by the attach side is an error: the
+// caller resets the workload's connection and never tries another exit.
+func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rules.Decision) (net.Conn, error) {
+	p := s.o.Policy()
+	if f.At.IsZero() {
+		f.At = time.Now()
+	}
+	if f.ID == 0 {
+		f.ID = s.seq.Add(1) | 1<<63
+	}
+	if d == nil {
+		dd := p.Decide(&f)
+		d = &dd
+	}
+	fail := func(err error) (net.Conn, error) {
+		if s.o.Audit != nil {
+			s.o.Audit.Add(audit.Record{At: f.At, Rule: d.Rule, Priority: d.Priority, Dimension: d.Dimension.String(),
+				Exit: rules.ExitClient, Note: d.Note, Reason: err.Error(), Path: "relay"})
+		}
+		s.o.Log.Info("client flow refused", "workload", w.ID, "flow", f.ID, "reason", err.Error())
+		return nil, &net.OpError{Op: "attach", Net: "tcp", Err: err}
+	}
+	if d.Exit != rules.ExitClient {
+		return fail(ErrNotClient)
+	}
+	se := s.pick(w)
+	if se == nil {
+		return fail(ErrNoSession)
+	}
+	if err := se.sendPolicy(p); err != nil {
+		se.mux.Close()
+		return fail(fmt.Errorf("%w (the session failed: %v)", ErrNoSession, err))
+	}
+	se.flows.Add(1)
+	st, err := se.mux.OpenStream()
+	if err != nil {
+		return fail(fmt.Errorf("%w (opening a stream: %v)", ErrNoSession, err))
+	}
+	port := f.Dst.Port()
+	h := Header{Flow: f.ID, At: f.At, Workload: w.ID, Namespace: w.Namespace, Name: w.Name, Labels: f.Labels, Image: f.Image,
+		Process: f.Process, Host: f.Host, Dst: f.Dst, Port: port, Src: f.Src, Policy: p.Hash(), Exit: d.Exit, Proxy: d.Proxy}
+	if dl, ok := ctx.Deadline(); ok {
+		st.SetDeadline(dl)
+	} else {
+		st.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
+	}
+	if err := writeFrame(st, h); err != nil {
+		st.Close()
+		return fail(fmt.Errorf("%w (writing the header: %v)", ErrNoSession, err))
+	}
+	br := bufio.NewReaderSize(st, 512)
+	var v Verdict
+	if err := readFrame(br, maxSmallFrame, &v); err != nil {
+		st.Close()
+		if ctx.Err() != nil {
+			return fail(fmt.Errorf("attach side did not answer: %w", ctx.Err()))
+		}
+		return fail(fmt.Errorf("attach side did not answer: %v", err))
+	}
+	if !v.OK {
+		se.refused.Add(1)
+		st.Close()
+		return fail(&RefusedError{Code: v.Code, Reason: v.Reason})
+	}
+	st.SetDeadline(time.Time{})
+	if br.Buffered() > 0 {
+		// The attach side sends nothing after its verdict until the flow's own bytes, which
+		// the reader may already hold: keep them.
+		return &flowConn{Stream: st, pre: br}, nil
+	}
+	return &flowConn{Stream: st}, nil
+}
+
+// flowConn is a flow stream as a net.Conn for the relay's copy: half-close is the
+// stream's Close, and a read deadline passing reads as os.ErrDeadlineExceeded like a
+// socket's (yamux has its own error).
+type flowConn struct {
+	*yamux.Stream
+	pre *bufio.Reader
+}
+
+func (c *flowConn) Read(b []byte) (int, error) {
+	var n int
+	var err error
+	if c.pre != nil && c.pre.Buffered() > 0 {
+		n, err = c.pre.Read(b)
+	} else {
+		n, err = c.Stream.Read(b)
+	}
+	return n, deadlineErr(err)
+}
+
+func (c *flowConn) CloseWrite() error { return c.Stream.Close() }
+
+func deadlineErr(err error) error {
+	var ne net.Error
+	if err != nil && errors.As(err, &ne) && ne.Timeout() {
+		return os.ErrDeadlineExceeded
+	}
+	return err
+}

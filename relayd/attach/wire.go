@@ -1,0 +1,153 @@
+package attach
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"time"
+
+	"github.com/kl-egress/kl/rules"
+)
+
+// Version is the attach protocol's version; a peer speaking another one is refused.
+const Version = 1
+
+// Frame bounds. A policy frame carries a whole rules file, so it may be as large as one.
+const (
+	maxSmallFrame  = 64 << 10
+	maxPolicyFrame = rules.MaxFileBytes + 64<<10
+)
+
+// Hello is the first message of a session, from the attach side on the control stream.
+type Hello struct {
+	Version   int      `json:"version"`
+	Token     string   `json:"token,omitempty"`     // bearer token (absent with a client certificate)
+	Workloads []string `json:"workloads,omitempty"` // narrow the session to these ids ("" = all it may carry)
+	Selector  string   `json:"selector,omitempty"`  // narrow the session to workloads with these labels
+	Client    string   `json:"client,omitempty"`    // the attach side's hostname, for logs
+}
+
+// Welcome is the daemon's answer to Hello. Error set means the session was refused and
+// the connection is closing.
+type Welcome struct {
+	Version    int    `json:"version"`
+	Session    string `json:"session,omitempty"`
+	Credential string `json:"credential,omitempty"` // the configured credential that matched
+	Scope      string `json:"scope,omitempty"`      // what the session may carry, in words
+	Error      string `json:"error,omitempty"`
+}
+
+// PolicyMsg carries the daemon's live rules, at session start and after every reload,
+// on the control stream. The attach side parses Source itself.
+type PolicyMsg struct {
+	Name   string `json:"name"`
+	Hash   string `json:"hash"`
+	Source []byte `json:"source"`
+}
+
+// Header opens every flow stream (daemon to attach side): where the flow goes and the
+// whole decision context, so the attach side can take the same decision again.
+type Header struct {
+	Flow      uint64            `json:"flow"`
+	At        time.Time         `json:"at"`
+	Workload  string            `json:"workload"`
+	Namespace string            `json:"namespace,omitempty"`
+	Name      string            `json:"name,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	Image     string            `json:"image,omitempty"`
+	Process   rules.Process     `json:"process,omitzero"`
+	Host      string            `json:"host,omitempty"`
+	Dst       netip.AddrPort    `json:"dst,omitzero"`
+	Port      uint16            `json:"port"`
+	Src       netip.Addr        `json:"src,omitzero"`
+	Policy    string            `json:"policy"` // the policy's hash
+	Exit      string            `json:"exit"`   // the route the daemon chose (client)
+	Proxy     string            `json:"proxy,omitempty"`
+}
+
+// Verdict is the attach side's answer on a flow stream: OK and the bytes follow, or a
+// refusal (the daemon resets the workload's connection) with a stable code and words.
+type Verdict struct {
+	OK     bool   `json:"ok"`
+	Code   string `json:"code,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// Refusal codes of a Verdict. They appear in the daemon's log and audit records.
+const (
+	RefuseRoute   = "E_ROUTE_MISMATCH" // the attach side's own decision is not client
+	RefusePolicy  = "E_POLICY_UNKNOWN" // the header names a policy version the attach side does not hold
+	RefuseHeader  = "E_BAD_HEADER"     // the header does not parse or lacks a destination
+	RefuseDial    = "E_DIAL"           // the attach side could not reach the destination
+	RefuseProxy   = "E_PROXY"          // the proxy the decision or the environment names is unusable
+	RefuseClosing = "E_CLOSING"        // the session is ending
+)
+
+// RulesFlow returns the rules.Flow the header describes.
+func (h *Header) RulesFlow() rules.Flow {
+	return rules.Flow{Labels: h.Labels, Image: h.Image, Process: h.Process, Host: h.Host, Dst: h.Dst, Src: h.Src, At: h.At, ID: h.Flow}
+}
+
+// Check reports what makes a header unusable.
+func (h *Header) Check() error {
+	switch {
+	case h.Port == 0:
+		return errors.New("header: port is 0")
+	case h.Host == "" && !h.Dst.IsValid():
+		return errors.New("header: neither a host nor an address")
+	case h.Dst.IsValid() && h.Dst.Port() != h.Port:
+		return fmt.Errorf("header: port %d differs from the address's %d", h.Port, h.Dst.Port())
+	case h.Policy == "":
+		return errors.New("header: no policy version")
+	case h.At.IsZero():
+		return errors.New("header: no timestamp")
+	}
+	return nil
+}
+
+// writeFrame writes v as one length-prefixed JSON frame.
+func writeFrame(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 4, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	_, err = w.Write(append(buf, b...))
+	return err
+}
+
+// readFrame reads one frame of at most max bytes into v. Unknown fields are errors so a
+// peer cannot smuggle in what this side would silently ignore.
+func readFrame(r *bufio.Reader, max int, v any) error {
+	var l [4]byte
+	if _, err := io.ReadFull(r, l[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(l[:])
+	if n > uint32(max) {
+		return fmt.Errorf("frame of %d bytes is over the %d-byte bound", n, max)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return fmt.Errorf("frame: %w", err)
+	}
+	return decodeStrict(b, v)
+}
+
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("frame: %w", err)
+	}
+	if dec.More() {
+		return errors.New("frame: trailing data")
+	}
+	return nil
+}
