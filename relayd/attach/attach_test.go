@@ -3,9 +3,9 @@ package attach
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"context"
 	"errors"
 	"fmt"
 	"io"

@@ -173,10 +173,10 @@ func (s Selector) String() string {
 // scope is what one session may carry: the credential's grant, narrowed by what the
 // attach side asked for.
 type scope struct {
-	ids      map[string]bool
-	sel      Selector
-	narrowID map[string]bool // nil: no narrowing by id
-	narrowSel Selector       // nil: no narrowing by labels
+	ids       map[string]bool
+	sel       Selector
+	narrowID  map[string]bool // nil: no narrowing by id
+	narrowSel Selector        // nil: no narrowing by labels
 }
 
 func newScope(c *Credential, h *Hello) (*scope, error) {
