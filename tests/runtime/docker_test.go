@@ -127,6 +127,7 @@ func TestDockerRun(t *testing.T) {
 		reg2.Workload.Image != imageNorm || reg2.Workload.Name != name2 {
 		t.Fatalf("registration of %s = %+v, %v", id, reg2.Workload, ok)
 	}
+	t.Logf("annotations dockerd put in the spec: %v (labels come from the Docker API: %v)", reg2.Workload.Annotations, reg2.Workload.Labels)
 	pid, _ := strconv.Atoi(strings.TrimSpace(d.docker(t, "inspect", "-f", "{{.State.Pid}}", id).stdout))
 	want := netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark, IPv6: true, RejectQUIC: true}
 	if err := netns.Verify(fmt.Sprintf("/proc/%d/ns/net", pid), want); err != nil {
