@@ -11,6 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// tcpCloseWait is TCP_CLOSE_WAIT from include/net/tcp_states.h: the peer sent its FIN.
+const tcpCloseWait = 8
+
 var bufPool = sync.Pool{New: func() any { b := make([]byte, MaxPeek); return &b }}
 
 // Host peeks at the first bytes the client sent on c (recv with MSG_PEEK, so nothing is
@@ -47,12 +50,14 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 			// The client closed without sending a name.
 			return true
 		case n == seen && n < len(buf):
-			return false // woken without new bytes
+			// Woken without new bytes: the client may have half-closed after a partial
+			// message (no more bytes will come), or this is a spurious wakeup.
+			return peerClosed(fd)
 		}
 		seen = n
 		h, perr := Parse(buf[:n])
 		if errors.Is(perr, ErrIncomplete) && n < len(buf) {
-			return false
+			return peerClosed(fd) // wait for more, unless no more can come
 		}
 		if perr == nil {
 			host = h
@@ -81,4 +86,11 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 		return "", fmt.Errorf("sniff: peek: %w", sockErr)
 	}
 	return host, nil
+}
+
+// peerClosed reports whether the client already sent its FIN (the socket is in
+// CLOSE_WAIT): then the bytes peeked so far are all there will be.
+func peerClosed(fd uintptr) bool {
+	ti, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	return err == nil && ti.State == tcpCloseWait
 }

@@ -50,6 +50,7 @@ func TestHostLive(t *testing.T) {
 		{name: "something else", chunks: [][]byte{[]byte("\x00\x00\x00\x01binary")}, wait: 2 * time.Second, want: "", maxDur: 500 * time.Millisecond},
 		{name: "stalls mid hello", chunks: [][]byte{hello[:100]}, wait: 200 * time.Millisecond, want: "", maxDur: 600 * time.Millisecond},
 		{name: "client closes silently", close: true, wait: 2 * time.Second, want: "", maxDur: 500 * time.Millisecond},
+		{name: "client closes mid hello", chunks: [][]byte{hello[:100]}, close: true, wait: 2 * time.Second, want: "", maxDur: 500 * time.Millisecond},
 		{name: "zero wait sees what is there", chunks: [][]byte{hello}, wait: 0, want: "live.example.com", maxDur: 200 * time.Millisecond},
 	}
 	for _, tt := range tests {
