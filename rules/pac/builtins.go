@@ -30,19 +30,20 @@ func looseArg(fc goja.FunctionCall, i int) string { return fc.Argument(i).String
 
 func (w *worker) install() {
 	vm := w.vm
+	w.vTrue, w.vFalse = vm.ToValue(true), vm.ToValue(false)
 	set := func(name string, f func(goja.FunctionCall) goja.Value) {
 		if err := vm.Set(name, f); err != nil {
 			panic(err) // Set only fails on a frozen global object, which cannot happen here
 		}
 	}
 	set("isPlainHostName", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(isPlainHostName(w.arg(fc, 0, "isPlainHostName")))
+		return w.boolean(isPlainHostName(w.arg(fc, 0, "isPlainHostName")))
 	})
 	set("dnsDomainIs", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(strings.HasSuffix(w.arg(fc, 0, "dnsDomainIs"), w.arg(fc, 1, "dnsDomainIs")))
+		return w.boolean(strings.HasSuffix(w.arg(fc, 0, "dnsDomainIs"), w.arg(fc, 1, "dnsDomainIs")))
 	})
 	set("localHostOrDomainIs", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(localHostOrDomainIs(looseArg(fc, 0), w.arg(fc, 1, "localHostOrDomainIs")))
+		return w.boolean(localHostOrDomainIs(looseArg(fc, 0), w.arg(fc, 1, "localHostOrDomainIs")))
 	})
 	set("dnsDomainLevels", func(fc goja.FunctionCall) goja.Value {
 		return vm.ToValue(strings.Count(w.arg(fc, 0, "dnsDomainLevels"), "."))
@@ -55,10 +56,10 @@ func (w *worker) install() {
 		if err != nil {
 			panic(vm.NewGoError(err))
 		}
-		return vm.ToValue(ok)
+		return w.boolean(ok)
 	})
 	set("isInNet", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(isInNet(looseArg(fc, 0), w.arg(fc, 1, "isInNet"), w.arg(fc, 2, "isInNet"), w.dnsResolve))
+		return w.boolean(isInNet(looseArg(fc, 0), w.arg(fc, 1, "isInNet"), w.arg(fc, 2, "isInNet"), w.dnsResolve))
 	})
 	set("dnsResolve", func(fc goja.FunctionCall) goja.Value {
 		if s, ok := w.dnsResolve(looseArg(fc, 0)); ok {
@@ -68,7 +69,7 @@ func (w *worker) install() {
 	})
 	set("isResolvable", func(fc goja.FunctionCall) goja.Value {
 		_, ok := w.dnsResolve(looseArg(fc, 0))
-		return vm.ToValue(ok)
+		return w.boolean(ok)
 	})
 	set("myIpAddress", func(goja.FunctionCall) goja.Value {
 		if a := w.call.MyIP.Unmap(); a.Is4() {
@@ -80,7 +81,7 @@ func (w *worker) install() {
 		return vm.ToValue(w.dnsResolveEx(looseArg(fc, 0)))
 	})
 	set("isResolvableEx", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(w.dnsResolveEx(looseArg(fc, 0)) != "")
+		return w.boolean(w.dnsResolveEx(looseArg(fc, 0)) != "")
 	})
 	set("myIpAddressEx", func(goja.FunctionCall) goja.Value {
 		if a := w.call.MyIP; a.IsValid() {
@@ -89,7 +90,7 @@ func (w *worker) install() {
 		return vm.ToValue("")
 	})
 	set("isInNetEx", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(isInNetEx(looseArg(fc, 0), looseArg(fc, 1)))
+		return w.boolean(isInNetEx(looseArg(fc, 0), looseArg(fc, 1)))
 	})
 	set("sortIpAddressList", func(fc goja.FunctionCall) goja.Value {
 		if s, ok := sortIPAddressList(w.arg(fc, 0, "sortIpAddressList")); ok {
@@ -99,17 +100,17 @@ func (w *worker) install() {
 	})
 	set("getClientVersion", func(goja.FunctionCall) goja.Value { return vm.ToValue("1.0") })
 	set("weekdayRange", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(weekdayRange(w.now(), w.loc, fc.Arguments))
+		return w.boolean(weekdayRange(w.now(), w.loc, fc.Arguments))
 	})
 	set("dateRange", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(dateRange(w.now(), w.loc, fc.Arguments))
+		return w.boolean(dateRange(w.now(), w.loc, fc.Arguments))
 	})
 	set("timeRange", func(fc goja.FunctionCall) goja.Value {
 		ok, err := timeRange(w.now(), w.loc, fc.Arguments)
 		if err != nil {
 			panic(vm.NewGoError(err))
 		}
-		return vm.ToValue(ok)
+		return w.boolean(ok)
 	})
 	set("alert", func(fc goja.FunctionCall) goja.Value {
 		if w.log != nil {
@@ -118,6 +119,13 @@ func (w *worker) install() {
 		}
 		return goja.Undefined()
 	})
+}
+
+func (w *worker) boolean(b bool) goja.Value {
+	if b {
+		return w.vTrue
+	}
+	return w.vFalse
 }
 
 // isPlainHostName follows Chromium: a name with a dot, or an IPv6 literal (a colon),

@@ -332,6 +332,8 @@ type worker struct {
 	shexp    shexpCache
 	results  map[string]Result   // ParseResult of recent return values
 	argCache map[string]callArgs // arguments for recent hosts
+
+	vTrue, vFalse goja.Value
 }
 
 func (p *pool) newWorker() *worker {
