@@ -66,8 +66,8 @@ func Compile(name, src string, o Options) (*Script, error) {
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
-	// The first runtime proves the script loads: its top-level code runs within the
-	// deadline and FindProxyForURL must be a function. Then the pool warms up to one
+	// The first runtime proves the script loads: its top-level code finishes within
+	// setupLimit and FindProxyForURL is a function. Then the pool warms up to one
 	// runtime per core in the background.
 	p.slots <- struct{}{}
 	w, err := p.start(p.setupLimit())
