@@ -12,6 +12,27 @@ type Status struct {
 	FDs        int         `json:"fds"`     // open file descriptors of the daemon
 	FDLimit    uint64      `json:"fdLimit"` // its RLIMIT_NOFILE soft limit
 	Goroutines int         `json:"goroutines"`
+	Hits       []RuleHit   `json:"hits,omitempty"`   // decisions per rule (rule 0: per dimension default/guard/script)
+	Recent     []Decision  `json:"recent,omitempty"` // the most recent decision records, oldest first
+}
+
+// RuleHit counts the decisions one rule made.
+type RuleHit struct {
+	Rule      int    `json:"rule"`
+	Dimension string `json:"dimension"`
+	Count     uint64 `json:"count"`
+}
+
+// Decision is one audit record: never the destination, payload or identity (SPEC §5).
+type Decision struct {
+	At        time.Time `json:"at"`
+	Rule      int       `json:"rule"`
+	Priority  int       `json:"priority"`
+	Dimension string    `json:"dimension"`
+	Exit      string    `json:"exit"`
+	Note      string    `json:"note,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	Path      string    `json:"path,omitempty"`
 }
 
 // RulesStatus describes the live rules and the last attempt to load them.

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
@@ -122,6 +123,7 @@ type Daemon struct {
 
 	store *registry.Store
 	relay *relay.Relay
+	audit *audit.Log
 	ready atomic.Bool
 
 	mu   sync.Mutex // serialises registration changes
@@ -144,6 +146,9 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if d.store, err = registry.Open(cfg.StateDir); err != nil {
 		return nil, err
 	}
+	if d.audit, err = audit.New(cfg.Audit.Path, cfg.Audit.MaxBytes, cfg.Audit.Keep, cfg.Audit.Ring); err != nil {
+		return nil, err
+	}
 	d.relay = relay.New(relay.Options{
 		RedirectPort:   cfg.RedirectPort,
 		HTTPPort:       cfg.HTTPPort,
@@ -155,6 +160,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		Policy:         func() relay.Decider { return d.policy.Load() },
 		Exits:          exits,
 		Log:            log,
+		Audit:          d.audit,
 	})
 	return d, nil
 }
@@ -174,6 +180,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	ln, err := listenUnix(d.cfg.Socket)
 	if err != nil {
 		d.relay.Shutdown(context.Background())
+		d.audit.Close()
 		return err
 	}
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
@@ -208,6 +215,9 @@ wait:
 	_ = srv.Shutdown(sctx)
 	_ = d.relay.Shutdown(sctx)
 	os.Remove(d.cfg.Socket)
+	if err := d.audit.Close(); err != nil {
+		d.log.Warn("audit log", "err", err)
+	}
 	if errors.Is(serveErr, http.ErrServerClosed) {
 		serveErr = nil
 	}

@@ -193,6 +193,9 @@ func (d *Daemon) handleReady(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, struct{}{})
 }
 
+// recentRecords is how many decision records Status returns.
+const recentRecords = 50
+
 // Status is what `kl-ctl status` shows.
 func (d *Daemon) Status() api.Status {
 	d.rulesMu.Lock()
@@ -203,6 +206,15 @@ func (d *Daemon) Status() api.Status {
 	d.mu.Unlock()
 	fds, _ := fdCount()
 	limit, _ := fdLimit()
+	var hits []api.RuleHit
+	for _, h := range d.audit.HitCounts() {
+		hits = append(hits, api.RuleHit{Rule: h.Rule, Dimension: h.Dimension, Count: h.Count})
+	}
+	var recent []api.Decision
+	for _, r := range d.audit.Recent(recentRecords) {
+		recent = append(recent, api.Decision{At: r.At, Rule: r.Rule, Priority: r.Priority, Dimension: r.Dimension,
+			Exit: r.Exit, Note: r.Note, Reason: r.Reason, Path: r.Path})
+	}
 	return api.Status{
 		Ready:      d.ready.Load(),
 		StartedAt:  d.started.UTC(),
@@ -212,6 +224,8 @@ func (d *Daemon) Status() api.Status {
 		FDs:        fds,
 		FDLimit:    limit,
 		Goroutines: runtime.NumGoroutine(),
+		Hits:       hits,
+		Recent:     recent,
 	}
 }
 

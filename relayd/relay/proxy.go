@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/proxy"
 	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
@@ -108,6 +109,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		switch d.Exit {
 		case rules.ExitDeny:
 			r.count(rules.ExitDeny)
+			r.record(d, f.At, "")
 			return nil, denied
 		case rules.ExitDirect:
 			dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {
@@ -119,6 +121,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		if dial == nil {
 			r.count("refused")
 			r.o.Log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule)
+			r.record(d, f.At, unavailable(d.Exit))
 			return nil, denied
 		}
 		r.count(d.Exit)
@@ -126,11 +129,13 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		defer cancel()
 		c, err := dial(dctx, w, Dest{Addr: dst, Host: t.Host, Port: port})
 		if err != nil {
+			r.record(d, f.At, audit.Reason(err))
 			if r.o.Debug {
 				return nil, err
 			}
 			return nil, redactedError{err}
 		}
+		r.record(d, f.At, "")
 		if !p.track(c) {
 			c.Close()
 			return nil, ErrClosed

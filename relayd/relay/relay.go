@@ -21,6 +21,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -54,6 +55,8 @@ type Options struct {
 	// with no entry is refused (reset) with a logged reason.
 	Exits map[string]DialFunc
 	Log   *slog.Logger
+	// Audit receives one record per decision (nil: none).
+	Audit *audit.Log
 
 	// listen, dial and origDst are test seams (netns.Listen, netns.Dial, netns.OriginalDst).
 	listen  func(nsPath, network, addr string) (net.Listener, error)
@@ -397,6 +400,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	switch d.Exit {
 	case rules.ExitDeny:
 		r.count(rules.ExitDeny)
+		r.record(d, f.At, "")
 		reset(c)
 		return
 	case rules.ExitDirect:
@@ -407,6 +411,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	if dial == nil {
 		r.count("refused")
 		log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+		r.record(d, f.At, unavailable(d.Exit))
 		reset(c)
 		return
 	}
@@ -416,9 +421,11 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	cancel()
 	if err != nil {
 		log.Info("flow failed: exit unreachable", "workload", w.ID, "flow", id, "exit", d.Exit, "err", r.redact(err))
+		r.record(d, f.At, audit.Reason(err))
 		reset(c)
 		return
 	}
+	r.record(d, f.At, "")
 	if !p.track(up) {
 		up.Close()
 		reset(c)
@@ -445,4 +452,20 @@ func (r *Relay) redact(err error) any {
 		return oe.Err.Error()
 	}
 	return "(details hidden; enable debug)"
+}
+
+// record writes the decision's audit record; reason says why the flow did not go out.
+func (r *Relay) record(d rules.Decision, at time.Time, reason string) {
+	if r.o.Audit == nil {
+		return
+	}
+	if reason == "" {
+		reason = d.Reason
+	}
+	r.o.Audit.Add(audit.Record{At: at, Rule: d.Rule, Priority: d.Priority, Dimension: d.Dimension.String(),
+		Exit: d.Exit, Note: d.Note, Reason: reason, Path: "relay"})
+}
+
+func unavailable(exit string) string {
+	return "exit " + exit + " is not available in this relay"
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -36,6 +37,7 @@ func (f fakeDecider) Decide(fl *rules.Flow) rules.Decision {
 type harness struct {
 	r    *Relay
 	dst  atomic.Pointer[netip.AddrPort] // what origDst answers
+	aud  *audit.Log
 	mu   sync.Mutex
 	lns  map[string]net.Listener
 	dial int
@@ -43,12 +45,17 @@ type harness struct {
 
 func newHarness(t *testing.T, dec fakeDecider, idle time.Duration, exits map[string]DialFunc) *harness {
 	t.Helper()
-	h := &harness{lns: map[string]net.Listener{}}
+	aud, err := audit.New("", 0, 0, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{lns: map[string]net.Listener{}, aud: aud}
 	h.setDst(netip.AddrPort{})
 	o := Options{
 		IdleTimeout: idle,
 		Policy:      func() Decider { return dec },
 		Exits:       exits,
+		Audit:       h.aud,
 		listen: func(nsPath, network, addr string) (net.Listener, error) {
 			ln, err := net.Listen("tcp4", "127.0.0.1:0")
 			if err == nil {
@@ -197,6 +204,13 @@ func TestRefusals(t *testing.T) {
 			expectReset(t, h.addr(t, "/ns/a"))
 			if s := h.r.Stats(); s.ByExit[tt.exit] != 1 {
 				t.Errorf("Stats = %+v, want one %s", s, tt.exit)
+			}
+			recs := h.aud.Recent(10)
+			if len(recs) != 1 || recs[0].Exit != dec[tt.dst.Port()] || recs[0].Rule != 1 || recs[0].Path != "relay" {
+				t.Fatalf("audit records = %+v, want one for exit %s", recs, dec[tt.dst.Port()])
+			}
+			if wantReason := tt.exit != "deny"; (recs[0].Reason != "") != wantReason {
+				t.Errorf("audit reason = %q", recs[0].Reason)
 			}
 			if h.dials() != 0 {
 				t.Errorf("%d direct dials for a refused flow", h.dials())

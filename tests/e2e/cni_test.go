@@ -118,6 +118,36 @@ func TestCNIChain(t *testing.T) {
 		}
 	})
 
+	t.Run("audit", func(t *testing.T) {
+		st := n.status()
+		var direct, deny bool
+		for _, r := range st.Recent {
+			direct = direct || r.Exit == "direct" && r.Dimension == "default" && r.Priority == 999
+			deny = deny || r.Exit == "deny" && r.Rule == 1 && r.Dimension == "cidr" && r.Note == "test deny"
+		}
+		if !direct || !deny {
+			t.Errorf("recent decisions lack the direct and deny flows: %+v", st.Recent)
+		}
+		if len(st.Hits) == 0 {
+			t.Error("no hit counts")
+		}
+		// The file (flushed at shutdown or every second) never holds a destination.
+		deadline := time.Now().Add(3 * time.Second)
+		var data []byte
+		for len(data) == 0 && time.Now().Before(deadline) {
+			data, _ = os.ReadFile(filepath.Join(n.dir, "audit.jsonl"))
+			time.Sleep(100 * time.Millisecond)
+		}
+		if len(data) == 0 {
+			t.Fatal("audit file empty")
+		}
+		for _, leak := range []string{"198.51.100", "203.0.113", "fd00:", "e2e", "web"} {
+			if strings.Contains(string(data), leak) {
+				t.Errorf("audit file contains %q:\n%s", leak, data)
+			}
+		}
+	})
+
 	t.Run("metadata bypasses relay", func(t *testing.T) {
 		before := n.status().Flows.Total
 		seen, local, err := visit(t, a, "169.254.169.254:8080")
@@ -232,5 +262,4 @@ func TestCNIChain(t *testing.T) {
 			t.Errorf("state dir not empty: %v", ents)
 		}
 	})
-	_ = time.Second
 }

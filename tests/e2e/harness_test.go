@@ -105,8 +105,8 @@ func newNode(t testing.TB, ipv6 bool) *node {
 	n.socket = filepath.Join(n.dir, "relayd.sock")
 	n.rules = filepath.Join(n.dir, "rules.yaml")
 	must(t, os.WriteFile(n.rules, []byte(rulesYAML), 0o644))
-	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nidleTimeout: 30s\nconnectTimeout: 3s\n",
-		n.socket, filepath.Join(n.dir, "state"), n.rules)
+	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nidleTimeout: 30s\nconnectTimeout: 3s\naudit: {path: %s}\n",
+		n.socket, filepath.Join(n.dir, "state"), n.rules, filepath.Join(n.dir, "audit.jsonl"))
 	must(t, os.WriteFile(filepath.Join(n.dir, "relayd.yaml"), []byte(settings), 0o600))
 
 	ranges := `[[{"subnet": "192.0.2.0/24"}]]`
