@@ -103,3 +103,32 @@ func TestWriteSeedCorpus(t *testing.T) {
 		write("FuzzSOCKS5Handshake", i, s)
 	}
 }
+
+func TestAuthorityTarget(t *testing.T) {
+	tests := []struct {
+		in      string
+		def     uint16
+		want    string
+		wantErr bool
+	}{
+		{"example.com:443", 0, "example.com:443", false},
+		{"EXAMPLE.com.:8443", 0, "example.com:8443", false},
+		{"[2001:db8::1]:443", 0, "[2001:db8::1]:443", false},
+		{"[::ffff:192.0.2.1]:80", 0, "192.0.2.1:80", false},
+		{"192.0.2.1:80", 0, "192.0.2.1:80", false},
+		{"example.com", 80, "example.com:80", false},
+		{"[2001:db8::1]", 80, "[2001:db8::1]:80", false},
+		{"example.com", 0, "", true},
+		{"example.com:0", 0, "", true},
+		{"example.com:99999", 0, "", true},
+		{"[fe80::1%eth0]:443", 0, "", true},
+		{"exa mple.com:443", 0, "", true},
+		{":443", 0, "", true},
+	}
+	for _, tt := range tests {
+		got, err := authorityTarget(tt.in, tt.def)
+		if (err != nil) != tt.wantErr || (err == nil && got.String() != tt.want) {
+			t.Errorf("authorityTarget(%q, %d) = %v, %v; want %q (error %v)", tt.in, tt.def, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
