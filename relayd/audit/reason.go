@@ -49,3 +49,21 @@ func unwrapOne(err error) error {
 	}
 	return errors.Unwrap(err)
 }
+
+// Redacted wraps err so that its text is Reason(err) (no destination) while errors.Is and
+// errors.As still see the whole chain (a caller can still tell a refused connection or a
+// timeout apart). nil stays nil.
+func Redacted(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &redacted{msg: Reason(err), err: err}
+}
+
+type redacted struct {
+	msg string
+	err error
+}
+
+func (e *redacted) Error() string { return e.msg }
+func (e *redacted) Unwrap() error { return e.err }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -45,5 +46,26 @@ func TestReason(t *testing.T) {
 		if tt.mustMiss != "" && strings.Contains(got, tt.mustMiss) {
 			t.Errorf("%s: Reason(%v) = %q still holds %q", tt.name, tt.err, got, tt.mustMiss)
 		}
+	}
+}
+
+func TestRedacted(t *testing.T) {
+	if Redacted(nil) != nil {
+		t.Fatal("Redacted(nil) != nil")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	_, dialErr := net.DialTimeout("tcp", addr, time.Second)
+	err = Redacted(fmt.Errorf("direct: %w", dialErr))
+	if strings.Contains(err.Error(), addr) || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Redacted = %q (Is ECONNREFUSED: %v), want no address and the chain kept", err, errors.Is(err, syscall.ECONNREFUSED))
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) {
+		t.Fatal("errors.As cannot find the *net.OpError any more")
 	}
 }
