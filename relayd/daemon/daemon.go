@@ -22,9 +22,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/rules"
@@ -121,10 +125,12 @@ type Daemon struct {
 	rulesMu sync.Mutex
 	rules   api.RulesStatus
 
-	store *registry.Store
-	relay *relay.Relay
-	audit *audit.Log
-	ready atomic.Bool
+	store   *registry.Store
+	relay   *relay.Relay
+	audit   *audit.Log
+	metrics *metrics.Metrics
+	metReg  *prometheus.Registry // nil when metrics are off
+	ready   atomic.Bool
 
 	mu   sync.Mutex // serialises registration changes
 	regs map[string]registry.Entry
@@ -146,6 +152,13 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if d.store, err = registry.Open(cfg.StateDir); err != nil {
 		return nil, err
 	}
+	if cfg.Metrics != "" {
+		d.metReg = prometheus.NewRegistry()
+		if d.metrics, err = metrics.New(d.metReg); err != nil {
+			return nil, err
+		}
+		d.metrics.Reloaded(time.Now(), "")
+	}
 	if d.audit, err = audit.New(cfg.Audit.Path, cfg.Audit.MaxBytes, cfg.Audit.Keep, cfg.Audit.Ring); err != nil {
 		return nil, err
 	}
@@ -161,6 +174,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		Exits:          exits,
 		Log:            log,
 		Audit:          d.audit,
+		Metrics:        d.metrics,
 	})
 	return d, nil
 }
@@ -184,8 +198,23 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		return err
 	}
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	if d.metReg != nil {
+		mln, err := net.Listen("tcp", d.cfg.Metrics)
+		if err != nil {
+			srv.Close()
+			d.relay.Shutdown(context.Background())
+			d.audit.Close()
+			return fmt.Errorf("metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(d.metReg, promhttp.HandlerOpts{}))
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { errc <- msrv.Serve(mln) }()
+		defer msrv.Close()
+		d.log.Info("metrics", "addr", mln.Addr().String())
+	}
 	d.ready.Store(true)
 	d.log.Info("ready", "socket", d.cfg.Socket, "workloads", d.relay.Len(), "rules", d.cfg.Rules, "hash", d.policy.Load().Hash())
 	if err := sdNotify("READY=1"); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -377,4 +378,23 @@ func TestBuildExits(t *testing.T) {
 		t.Fatalf("gateway dial from the daemon's own netns: %v", err)
 	}
 	c.Close()
+}
+
+func TestMetricsEndpoint(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.Metrics = "127.0.0.1:" + itoa(freePort(t))
+	c, _ := start(t, cfg)
+	os.WriteFile(cfg.Rules, []byte("default: sideways\n"), 0o644)
+	c.Call(context.Background(), http.MethodPost, "/v1/reload", nil, nil)
+	resp, err := http.Get("http://" + cfg.Metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`kl_rules_reloads_total{code="",result="ok"} 1`, `kl_rules_reloads_total{code="E_BAD_ACTION",result="error"} 1`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s:\n%s", want, body)
+		}
+	}
 }

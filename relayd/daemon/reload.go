@@ -26,10 +26,16 @@ func (d *Daemon) Reload() error {
 			d.rules.LastErrorCode = string(re.Code)
 		}
 		d.rules.LastErrorAt = now
+		code := d.rules.LastErrorCode
+		if code == "" {
+			code = "unknown"
+		}
+		d.metrics.Reloaded(now, code)
 		d.log.Error("rules reload failed; the previous rules stay live", "path", d.cfg.Rules, "code", d.rules.LastErrorCode, "err", err)
 		return err
 	}
 	old := d.policy.Swap(p)
+	d.metrics.Reloaded(now, "")
 	d.rules = api.RulesStatus{Path: d.cfg.Rules, Hash: p.Hash(), LoadedAt: now}
 	if old != nil && old.Hash() == p.Hash() {
 		return nil

@@ -23,7 +23,9 @@ var errIdle = errors.New("idle timeout")
 // timeout (a read deadline), records progress when a window moved bytes, and ends the
 // flow only when neither direction has moved anything for the whole timeout. A window
 // that expires loses nothing: splice waits for readability before it takes any data.
-func (r *Relay) pipe(a, b net.Conn) error {
+//
+// It returns the bytes carried from a to b (up) and from b to a (down).
+func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
 	window := r.o.IdleTimeout / 2
@@ -47,26 +49,30 @@ func (r *Relay) pipe(a, b net.Conn) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := r.copyDir(b, a, &last, window); err != nil {
+		var err error
+		if up, err = r.copyDir(b, a, &last, window); err != nil {
 			abort(err)
 		}
 	}()
-	if err := r.copyDir(a, b, &last, window); err != nil {
-		abort(err)
+	var derr error
+	if down, derr = r.copyDir(a, b, &last, window); derr != nil {
+		abort(derr)
 	}
 	wg.Wait()
 	abort(nil)
-	return first
+	return up, down, first
 }
 
-// copyDir copies src to dst until EOF (then half-closes dst) or an error.
-func (r *Relay) copyDir(dst, src net.Conn, last *atomic.Int64, window time.Duration) error {
+// copyDir copies src to dst until EOF (then half-closes dst) or an error, and returns
+// the bytes copied.
+func (r *Relay) copyDir(dst, src net.Conn, last *atomic.Int64, window time.Duration) (total int64, _ error) {
 	idle := r.o.IdleTimeout.Nanoseconds()
 	for {
 		if err := src.SetReadDeadline(time.Now().Add(window)); err != nil {
-			return err
+			return total, err
 		}
 		n, err := io.Copy(dst, src)
+		total += n
 		now := time.Now().UnixNano()
 		if n > 0 {
 			last.Store(now)
@@ -75,17 +81,17 @@ func (r *Relay) copyDir(dst, src net.Conn, last *atomic.Int64, window time.Durat
 		case err == nil:
 			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 				if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
-					return err
+					return total, err
 				}
 			}
-			return nil
+			return total, nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			if now-last.Load() < idle {
 				continue
 			}
-			return errIdle
+			return total, errIdle
 		default:
-			return err
+			return total, err
 		}
 	}
 }

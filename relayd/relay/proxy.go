@@ -101,6 +101,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		dst := netip.AddrPortFrom(t.Addr.Addr().Unmap(), port)
 		f := rules.Flow{Labels: w.Labels, Image: w.Image, Host: t.Host, Dst: dst, At: time.Now(), ID: id}
 		d := r.o.Policy().Decide(&f)
+		r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 		if r.o.Debug {
 			r.o.Log.Debug("decision", "workload", w.ID, "flow", id, "host", t.Host, "dst", dst, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
 		}
@@ -127,7 +128,9 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		r.count(d.Exit)
 		dctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 		defer cancel()
+		dialStart := time.Now()
 		c, err := dial(dctx, w, Dest{Addr: dst, Host: t.Host, Port: port})
+		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
 			r.record(d, f.At, audit.Reason(err))
 			if r.o.Debug {

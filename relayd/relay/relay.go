@@ -22,6 +22,7 @@ import (
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -57,6 +58,8 @@ type Options struct {
 	Log   *slog.Logger
 	// Audit receives one record per decision (nil: none).
 	Audit *audit.Log
+	// Metrics counts decisions, dials, active flows and bytes (nil: none).
+	Metrics *metrics.Metrics
 
 	// listen, dial and origDst are test seams (netns.Listen, netns.Dial, netns.OriginalDst).
 	listen  func(nsPath, network, addr string) (net.Listener, error)
@@ -392,6 +395,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	}
 	f := rules.Flow{Labels: w.Labels, Image: w.Image, Dst: dst, Src: addrPort(c.RemoteAddr()).Addr(), At: time.Now(), ID: id}
 	d := r.o.Policy().Decide(&f)
+	r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 	if r.o.Debug {
 		log.Debug("decision", "workload", w.ID, "flow", id, "dst", dst, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
 	}
@@ -417,8 +421,10 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	}
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
+	dialStart := time.Now()
 	up, err := dial(ctx, w, Dest{Addr: dst, Port: dst.Port()})
 	cancel()
+	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
 		log.Info("flow failed: exit unreachable", "workload", w.ID, "flow", id, "exit", d.Exit, "err", r.redact(err))
 		r.record(d, f.At, audit.Reason(err))
@@ -432,7 +438,10 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		return
 	}
 	defer p.untrack(up)
-	if err := r.pipe(c, up); err != nil && r.o.Debug {
+	done := r.o.Metrics.Start(d.Exit)
+	upBytes, downBytes, err := r.pipe(c, up)
+	done(upBytes, downBytes)
+	if err != nil && r.o.Debug {
 		log.Debug("flow ended", "workload", w.ID, "flow", id, "err", err)
 	}
 }

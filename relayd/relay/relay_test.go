@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -17,8 +18,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -38,6 +42,7 @@ type harness struct {
 	r    *Relay
 	dst  atomic.Pointer[netip.AddrPort] // what origDst answers
 	aud  *audit.Log
+	reg  *prometheus.Registry
 	mu   sync.Mutex
 	lns  map[string]net.Listener
 	dial int
@@ -49,13 +54,19 @@ func newHarness(t *testing.T, dec fakeDecider, idle time.Duration, exits map[str
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{lns: map[string]net.Listener{}, aud: aud}
+	reg := prometheus.NewRegistry()
+	met, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{lns: map[string]net.Listener{}, aud: aud, reg: reg}
 	h.setDst(netip.AddrPort{})
 	o := Options{
 		IdleTimeout: idle,
 		Policy:      func() Decider { return dec },
 		Exits:       exits,
 		Audit:       h.aud,
+		Metrics:     met,
 		listen: func(nsPath, network, addr string) (net.Listener, error) {
 			ln, err := net.Listen("tcp4", "127.0.0.1:0")
 			if err == nil {
@@ -160,6 +171,33 @@ func TestDirectHalfClose(t *testing.T) {
 	s := h.r.Stats()
 	if s.Total != 1 || s.ByExit["direct"] != 1 {
 		t.Errorf("Stats = %+v", s)
+	}
+	// The flow's metrics are recorded when its copy ends, just after the client sees EOF.
+	want := map[string]float64{"up": 5, "down": 8}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		got := map[string]float64{}
+		mfs, _ := h.reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "kl_relayed_bytes_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "direction" {
+						got[l.GetValue()] = m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		if reflect.DeepEqual(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("relayed bytes = %v, want %v", got, want)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
