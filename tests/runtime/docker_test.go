@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -158,40 +157,13 @@ func TestDockerRun(t *testing.T) {
 // veth to the test host (its own /30); squid and an HTTP server live there.
 func testDockerTraffic(t *testing.T, dir, cfgPath string, d *dockerd) {
 	testutil.RequireTool(t, "squid", "nsenter")
-	world := testutil.NewNetns(t, "klw")
-	www := filepath.Join(dir, "www")
-	os.MkdirAll(www, 0o755)
-	os.WriteFile(filepath.Join(www, "index.html"), []byte("hello-kl\n"), 0o644)
-	world.Start(t, "busybox", "httpd", "-f", "-p", "8080", "-h", www)
-
-	sq, err := os.MkdirTemp("", "kl-squid-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sq) })
-	os.Chmod(sq, 0o777)
-	conf := fmt.Sprintf("http_port 3128\npid_filename %[1]s/squid.pid\ncache_log %[1]s/cache.log\naccess_log %[1]s/access.log\ncoredump_dir %[1]s\n"+
-		"cache deny all\nshutdown_lifetime 0 seconds\ndns_nameservers 127.0.0.1\nacl test src 192.0.2.0/24\nhttp_access allow test\nhttp_access deny all\n", sq)
-	os.WriteFile(filepath.Join(sq, "squid.conf"), []byte(conf), 0o644)
-	world.Start(t, "squid", "-N", "-f", filepath.Join(sq, "squid.conf"))
-
-	// The real relay, with the label rule's proxy exit pointing at squid.
-	rules := filepath.Join(dir, "rules.yaml")
-	socket := filepath.Join(dir, "relayd.sock")
-	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nconnectTimeout: 3s\ndebug: true\nproxy:\n  url: http://192.0.2.1:3128\n",
-		socket, filepath.Join(dir, "relayd-state"), rules)
-	os.WriteFile(filepath.Join(dir, "relayd.yaml"), []byte(settings), 0o600)
-	relayd := startDaemon(t, filepath.Join(dir, "relayd.log"), nil, relaydBin(t), "--settings", filepath.Join(dir, "relayd.yaml"))
-	t.Cleanup(func() { relayd.stop(10 * time.Second) })
-	client := api.NewClient(socket, time.Second)
-	if !waitFor(10*time.Second, func() bool { return client.Ping(context.Background()) == nil }) {
-		t.Fatalf("kl-relayd not ready:\n%s", relayd.tail())
-	}
-	world.WaitPort(t, "tcp", ":3128", 10*time.Second)
+	world := startWorld(t, dir)
+	sq := startSquid(t, world)
+	rl := startRelayd(t, dir, "http://192.0.2.1:3128")
 	cfg := readFile(cfgPath)
-	os.WriteFile(cfgPath, []byte(strings.Replace(cfg, "relaySocket: ", "relaySocket: "+socket+"\n# fake: ", 1)), 0o644)
+	os.WriteFile(cfgPath, []byte(strings.Replace(cfg, "relaySocket: ", "relaySocket: "+rl.Socket+"\n# fake: ", 1)), 0o644)
 	if r := run(t, nil, filepath.Join(bins(t), "kl-hook"), "--config", cfgPath, "check"); r.code != 0 ||
-		len(contains(r.stdout, "ok   relay    "+socket, "ok   docker   "+filepath.Join(dir, "docker.sock"), "ok   runtime")) > 0 {
+		len(contains(r.stdout, "ok   relay    "+rl.Socket, "ok   docker   "+filepath.Join(dir, "docker.sock"), "ok   runtime")) > 0 {
 		t.Errorf("kl-hook check against the real relay and dockerd: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 
@@ -205,59 +177,37 @@ func testDockerTraffic(t *testing.T, dir, cfgPath string, d *dockerd) {
 			t.Fatalf("docker run -d: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 		}
 		id = strings.TrimSpace(r.stdout)
-		pid := strings.TrimSpace(d.docker(t, "inspect", "-f", "{{.State.Pid}}", id).stdout)
-		hostIf, ctrIf := testutil.Name("kv"), testutil.Name("kv")
-		testutil.Run(t, "ip", "link", "add", hostIf, "netns", world.Name, "type", "veth", "peer", "name", ctrIf, "netns", pid)
-		world.Exec(t, "ip", "addr", "add", fmt.Sprintf("192.0.2.%d/30", net+1), "dev", hostIf)
-		world.Exec(t, "ip", "link", "set", hostIf, "up")
-		testutil.Run(t, "nsenter", "--net=/proc/"+pid+"/ns/net", "ip", "addr", "add", fmt.Sprintf("192.0.2.%d/30", net+2), "dev", ctrIf)
-		testutil.Run(t, "nsenter", "--net=/proc/"+pid+"/ns/net", "ip", "link", "set", ctrIf, "up")
+		linkToWorld(t, world, strings.TrimSpace(d.docker(t, "inspect", "-f", "{{.State.Pid}}", id).stdout), net)
 		return id
 	}
-	// Debian's static busybox wget crashes (static glibc resolver), so plain HTTP over nc.
-	// nc's stdin stays open for two seconds after the request: squid tears a CONNECT
-	// tunnel down at the client's first FIN, which would drop the answer still on its way.
 	fetch := func(id, addr string) result {
-		return d.docker(t, "exec", id, "sh", "-c", `(printf 'GET /index.html HTTP/1.0\r\nHost: test\r\n\r\n'; sleep 2) | nc `+addr+` 8080`)
+		return d.docker(t, "exec", id, "sh", "-c", httpGet(addr, "8080", "/index.html"))
 	}
 	labelled := start(0, "kl.route=proxy")
 	plain := start(4)
 
 	r := fetch(labelled, "192.0.2.1")
 	if r.code != 0 || !strings.HasSuffix(r.stdout, "\r\n\r\nhello-kl\n") {
-		t.Fatalf("labelled container's fetch: exit %d %q %s\nsquid:\n%s\nrelay:\n%s", r.code, r.stdout, r.stderr, readFile(filepath.Join(sq, "access.log")), relayd.tail())
+		t.Fatalf("labelled container's fetch: exit %d %q %s\nsquid:\n%s\nrelay:\n%s", r.code, r.stdout, r.stderr, readFile(filepath.Join(sq, "access.log")), rl.tail())
 	}
 	if !waitFor(5*time.Second, func() bool { return strings.Contains(readFile(filepath.Join(sq, "access.log")), "192.0.2.1:8080") }) {
-		t.Errorf("squid did not carry the labelled flow; access.log:\n%s\nrelay:\n%s", readFile(filepath.Join(sq, "access.log")), relayd.tail())
+		t.Errorf("squid did not carry the labelled flow; access.log:\n%s\nrelay:\n%s", readFile(filepath.Join(sq, "access.log")), rl.tail())
 	}
 	r = fetch(plain, "192.0.2.5")
 	if r.code != 0 || !strings.HasSuffix(r.stdout, "\r\n\r\nhello-kl\n") {
-		t.Fatalf("plain container's fetch: exit %d %q %s\nrelay:\n%s", r.code, r.stdout, r.stderr, relayd.tail())
+		t.Fatalf("plain container's fetch: exit %d %q %s\nrelay:\n%s", r.code, r.stdout, r.stderr, rl.tail())
 	}
 	if strings.Contains(readFile(filepath.Join(sq, "access.log")), "192.0.2.5") {
 		t.Errorf("the unlabelled flow went through squid")
 	}
-	log := readFile(filepath.Join(dir, "relayd.log"))
-	decisions := map[string]string{}
-	for _, line := range strings.Split(log, "\n") {
-		if !strings.Contains(line, "msg=decision") {
-			continue
-		}
-		for _, id := range []string{labelled, plain} {
-			if strings.Contains(line, "workload="+id) {
-				decisions[id] = line
-			}
-		}
-	}
-	if l := decisions[labelled]; !strings.Contains(l, "exit=proxy") || !strings.Contains(l, "dimension=label") {
+	if l := rl.decision(labelled); !strings.Contains(l, "exit=proxy") || !strings.Contains(l, "dimension=label") {
 		t.Errorf("labelled flow's decision = %q, want exit proxy by dimension label", l)
 	}
-	if l := decisions[plain]; !strings.Contains(l, "exit=direct") || !strings.Contains(l, "dimension=default") {
+	if l := rl.decision(plain); !strings.Contains(l, "exit=direct") || !strings.Contains(l, "dimension=default") {
 		t.Errorf("plain flow's decision = %q, want direct by default", l)
 	}
-	var st api.Status
-	if err := client.Call(context.Background(), "GET", "/v1/status", nil, &st); err != nil || st.Flows.ByExit["proxy"] < 1 || st.Flows.ByExit["direct"] < 1 {
-		t.Errorf("relay status flows = %+v, %v", st.Flows, err)
+	if !rl.recorded(t, "label", "proxy") || !rl.recorded(t, "default", "direct") {
+		t.Errorf("relay status lacks the label/proxy and default/direct audit records: %+v", rl.status(t).Recent)
 	}
 	for _, id := range []string{labelled, plain} {
 		d.docker(t, "rm", "-f", id)

@@ -114,7 +114,7 @@ func busyboxRootfs(t *testing.T, dir string) {
 	if err := os.WriteFile(filepath.Join(dir, "bin/busybox"), data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, app := range []string{"sh", "cat", "env", "echo", "sleep", "wget", "nc", "ls", "grep", "true", "false"} {
+	for _, app := range []string{"sh", "cat", "env", "echo", "sleep", "wget", "nc", "ls", "grep", "true", "false", "tr", "cut"} {
 		if err := os.Symlink("busybox", filepath.Join(dir, "bin", app)); err != nil {
 			t.Fatal(err)
 		}

@@ -40,7 +40,7 @@ func buildImage(t *testing.T, path string) {
 	}
 	lw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb)), ModTime: mtime})
 	lw.Write(bb)
-	for _, app := range []string{"sh", "cat", "env", "echo", "sleep", "wget", "nc", "ls", "grep", "true", "false"} {
+	for _, app := range []string{"sh", "cat", "env", "echo", "sleep", "wget", "nc", "ls", "grep", "true", "false", "tr", "cut"} {
 		lw.WriteHeader(&tar.Header{Name: "bin/" + app, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777, ModTime: mtime})
 	}
 	if err := lw.Close(); err != nil {
