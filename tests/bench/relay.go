@@ -27,12 +27,12 @@ func init() {
 		Name: "relay",
 		Doc: "Data path on one netns topology (a pod netns 192.0.2.2 and a server netns 192.0.2.1 " +
 			"joined by a veth), side by side in one run: iperf3 (3 s, one stream) and a " +
-			"short-connection loop (4 workers for 2 s: connect, 1 byte, echo, close) for " +
+			"short-connection loop (4 workers for 2 s: connect, 1 byte, echo, close), medians of 3 runs, for " +
 			"direct; kl-relayd in transparent mode with the direct exit; kl-relayd to a SOCKS5 " +
 			"(dante) and to a CONNECT (squid) upstream; and redsocks (Debian) to the same " +
 			"upstreams. `setup +p50/p99` is the added connect+echo latency over direct. " +
-			"`idle KiB/conn` is the relay daemon's RSS growth with 1000 relayed connections " +
-			"held open. Targets: transparent >= 0.65x direct throughput and >= 0.45x direct " +
+			"`idle KiB/conn` is the relaying process's RSS growth (kl-relayd, redsocks) with 1000 " +
+			"relayed connections held open. Targets: transparent >= 0.65x direct throughput and >= 0.45x direct " +
 			"conn/s; via an upstream >= 3x redsocks' throughput and conn/s at least " +
 			"redsocks'; <= 16 KiB per idle relayed connection.",
 		Run: runRelay,
@@ -50,7 +50,14 @@ const (
 	benchWorkers  = 4
 	benchLoopFor  = 2 * time.Second
 	benchIdle     = 1000
+	benchRuns     = 3
 )
+
+// median of a non-empty slice (sorted in place).
+func median[T float64 | time.Duration](v []T) T {
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	return v[len(v)/2]
+}
 
 // relayBench is the topology and the processes it runs; cleanup undoes all of it.
 type relayBench struct {
@@ -64,6 +71,7 @@ type relayBench struct {
 	socket       string
 	bin          string
 	podCapture   bool
+	redsocksPid  int
 	stopRedsocks func()
 }
 
@@ -170,14 +178,31 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		if r.err = v.prep(); r.err != nil {
 			continue
 		}
-		if r.gbps, r.err = b.iperf(ctx); r.err != nil {
+		// Medians of benchRuns runs each: the machine is shared.
+		var gbps, cps []float64
+		var p50s, p99s []time.Duration
+		for range benchRuns {
+			g, err := b.iperf(ctx)
+			if err != nil {
+				r.err = err
+				break
+			}
+			c, p50, p99, err := b.connLoop(ctx)
+			if err != nil {
+				r.err = err
+				break
+			}
+			gbps, cps, p50s, p99s = append(gbps, g), append(cps, c), append(p50s, p50), append(p99s, p99)
+		}
+		if r.err != nil {
 			continue
 		}
-		if r.cps, r.p50, r.p99, r.err = b.connLoop(ctx); r.err != nil {
-			continue
-		}
-		if v.relay && strings.Contains(v.name, "transparent") {
-			r.idleKiB, r.err = b.idleCost(ctx)
+		r.gbps, r.cps, r.p50, r.p99 = median(gbps), median(cps), median(p50s), median(p99s)
+		switch {
+		case v.relay && strings.Contains(v.name, "transparent"):
+			r.idleKiB, r.err = b.idleCost(ctx, b.relay.Process.Pid)
+		case v.name == "redsocks → dante":
+			r.idleKiB, r.err = b.idleCost(ctx, b.redsocksPid)
 		}
 	}
 	b.stopRelay()
@@ -199,7 +224,7 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			{"setup p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(r.p50)), fmtNs(float64(r.p99)))},
 		}
 		if i > 0 {
-			cols = append(cols, Col{"setup +p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(r.p50-d.p50)), fmtNs(float64(r.p99-d.p99)))})
+			cols = append(cols, Col{"setup +p50/p99", fmt.Sprintf("%s / %s", signedNs(r.p50-d.p50), signedNs(r.p99-d.p99))})
 		}
 		switch v.name {
 		case "kl → dante (socks5)":
@@ -348,9 +373,11 @@ redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s;
 	if b.stopRedsocks != nil {
 		b.stopRedsocks()
 	}
-	if _, _, err := b.start(b.pod, "redsocks", "-c", conf); err != nil {
+	cmd, _, err := b.start(b.pod, "redsocks", "-c", conf)
+	if err != nil {
 		return err
 	}
+	b.redsocksPid = cmd.Process.Pid // ip netns exec execs redsocks in place
 	// Stop this redsocks when the next variant starts (and still at cleanup).
 	stop := b.cleanups[len(b.cleanups)-1]
 	var once sync.Once
@@ -515,13 +542,12 @@ func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time
 	return float64(len(lat)) / took.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100], nil
 }
 
-// idleCost holds benchIdle relayed connections open and returns kl-relayd's RSS growth
-// per connection in KiB.
-func (b *relayBench) idleCost(ctx context.Context) (float64, error) {
-	if b.relay == nil {
-		return 0, errors.New("no relay running")
+// idleCost holds benchIdle relayed connections open and returns the RSS growth of the
+// relaying process (kl-relayd or redsocks) per connection in KiB.
+func (b *relayBench) idleCost(ctx context.Context, pid int) (float64, error) {
+	if pid == 0 {
+		return 0, errors.New("no relay process to measure")
 	}
-	pid := b.relay.Process.Pid
 	time.Sleep(300 * time.Millisecond)
 	before, err := rssKiB(pid)
 	if err != nil {
@@ -581,4 +607,12 @@ func rssKiB(pid int) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+// signedNs formats a latency difference, which may be negative on a noisy machine.
+func signedNs(d time.Duration) string {
+	if d < 0 {
+		return "-" + fmtNs(float64(-d))
+	}
+	return "+" + fmtNs(float64(d))
 }
