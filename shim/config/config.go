@@ -145,7 +145,10 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.path = path
+	// Absolute, because kl-runtime hands it to kl-hook, which runs in the bundle directory.
+	if c.path, err = filepath.Abs(path); err != nil {
+		return nil, fmt.Errorf("kl runtime config %s: %w", path, err)
+	}
 	return c, nil
 }
 

@@ -17,7 +17,7 @@ func TestExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Runtime != "/usr/sbin/runc" || c.Mode != "transparent" || c.Env.HTTPProxy == "" || c.RelayTimeout != 10*time.Second ||
-		len(c.Exempt.Namespaces) != 1 || c.Capture.Mark != api.DefaultMark || c.Path() != "testdata/runtime.yaml" {
+		len(c.Exempt.Namespaces) != 1 || c.Capture.Mark != api.DefaultMark || !filepath.IsAbs(c.Path()) || !strings.HasSuffix(c.Path(), "/testdata/runtime.yaml") {
 		t.Errorf("Load(example) = %+v", c)
 	}
 }
