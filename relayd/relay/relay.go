@@ -385,9 +385,11 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		return
 	}
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-	if dst == addrPort(c.LocalAddr()) {
-		// A connection made straight to the relay port, not redirected to it: carrying it
-		// "direct" would connect to ourselves, forever.
+	if local := addrPort(c.LocalAddr()); dst == local || !local.Addr().IsLoopback() {
+		// A connection made straight to the relay port, not redirected to it (the capture
+		// redirects to the pod's loopback; anything else came from outside the pod, for
+		// example through a Service aimed at this port): carrying it "direct" would make
+		// the relay an open proxy, or connect to itself forever.
 		r.count("refused")
 		log.Warn("flow refused: connection to the relay port itself", "workload", w.ID, "flow", id)
 		reset(c)

@@ -4,6 +4,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 )
 
@@ -145,6 +147,26 @@ func TestCNIChain(t *testing.T) {
 			if strings.Contains(string(data), leak) {
 				t.Errorf("audit file contains %q:\n%s", leak, data)
 			}
+		}
+	})
+
+	t.Run("relay port is no open proxy", func(t *testing.T) {
+		// From outside the pod straight to its relay port: refused, never carried.
+		before := n.status().Flows
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		c, err := netns.Dial(ctx, n.host.Path, 0, "tcp", net.JoinHostPort(a.v4.String(), "15001"))
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			c.Close()
+		}
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("outside connection to the relay port: %v, want a reset", err)
+		}
+		after := n.status().Flows
+		if after.ByExit["refused"] != before.ByExit["refused"]+1 || after.ByExit["direct"] != before.ByExit["direct"] {
+			t.Errorf("flows %+v -> %+v, want one more refused and no direct", before.ByExit, after.ByExit)
 		}
 	})
 
