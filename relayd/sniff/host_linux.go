@@ -20,8 +20,9 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, MaxPeek); return &b 
 // consumed) and returns the TLS server name or HTTP Host it finds, or "" when neither
 // shows up within wait, the client sends something else, or it closes. It keeps peeking
 // as more bytes arrive, so a ClientHello split across segments or records is still read.
-// A server-first protocol (the client waits silently) costs at most wait. The error is
-// non-nil only when the socket itself failed.
+// A server-first protocol (the client waits silently) costs at most wait; a client that
+// half-closes mid message ends the wait at once. Host uses the read deadline of c and
+// clears it before returning. The error is non-nil only when the socket itself failed.
 func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
