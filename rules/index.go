@@ -58,8 +58,9 @@ func setMin(m map[string]int32, k string, idx int32) {
 // labelIndex: one hash probe per workload label finds both the presence selector and
 // the key=value selectors of that key.
 type labelIndex struct {
-	keys map[string]*labelKey
-	list []string // the same keys, for probing the flow's labels when there are few
+	keys   map[string]*labelKey
+	list   []string // the same keys, for probing the flow's labels when there are few
+	filter keyFilter
 }
 
 type labelKey struct {
@@ -105,6 +106,9 @@ func (x *labelIndex) lookup(labels map[string]string) int32 {
 		return found(best)
 	}
 	for k, v := range labels {
+		if !x.filter.maybe(k) {
+			continue
+		}
 		if e := x.keys[k]; e != nil {
 			best = lower(best, e.presence)
 			if i, ok := e.values[v]; ok {
@@ -118,8 +122,9 @@ func (x *labelIndex) lookup(labels map[string]string) int32 {
 // imageIndex: wildcard-free references (in both spellings) in a hash; globs in a
 // literal-prefix trie.
 type imageIndex struct {
-	exact map[string]int32
-	globs globTree
+	exact  map[string]int32
+	filter keyFilter
+	globs  globSet
 }
 
 func (x *imageIndex) add(m *imageMatcher, idx int32) {
@@ -149,16 +154,19 @@ func (x *imageIndex) lookup(image string) int32 {
 
 func (x *imageIndex) find(s string) int32 {
 	best := none
-	if i, ok := x.exact[s]; ok {
-		best = i
+	if x.filter.maybe(s) {
+		if i, ok := x.exact[s]; ok {
+			best = i
+		}
 	}
 	return x.globs.first(s, best)
 }
 
 // processIndex: wildcard-free names in a hash, globs in a literal-prefix trie.
 type processIndex struct {
-	exact map[string]int32
-	globs globTree
+	exact  map[string]int32
+	filter keyFilter
+	globs  globSet
 }
 
 func (x *processIndex) add(m *processMatcher, idx int32) {
@@ -183,8 +191,10 @@ func (x *processIndex) lookup(p *Process) int32 {
 		if n == "" || i > 0 && n == p.Comm || i == 2 && n == p.Exe {
 			continue
 		}
-		if i, ok := x.exact[n]; ok {
-			best = lower(best, i)
+		if x.filter.maybe(n) {
+			if i, ok := x.exact[n]; ok {
+				best = lower(best, i)
+			}
 		}
 		best = x.globs.first(n, best)
 	}
@@ -198,7 +208,8 @@ func (x *processIndex) lookup(p *Process) int32 {
 type domainIndex struct {
 	exact    map[string]int32
 	suffixes map[string]*domainSuffix
-	rest     globTree
+	filter   keyFilter // over the keys of both maps
+	rest     globSet
 }
 
 type domainSuffix struct {
@@ -242,12 +253,14 @@ func (x *domainIndex) lookup(host string) int32 {
 		return 0
 	}
 	best := none
-	if i, ok := x.exact[host]; ok {
-		best = i
+	if x.filter.maybe(host) {
+		if i, ok := x.exact[host]; ok {
+			best = i
+		}
 	}
 	if len(x.suffixes) > 0 {
 		for j := 0; j < len(host); j++ {
-			if host[j] != '.' {
+			if host[j] != '.' || !x.filter.maybe(host[j+1:]) {
 				continue
 			}
 			if e := x.suffixes[host[j+1:]]; e != nil {
@@ -257,9 +270,6 @@ func (x *domainIndex) lookup(host string) int32 {
 				}
 			}
 		}
-	}
-	if x.rest.empty() {
-		return found(best)
 	}
 	return found(x.rest.first(host, best))
 }
@@ -344,4 +354,19 @@ func (x *portIndex) lookup(port uint16) int32 {
 		return 0
 	}
 	return x.first[port]
+}
+
+// seal builds the key filters once every rule is in.
+func (x *labelIndex) seal()   { x.filter = filterKeys(x.keys) }
+func (x *imageIndex) seal()   { x.filter = filterKeys(x.exact); x.globs.seal() }
+func (x *processIndex) seal() { x.filter = filterKeys(x.exact); x.globs.seal() }
+func (x *domainIndex) seal() {
+	x.rest.seal()
+	x.filter = newKeyFilter(len(x.exact) + len(x.suffixes))
+	for k := range x.exact {
+		x.filter.add(k)
+	}
+	for k := range x.suffixes {
+		x.filter.add(k)
+	}
 }

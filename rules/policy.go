@@ -94,6 +94,10 @@ func (p *Policy) compile() error {
 			ports = append(ports, *r)
 		}
 	}
+	p.label.seal()
+	p.image.seal()
+	p.process.seal()
+	p.domain.seal()
 	p.cidr.build(cidrs)
 	p.port.build(ports)
 	p.tiered = make([]*rule, 0, len(p.rules))

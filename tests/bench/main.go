@@ -45,6 +45,10 @@ type Col struct {
 
 var sections []Section
 
+// children are helper modes of this same binary, run in a child process to measure
+// something in isolation (peak memory of a load, say): KL_BENCH_CHILD=name selects one.
+var children = map[string]func(args []string) error{}
+
 // register adds a section; call it from an init function.
 func register(s Section) {
 	for _, o := range sections {
@@ -56,6 +60,18 @@ func register(s Section) {
 }
 
 func main() {
+	if name := os.Getenv("KL_BENCH_CHILD"); name != "" {
+		child, ok := children[name]
+		if !ok {
+			fmt.Fprintln(os.Stderr, "bench: unknown child mode", name)
+			os.Exit(2)
+		}
+		if err := child(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench child:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args, os.Stdout); err != nil {

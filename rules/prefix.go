@@ -1,0 +1,48 @@
+package rules
+
+import "math/bits"
+
+// globSet holds globs bucketed by their whole literal prefix (the text before the
+// first wildcard). A lookup probes only the prefix lengths that occur, each through a
+// key filter first, so it costs a few hashes however many globs there are. Globs with
+// a literal prefix of 64 bytes or more go to a trie.
+type globSet struct {
+	buckets map[string][]globRule
+	lengths uint64 // bit L set: some glob has a literal prefix of L bytes
+	filter  keyFilter
+	long    globTree
+}
+
+func (x *globSet) add(glob string, idx int32) {
+	lp := literalPrefix(glob)
+	if len(lp) >= 64 {
+		x.long.add(glob, idx)
+		return
+	}
+	if x.buckets == nil {
+		x.buckets = map[string][]globRule{}
+	}
+	x.buckets[lp] = append(x.buckets[lp], globRule{glob, idx})
+	x.lengths |= 1 << len(lp)
+}
+
+func (x *globSet) seal() { x.filter = filterKeys(x.buckets) }
+
+// first returns the lowest index below best of a glob matching s.
+func (x *globSet) first(s string, best int32) int32 {
+	for l := x.lengths; l != 0; l &= l - 1 {
+		n := bits.TrailingZeros64(l)
+		if n > len(s) {
+			break
+		}
+		if k := s[:n]; x.filter.maybe(k) {
+			if b := x.buckets[k]; b != nil {
+				best = firstGlob(b, s, best)
+			}
+		}
+	}
+	if x.long.empty() {
+		return best
+	}
+	return x.long.first(s, best)
+}

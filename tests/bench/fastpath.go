@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/fastpath"
+	"github.com/kl-egress/kl/rules"
+)
+
+func init() {
+	register(Section{
+		Name: "fastpath",
+		Doc: "Kernel fast path (issue 9), on the relay section's topology, side by side in one run: " +
+			"iperf3 and the short-connection loop (medians of 3) for direct (no capture); kernel-decided " +
+			"flows (capture installed, the pod's plan accepts the server's /24 in the kernel through the " +
+			"cidr mark map, every other destination to the relay; conntrack watcher and audit on); the same " +
+			"with a 10k-rule policy compiled into the pod's table; and flows relayed by kl-relayd " +
+			"(transparent, direct exit). Targets: kernel-decided >= 0.97x direct throughput and >= 0.9x " +
+			"direct conn/s. Then the cost of computing and installing the per-pod table of a 10k-rule " +
+			"policy (medians of 5), and of a reload across 500 pods (netns created and deleted in a bounded loop).",
+		Run: runFastpath,
+	})
+}
+
+// bigPolicy is a dimension-form policy of n rules: mostly /24 cidr rules (some direct,
+// some proxy, a few IPv6), port rules, and the bench server's /24 direct near the end.
+func bigPolicy(n int) string {
+	var b strings.Builder
+	b.WriteString("default: proxy\nrules:\n")
+	for i := 0; i < n-1; i++ {
+		switch {
+		case i%10 == 9:
+			fmt.Fprintf(&b, "  - port: \"%d\"\n    action: %s\n", 10000+i, []string{"direct", "deny"}[i%2])
+		case i%10 == 8:
+			fmt.Fprintf(&b, "  - cidr: \"fd00:%x::/32\"\n    action: direct\n", i)
+		default:
+			fmt.Fprintf(&b, "  - cidr: \"10.%d.%d.0/24\"\n    action: %s\n    note: r%d\n", i/256%256, i%256, []string{"direct", "proxy"}[i%2], i)
+		}
+	}
+	b.WriteString("  - cidr: \"192.0.2.0/24\"\n    action: direct\n    note: bench server\n")
+	return b.String()
+}
+
+func runFastpath(ctx context.Context) ([]Row, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("needs root (network namespaces, nftables)")
+	}
+	for _, tool := range []string{"ip", "nft", "iperf3", "danted", "squid"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+	b := &relayBench{}
+	defer b.cleanup()
+	if err := b.setup(); err != nil {
+		return nil, err
+	}
+	small, err := rules.Parse("fastpath.yaml", []byte("default: proxy\nrules:\n  - cidr: 192.0.2.0/24\n    action: direct\n    note: bench server\n"), rules.LoadOptions{})
+	if err != nil {
+		return nil, err
+	}
+	big, err := rules.Parse("fastpath-10k.yaml", []byte(bigPolicy(10000)), rules.LoadOptions{})
+	if err != nil {
+		return nil, err
+	}
+	log, err := audit.New("", 0, 0, 1024)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close()
+	var mgr *fastpath.Manager
+	stopKernel := func() {
+		if mgr != nil {
+			mgr.Close()
+			mgr = nil
+		}
+		_ = netns.Remove(b.podPath)
+	}
+	kernel := func(p *rules.Policy) func() error {
+		return func() error {
+			b.stopRelay()
+			stopKernel()
+			if err := netns.Install(b.podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
+				return err
+			}
+			mgr = fastpath.New(fastpath.Options{Sink: log})
+			return mgr.Add(fastpath.Pod{ID: "bench", Netns: b.podPath}, p)
+		}
+	}
+	type variant struct {
+		name string
+		prep func() error
+	}
+	variants := []variant{
+		{"direct", func() error { stopKernel(); return nil }},
+		{"kernel-decided", kernel(small)},
+		{"kernel-decided, 10k-rule table", kernel(big)},
+		{"relayed (kl-relayd, direct exit)", func() error { stopKernel(); return b.startRelay("") }},
+	}
+	type result struct {
+		gbps, cps float64
+		p50, p99  time.Duration
+		records   uint64
+		err       error
+	}
+	results := make([]result, len(variants))
+	for i, v := range variants {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		r := &results[i]
+		if r.err = v.prep(); r.err != nil {
+			continue
+		}
+		var gbps, cps []float64
+		var p50s, p99s []time.Duration
+		for range benchRuns {
+			g, err := b.iperf(ctx)
+			if err != nil {
+				r.err = err
+				break
+			}
+			c, p50, p99, err := b.connLoop(ctx)
+			if err != nil {
+				r.err = err
+				break
+			}
+			gbps, cps, p50s, p99s = append(gbps, g), append(cps, c), append(p50s, p50), append(p99s, p99)
+		}
+		if r.err != nil {
+			continue
+		}
+		r.gbps, r.cps, r.p50, r.p99 = median(gbps), median(cps), median(p50s), median(p99s)
+		if mgr != nil {
+			time.Sleep(200 * time.Millisecond)
+			r.records = mgr.Status()[0].Flows
+		}
+	}
+	b.stopRelay()
+	stopKernel()
+	d := results[0]
+	var rows []Row
+	for i, v := range variants {
+		r := results[i]
+		if r.err != nil {
+			rows = append(rows, Row{Name: v.name, Cols: []Col{{"throughput", "error: " + firstLine(r.err)}}})
+			continue
+		}
+		cols := []Col{
+			{"throughput", fmt.Sprintf("%.2f Gbit/s", r.gbps)},
+			{"vs direct", ratio(r.gbps, d.gbps)},
+			{"conn/s", fmt.Sprintf("%.0f", r.cps)},
+			{"conn vs direct", ratio(r.cps, d.cps)},
+			{"setup p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(r.p50)), fmtNs(float64(r.p99)))},
+		}
+		if r.records > 0 {
+			cols = append(cols, Col{"kernel records", strconv.FormatUint(r.records, 10)})
+		}
+		rows = append(rows, Row{Name: v.name, Cols: cols})
+	}
+
+	// Compile and install cost of a 10k-rule pod table.
+	crow, err := compileCost(b.podPath, big)
+	if err != nil {
+		rows = append(rows, Row{Name: "10k-rule table", Cols: []Col{{"throughput", "error: " + firstLine(err)}}})
+	} else {
+		rows = append(rows, crow...)
+	}
+	rrow, err := reload500(ctx, small, big)
+	if err != nil {
+		rows = append(rows, Row{Name: "reload 500 pods", Cols: []Col{{"throughput", "error: " + firstLine(err)}}})
+	} else {
+		rows = append(rows, rrow...)
+	}
+	return rows, nil
+}
+
+// compileCost times Plan, Compile and the table build of a 10k-rule policy, and the
+// atomic install of the resulting table, medians of 5.
+func compileCost(podPath string, p *rules.Policy) ([]Row, error) {
+	c := netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark, IPv6: true}
+	var plan, build, install []time.Duration
+	var elems int
+	for i := 0; i < 5; i++ {
+		t0 := time.Now()
+		kp := p.Plan(nil, "")
+		t1 := time.Now()
+		d := fastpath.Compile(kp, uint8(i+1))
+		t, err := c.ProgramWith(d)
+		if err != nil {
+			return nil, err
+		}
+		t2 := time.Now()
+		if err := netns.InstallDecisions(podPath, c, d); err != nil {
+			return nil, err
+		}
+		t3 := time.Now()
+		plan, build, install = append(plan, t1.Sub(t0)), append(build, t2.Sub(t1)), append(install, t3.Sub(t2))
+		elems = 0
+		for _, s := range t.Sets {
+			elems += len(s.Addrs) + len(s.PortRanges) + len(s.Ports)
+		}
+	}
+	_ = netns.Remove(podPath)
+	return []Row{{Name: "10k-rule table", Cols: []Col{
+		{"throughput", fmt.Sprintf("plan %s, compile %s, install %s", fmtNs(float64(median(plan))), fmtNs(float64(median(build))), fmtNs(float64(median(install))))},
+		{"vs direct", fmt.Sprintf("%d set elements", elems)},
+	}}}, nil
+}
+
+// reload500 creates 500 pod netns with a capture each, registers them with one manager
+// (watchers on), times one Reload across all of them, and deletes them.
+func reload500(ctx context.Context, a, big *rules.Policy) ([]Row, error) {
+	const pods = 500
+	id := strconv.Itoa(os.Getpid() % 100000)
+	var names []string
+	defer func() {
+		for _, n := range names {
+			_ = sh("ip", "netns", "del", n)
+		}
+	}()
+	m := fastpath.New(fastpath.Options{})
+	defer m.Close()
+	c := netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark, IPv6: true, RejectQUIC: true}
+	var add time.Duration
+	for i := 0; i < pods; i++ {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		n := fmt.Sprintf("klbr%s-%d", id, i)
+		if err := sh("ip", "netns", "add", n); err != nil {
+			return nil, err
+		}
+		names = append(names, n)
+		path := "/var/run/netns/" + n
+		if err := netns.Install(path, c); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		if err := m.Add(fastpath.Pod{ID: n, Netns: path}, a); err != nil {
+			return nil, err
+		}
+		add += time.Since(t0)
+	}
+	t0 := time.Now()
+	if err := m.Reload(big); err != nil {
+		return nil, err
+	}
+	tBig := time.Since(t0)
+	t0 = time.Now()
+	if err := m.Reload(a); err != nil {
+		return nil, err
+	}
+	tSmall := time.Since(t0)
+	return []Row{{Name: "reload 500 pods", Cols: []Col{
+		{"throughput", fmt.Sprintf("small policy %s (%s/pod), to 10k rules %s (%s/pod)", tSmall.Round(time.Millisecond), fmtNs(float64(tSmall)/pods), tBig.Round(time.Millisecond), fmtNs(float64(tBig)/pods))},
+		{"vs direct", fmt.Sprintf("register %s/pod", fmtNs(float64(add)/pods))},
+	}}}, nil
+}
