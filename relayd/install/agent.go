@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 )
 
@@ -44,11 +45,19 @@ func (a CNIAgent) Run(ctx context.Context) error {
 		}
 		log.Info("installed CNI plugin", "path", dst)
 	}
+	// Chain kl-cni only into networks whose cniVersion it accepts; otherwise every pod
+	// on the node would fail to start.
+	entry := a.Entry
+	vs, err := PluginVersions(ctx, filepath.Join(binDir, entry.typ()))
+	if err != nil {
+		return fmt.Errorf("installed CNI plugin: %w", err)
+	}
+	entry.Versions = vs
 	var lastErr string
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
-		if err := a.once(confDir, log); err != nil {
+		if err := a.once(confDir, entry, log); err != nil {
 			// Log each distinct problem once, not every interval.
 			if err.Error() != lastErr {
 				log.Warn("cannot chain kl-cni yet", "err", err)
@@ -68,14 +77,14 @@ func (a CNIAgent) Run(ctx context.Context) error {
 	}
 }
 
-func (a CNIAgent) once(confDir string, log *slog.Logger) error {
+func (a CNIAgent) once(confDir string, entry CNI, log *slog.Logger) error {
 	path, err := FindCNIConfig(confDir)
 	if err != nil {
 		return err
 	}
 	// No backups: the network plugin owns this file and rewrites it; a backup per
 	// rewrite would pile up in the configuration directory.
-	ch, err := Apply(path, a.Entry, Options{NoBackup: true})
+	ch, err := Apply(path, entry, Options{NoBackup: true})
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,10 +18,7 @@ func TestCNIAgent(t *testing.T) {
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	src := filepath.Join(dir, "kl-cni")
-	if err := os.WriteFile(src, []byte("binary"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	src := fakePlugin(t, dir, "0.3.1", "1.0.0")
 	conf := filepath.Join(confDir, "10-calico.conflist")
 	orig := read(t, "10-calico.conflist")
 	installed, err := CNI{}.Install(orig)
@@ -70,10 +68,50 @@ func TestCNIAgent(t *testing.T) {
 	if got, _ := os.ReadFile(conf); !bytes.Equal(got, orig) {
 		t.Errorf("not uninstalled on exit:\n%s", got)
 	}
-	if b, err := os.ReadFile(filepath.Join(binDir, "kl-cni")); err != nil || string(b) != "binary" {
+	if b, err := os.ReadFile(filepath.Join(binDir, "kl-cni")); err != nil || !bytes.Equal(b, mustRead(t, src)) {
 		t.Errorf("kl-cni binary: %q, %v", b, err)
 	}
 	if ents, _ := os.ReadDir(confDir); len(ents) != 1 {
 		t.Errorf("the agent left %d files in the conf dir, want only the conflist", len(ents))
+	}
+}
+
+// fakePlugin writes a kl-cni stand-in into dir that answers CNI VERSION with versions.
+func fakePlugin(t *testing.T, dir string, versions ...string) string {
+	t.Helper()
+	p := filepath.Join(dir, "kl-cni-"+strings.Join(versions, "-"))
+	script := "#!/bin/sh\n[ \"$CNI_COMMAND\" = VERSION ] || exit 1\necho '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[\"" + strings.Join(versions, "\",\"") + "\"]}'\n"
+	if err := os.WriteFile(p, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustRead(t *testing.T, p string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// An agent whose kl-cni does not accept the network's cniVersion leaves the conflist
+// alone (pods keep starting, without kl) instead of breaking every pod on the node.
+func TestCNIAgentVersionMismatch(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "10-flannel.conflist")
+	orig := read(t, "10-flannel.conflist") // cniVersion 0.3.1
+	if err := os.WriteFile(conf, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "1.0.0", "1.1.0"), Interval: 20 * time.Millisecond}.Run(ctx)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := mustRead(t, conf); !bytes.Equal(got, orig) {
+		t.Errorf("kl-cni chained into a network it cannot serve:\n%s", got)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -70,12 +72,28 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 				Log: slog.New(slog.NewTextHandler(stderr, nil))}
 			break
 		}
-		if *binary != "" && !*uninstall && !*dryRun {
-			dst, err := CopyBinary(*binary, *binDir, c.typ())
+		if !*uninstall {
+			if *binary != "" && !*dryRun {
+				dst, err := CopyBinary(*binary, *binDir, c.typ())
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(stderr, "installed %s\n", dst)
+			}
+			// The runtime will run this binary with the network's cniVersion: make sure
+			// it is there and accepts that version before chaining it.
+			plugin := filepath.Join(*binDir, c.typ())
+			if *binary != "" && *dryRun {
+				plugin = *binary
+			}
+			if _, err := os.Stat(plugin); err != nil {
+				return fmt.Errorf("%s is not installed (install the kl package, or pass --cni-binary): %w", c.typ(), err)
+			}
+			vs, err := PluginVersions(ctx, plugin)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "installed %s\n", dst)
+			c.Versions = vs
 		}
 		editor = c
 		path = func() (string, error) {

@@ -32,11 +32,9 @@ func TestRun(t *testing.T) {
 	}
 	flannel := filepath.Join(netd, "10-flannel.conflist")
 	toml, dj := filepath.Join(dir, "config.toml"), filepath.Join(dir, "daemon.json")
-	src := filepath.Join(dir, "kl-cni-src")
-	if err := os.WriteFile(src, []byte("bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	src := fakePlugin(t, dir, "0.3.1", "1.0.0", "1.1.0")
 	bin := filepath.Join(dir, "bin")
+	old := fakePlugin(t, dir, "1.1.0")
 
 	steps := []struct {
 		name     string
@@ -46,9 +44,11 @@ func TestRun(t *testing.T) {
 		file     string // file to check afterwards
 		original bool   // whether file must hold its original bytes
 	}{
-		{"dry run prints a diff", []string{"install", "cni", "--dry-run", "--cni-conf-dir", netd}, `+      "type": "kl-cni"`, "", flannel, true},
+		{"no kl-cni installed", []string{"install", "cni", "--cni-conf-dir", netd, "--cni-bin-dir", bin}, "", "kl-cni is not installed", flannel, true},
+		{"kl-cni without the network's version", []string{"install", "cni", "--cni-conf-dir", netd, "--cni-binary", old, "--dry-run"}, "", `cniVersion is "0.3.1" but kl-cni supports 1.1.0`, flannel, true},
+		{"dry run prints a diff", []string{"install", "cni", "--dry-run", "--cni-conf-dir", netd, "--cni-binary", src}, `+      "type": "kl-cni"`, "", flannel, true},
 		{"install cni picks the first conflist", []string{"install", "cni", "--cni-conf-dir", netd, "--cni-bin-dir", bin, "--cni-binary", src, "--conf", `{"mode":"proxy"}`}, `+      "mode": "proxy"`, "", flannel, false},
-		{"install cni again", []string{"install", "cni", "--cni-conf-dir", netd, "--conf", `{"mode":"proxy"}`}, "", "", flannel, false},
+		{"install cni again", []string{"install", "cni", "--cni-conf-dir", netd, "--cni-bin-dir", bin, "--conf", `{"mode":"proxy"}`}, "", "", flannel, false},
 		{"install cni --uninstall", []string{"install", "cni", "--uninstall", "--cni-conf-dir", netd}, `-      "type": "kl-cni",`, "", flannel, true},
 		{"the other conflist is untouched", []string{"uninstall", "cni", "--cni-conf-file", filepath.Join(netd, "20-other.conflist")}, "", "", filepath.Join(netd, "20-other.conflist"), true},
 		{"install containerd", []string{"install", "containerd", "--config", toml}, "+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.kl]", "", toml, false},
@@ -60,7 +60,7 @@ func TestRun(t *testing.T) {
 		{"bad conf", []string{"install", "cni", "--cni-conf-dir", netd, "--conf", "[1]"}, "", "--conf: want a JSON object", flannel, true},
 		{"watch with dry run", []string{"install", "cni", "--watch", "--dry-run"}, "", "--watch installs", "", false},
 		{"stray argument", []string{"install", "docker", "--config", dj, "extra"}, "", "unexpected arguments", dj, true},
-		{"no conflist", []string{"install", "cni", "--cni-conf-dir", bin + "/none"}, "", "read CNI configuration directory", "", false},
+		{"no conflist", []string{"install", "cni", "--cni-bin-dir", bin, "--cni-conf-dir", bin + "/none"}, "", "read CNI configuration directory", "", false},
 	}
 	for _, s := range steps {
 		var out, errb bytes.Buffer
@@ -81,7 +81,7 @@ func TestRun(t *testing.T) {
 			}
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(bin, "kl-cni")); err != nil || string(b) != "bin" {
+	if b, err := os.ReadFile(filepath.Join(bin, "kl-cni")); err != nil || !bytes.Equal(b, mustRead(t, src)) {
 		t.Errorf("--cni-binary not copied: %q %v", b, err)
 	}
 }
@@ -98,7 +98,8 @@ func TestRunWatch(t *testing.T) {
 	errc := make(chan error, 1)
 	var out, errb bytes.Buffer
 	go func() {
-		errc <- Run(ctx, []string{"install", "cni", "--watch", "--uninstall-on-exit", "--interval", "10ms", "--cni-conf-dir", netd}, &out, &errb)
+		errc <- Run(ctx, []string{"install", "cni", "--watch", "--uninstall-on-exit", "--interval", "10ms", "--cni-conf-dir", netd,
+			"--cni-bin-dir", filepath.Join(netd, "bin"), "--cni-binary", fakePlugin(t, t.TempDir(), "0.3.1")}, &out, &errb)
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for {

@@ -1,14 +1,19 @@
 package install
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // CNI adds kl-cni as the last plugin of a CNI network configuration list (the chained
@@ -17,6 +22,11 @@ import (
 type CNI struct {
 	Type string         // the plugin's type, i.e. its binary's name; DefaultCNIType when ""
 	Conf map[string]any // further keys of kl's entry (e.g. "socket"); written sorted by key
+	// Versions are the CNI spec versions the installed kl-cni supports (PluginVersions).
+	// When set, Install refuses a conflist whose cniVersion is not among them: the
+	// runtime would call every plugin with that version, kl-cni would refuse it, and no
+	// pod on the node could start. nil skips the check.
+	Versions []string
 }
 
 // DefaultCNICapabilities is the "capabilities" of kl's entry unless Conf sets its own:
@@ -100,9 +110,18 @@ func (c CNI) Install(old []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, plugins, kl, err := c.conflist(old)
+	root, plugins, kl, err := c.conflist(old)
 	if err != nil {
 		return nil, err
+	}
+	if c.Versions != nil {
+		var v string
+		if cv := root.get("cniVersion"); cv != nil {
+			_ = json.Unmarshal(old[cv.Start:cv.End], &v)
+		}
+		if !slices.Contains(c.Versions, v) {
+			return nil, fmt.Errorf("the network's cniVersion is %q but %s supports %s: chaining it would fail every pod's setup", v, c.typ(), strings.Join(c.Versions, ", "))
+		}
 	}
 	if len(kl) == 1 && kl[0] == len(plugins.Elems)-1 {
 		e := plugins.Elems[kl[0]]
@@ -116,7 +135,7 @@ func (c CNI) Install(old []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	root, plugins, _, err := c.conflist(base)
+	root, plugins, _, err = c.conflist(base)
 	if err != nil {
 		return nil, err
 	}
@@ -272,4 +291,26 @@ func marshalNoEscape(v any) ([]byte, error) {
 		return nil, err
 	}
 	return []byte(strings.TrimSuffix(b.String(), "\n")), nil
+}
+
+// PluginVersions runs a CNI plugin's VERSION command (CNI_COMMAND=VERSION) and returns
+// the spec versions it reports supporting.
+func PluginVersions(ctx context.Context, binary string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary)
+	cmd.Env = []string{"CNI_COMMAND=VERSION", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s VERSION: %w: %s", binary, err, strings.TrimSpace(errb.String()))
+	}
+	var v struct {
+		SupportedVersions []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &v); err != nil || len(v.SupportedVersions) == 0 {
+		return nil, fmt.Errorf("%s VERSION printed %q, not a CNI version answer", binary, out.String())
+	}
+	return v.SupportedVersions, nil
 }

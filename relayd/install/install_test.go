@@ -116,6 +116,8 @@ func TestInstallErrors(t *testing.T) {
 		{"cni plugin not an object", CNI{}, `{"name":"x","plugins":["bridge"]}`, "plugins[0] is not an object"},
 		{"cni empty", CNI{}, "", "empty"},
 		{"cni type in Conf", CNI{Conf: map[string]any{"type": "x"}}, `{"plugins":[]}`, "set by Type"},
+		{"cni version not supported", CNI{Versions: []string{"1.0.0", "1.1.0"}}, string(read(t, "10-calico.conflist")), `cniVersion is "0.3.1" but kl-cni supports 1.0.0, 1.1.0`},
+		{"cni version missing", CNI{Versions: []string{"1.0.0"}}, `{"plugins":[]}`, `cniVersion is ""`},
 		{"docker not an object", Docker{}, `[]`, "top level is not an object"},
 		{"docker runtimes not an object", Docker{}, `{"runtimes": []}`, `"runtimes" is not an object`},
 		{"docker other default", Docker{Default: true}, `{"default-runtime": "nvidia"}`, `"default-runtime" is "nvidia"`},
