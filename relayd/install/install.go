@@ -55,12 +55,17 @@ type Change struct {
 	Diff    string // unified diff from the old contents to the new; "" when unchanged
 }
 
-// Apply runs e on the file at path and, unless DryRun, writes the result atomically
-// (same directory, same mode and owner), after saving the previous contents to
-// path.kl-backup-<UTC timestamp>. A file that does not exist is treated as empty when
+// Apply runs e on the file at path (following symlinks) and, unless DryRun, writes the
+// result atomically (same directory, same mode and owner), after saving the previous
+// contents to path.kl-backup-<UTC timestamp>. A file that does not exist is treated as empty when
 // installing and left alone when uninstalling.
 func Apply(path string, e Editor, o Options) (Change, error) {
 	ch := Change{Path: path}
+	// A config that is a symlink (configuration management often links them) is edited
+	// where it points, so the link stays a link.
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
 	old, err := os.ReadFile(path)
 	missing := errors.Is(err, fs.ErrNotExist)
 	switch {

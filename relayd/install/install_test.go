@@ -340,3 +340,32 @@ func TestCopyBinary(t *testing.T) {
 		t.Error("missing source: want an error")
 	}
 }
+
+// A symlinked config is edited where it points; the link stays.
+func TestApplySymlink(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "managed", "daemon.json")
+	if err := os.MkdirAll(filepath.Dir(real), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(real, read(t, "daemon.json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "daemon.json")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := Apply(link, Docker{}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ch.Path != link || filepath.Dir(ch.Backup) != filepath.Dir(real) {
+		t.Errorf("change = %+v, want path %s and the backup beside %s", ch, link, real)
+	}
+	if st, err := os.Lstat(link); err != nil || st.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("the link was replaced: %v %v", st, err)
+	}
+	if b, _ := os.ReadFile(real); !bytes.Contains(b, []byte(`"kl"`)) {
+		t.Errorf("the target was not edited:\n%s", b)
+	}
+}
