@@ -185,7 +185,7 @@ script: |
 
 // startSquid runs squid in the laptop's namespace on the corp side and returns its
 // access log.
-func startSquid(t *testing.T, tp *topo) string {
+func startSquid(t testing.TB, tp *topo) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "kl-attach-squid-")
 	must(t, err)

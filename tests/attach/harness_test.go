@@ -63,7 +63,7 @@ func (l *lockedBuf) String() string {
 // process with their sockets inside the node and pod namespaces (package netns), the
 // way kl-relayd opens them; kl-ctl runs as a real process in the laptop's namespace.
 type topo struct {
-	t                      *testing.T
+	t                      testing.TB
 	dir                    string
 	node, laptop, corp, gw *testutil.Netns
 	pki                    *testPKI
@@ -89,7 +89,7 @@ func mustPolicy(t testing.TB, src string, gateway bool) *rules.Policy {
 	return p
 }
 
-func newTopo(t *testing.T, policy string) *topo {
+func newTopo(t testing.TB, policy string) *topo {
 	t.Helper()
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "nft", "ss")
@@ -181,7 +181,7 @@ func (tp *topo) addPod(id string, n int, labels map[string]string) *pod {
 
 // whoami serves addr inside ns: each connection gets the peer address it came from, one
 // line, then an echo.
-func whoami(t *testing.T, ns *testutil.Netns, addr string) {
+func whoami(t testing.TB, ns *testutil.Netns, addr string) {
 	t.Helper()
 	ln, err := netns.Listen(ns.Path, "tcp4", addr)
 	must(t, err)
@@ -256,7 +256,7 @@ var (
 
 // bin returns kl-ctl or kl-relayd: from KL_BIN when make built them, else built once here
 // (only the two commands, not the whole tree).
-func bin(t *testing.T, name string) string {
+func bin(t testing.TB, name string) string {
 	t.Helper()
 	if d := os.Getenv("KL_BIN"); d != "" {
 		return filepath.Join(d, name)
