@@ -670,3 +670,23 @@ func TestAgentControl(t *testing.T) {
 		t.Errorf("status after stop = %v, want ErrNoAgent", err)
 	}
 }
+
+// TestReconnect: when the session drops, Keep reconnects with backoff and the flows of
+// the workload are carried again.
+func TestReconnect(t *testing.T) {
+	f := newFixture(t, clientAll)
+	dst := echoServer(t, "corp")
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	first := c.Stats().Session
+	f.srv.pick(payWorkload).mux.Close()
+	f.waitLive(payWorkload, true)
+	conn, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+	if err != nil {
+		t.Fatalf("Dial after reconnect: %v", err)
+	}
+	roundTrip(t, conn, "hello from corp\n")
+	st := c.Stats()
+	if st.Reconnects < 1 || st.Sessions < 2 || st.Session == first {
+		t.Errorf("Stats after a dropped session = %+v", st)
+	}
+}

@@ -242,7 +242,7 @@ func (c *Client) Run(ctx context.Context) (err error) {
 	cfg.LogOutput = io.Discard
 	cfg.EnableKeepAlive = true
 	cfg.KeepAliveInterval = 15 * time.Second
-	cfg.MaxStreamWindowSize = 1 << 20
+	cfg.MaxStreamWindowSize = streamWindow
 	cfg.AcceptBacklog = 1024
 	mux, err := yamux.Client(tc, cfg)
 	if err != nil {

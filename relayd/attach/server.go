@@ -189,7 +189,7 @@ func (s *Server) muxConfig() *yamux.Config {
 	c.KeepAliveInterval = 15 * time.Second
 	c.StreamOpenTimeout = s.o.HandshakeTimeout
 	c.StreamCloseTimeout = s.o.IdleTimeout
-	c.MaxStreamWindowSize = 1 << 20
+	c.MaxStreamWindowSize = streamWindow
 	c.AcceptBacklog = 1024
 	return c
 }

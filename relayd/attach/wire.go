@@ -151,3 +151,8 @@ func decodeStrict(b []byte, v any) error {
 	}
 	return nil
 }
+
+// streamWindow is each flow stream's receive window: the bytes one direction of a flow
+// may have in flight over the session. It bounds the memory a flow can hold at the
+// receiving side and, with the round trip, the flow's throughput.
+var streamWindow uint32 = 1 << 20
