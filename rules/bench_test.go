@@ -120,3 +120,33 @@ func cpuTime() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// TestDecideConcurrent decides from several goroutines at once (run with -race).
+func TestDecideConcurrent(t *testing.T) {
+	p, err := rules.Parse("gen", rulegen.File(1_000, 5), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flows := rulegen.Flows(500, 1_000, 5)
+	want := make([]rules.Decision, len(flows))
+	for i := range flows {
+		want[i] = p.Decide(&flows[i])
+	}
+	done := make(chan string, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for i := range flows {
+				if d := p.Decide(&flows[i]); d != want[i] {
+					done <- fmt.Sprintf("flow %d: %+v, want %+v", i, d, want[i])
+					return
+				}
+			}
+			done <- ""
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if msg := <-done; msg != "" {
+			t.Error(msg)
+		}
+	}
+}

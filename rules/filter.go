@@ -14,8 +14,16 @@ type keyFilter struct {
 
 var filterSeed = maphash.MakeSeed()
 
-// newKeyFilter sizes a filter for n keys at about 16 bits per key (two probes).
+// filterMinKeys is the size below which a table stays in cache anyway and a filter
+// would only add a hash to every probe.
+const filterMinKeys = 512
+
+// newKeyFilter sizes a filter for n keys at about 16 bits per key (two probes); for
+// fewer than filterMinKeys keys it returns an empty filter, which says "maybe" to all.
 func newKeyFilter(n int) keyFilter {
+	if n < filterMinKeys {
+		return keyFilter{}
+	}
 	size := uint64(1024)
 	for size < uint64(n)*16 {
 		size <<= 1
@@ -24,6 +32,9 @@ func newKeyFilter(n int) keyFilter {
 }
 
 func (f *keyFilter) add(s string) {
+	if f.bits == nil {
+		return
+	}
 	h := maphash.String(filterSeed, s)
 	a, b := h&f.mask, (h>>32)&f.mask
 	f.bits[a/64] |= 1 << (a % 64)
