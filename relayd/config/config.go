@@ -54,6 +54,7 @@ type Config struct {
 	ConnectTimeout time.Duration       `yaml:"connectTimeout"` // direct and gateway dials
 	Proxy          *Upstream           `yaml:"proxy"`          // the upstream behind the `proxy` exit
 	Exits          map[string]Upstream `yaml:"exits"`          // named exits (rules say `exit: NAME`)
+	Sniff          Sniff               `yaml:"sniff"`
 	Audit          Audit               `yaml:"audit"`
 	Metrics        string              `yaml:"metrics"` // host:port for Prometheus metrics; "" = off
 	Debug          bool                `yaml:"debug"`   // log destinations (off by default: SPEC §5)
@@ -69,6 +70,21 @@ type Upstream struct {
 	URL            string        `yaml:"url"`            // http://[user:pass@]host:port (CONNECT) or socks5://[user:pass@]host:port
 	ConnectTimeout time.Duration `yaml:"connectTimeout"` // default: Config.ConnectTimeout
 }
+
+// Sniff bounds the hostname peek of transparent flows (done only when the rules have
+// domain rules, host patterns or a script).
+type Sniff struct {
+	Wait      time.Duration `yaml:"wait"`      // how long to wait for a TLS ClientHello or HTTP request
+	SkipPorts []uint16      `yaml:"skipPorts"` // destination ports never peeked (server-first protocols)
+}
+
+// DefaultSniffWait bounds the peek; DefaultSniffSkipPorts are server-first protocols
+// (FTP, SMTP, POP3, IMAP, submission, MySQL) whose clients send nothing until the server
+// speaks, so a peek would only delay them.
+var (
+	DefaultSniffWait      = 200 * time.Millisecond
+	DefaultSniffSkipPorts = []uint16{21, 25, 110, 143, 587, 3306}
+)
 
 // Audit says where decision records go.
 type Audit struct {
@@ -151,6 +167,12 @@ func (c *Config) Fill() error {
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
 	}
+	if c.Sniff.Wait == 0 {
+		c.Sniff.Wait = DefaultSniffWait
+	}
+	if c.Sniff.SkipPorts == nil {
+		c.Sniff.SkipPorts = DefaultSniffSkipPorts
+	}
 	if c.Audit.MaxBytes == 0 {
 		c.Audit.MaxBytes = DefaultAuditMaxBytes
 	}
@@ -178,6 +200,9 @@ func (c *Config) Fill() error {
 	}
 	if c.IdleTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("idleTimeout: %v is shorter than 1s", c.IdleTimeout))
+	}
+	if c.Sniff.Wait < 0 || c.Sniff.Wait > 5*time.Second {
+		errs = append(errs, fmt.Errorf("sniff: wait %v is not between 0 and 5s", c.Sniff.Wait))
 	}
 	if c.ConnectTimeout < 0 {
 		errs = append(errs, fmt.Errorf("connectTimeout: %v is negative", c.ConnectTimeout))

@@ -16,7 +16,8 @@ func TestParseDefaults(t *testing.T) {
 		t.Fatalf("Parse(empty) = %v", err)
 	}
 	if c.Socket != api.DefaultSocket || c.StateDir != api.DefaultStateDir || c.Rules != api.DefaultRulesPath ||
-		c.RedirectPort != api.DefaultRedirectPort || c.Mark != api.DefaultMark || c.IdleTimeout != DefaultIdleTimeout {
+		c.RedirectPort != api.DefaultRedirectPort || c.Mark != api.DefaultMark || c.IdleTimeout != DefaultIdleTimeout ||
+		c.Sniff.Wait != DefaultSniffWait || len(c.Sniff.SkipPorts) == 0 {
 		t.Errorf("defaults not filled: %+v", c)
 	}
 }
@@ -59,6 +60,7 @@ exits:
 		{name: "no port", in: "proxy: {url: 'http://user:secret@a'}\n", wantErr: "needs a host and a port"},
 		{name: "missing url", in: "exits: {b: {}}\n", wantErr: "exits: b: url is missing"},
 		{name: "metrics", in: "metrics: nonsense\n", wantErr: "metrics"},
+		{name: "sniff wait", in: "sniff: {wait: 1m}\n", wantErr: "sniff: wait"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

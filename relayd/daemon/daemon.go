@@ -170,6 +170,8 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		IdleTimeout:    cfg.IdleTimeout,
 		ConnectTimeout: cfg.ConnectTimeout,
 		Debug:          cfg.Debug,
+		SniffWait:      cfg.Sniff.Wait,
+		SniffSkipPorts: cfg.Sniff.SkipPorts,
 		Policy:         func() relay.Decider { return d.policy.Load() },
 		Exits:          exits,
 		Log:            log,

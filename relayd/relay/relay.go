@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,13 +24,18 @@ import (
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/metrics"
+	"github.com/kl-egress/kl/relayd/sniff"
 	"github.com/kl-egress/kl/rules"
 )
 
-// Decider is the live rule set; *rules.Policy implements it.
+// Decider is the live rule set; *rules.Policy implements it. A Decider that also has
+// NeedsHost() bool gets the hostname of transparent flows (peeked from a TLS ClientHello
+// or an HTTP request) when it says it needs it.
 type Decider interface {
 	Decide(f *rules.Flow) rules.Decision
 }
+
+type hostNeeder interface{ NeedsHost() bool }
 
 // Dest is where a flow was going.
 type Dest struct {
@@ -51,6 +57,8 @@ type Options struct {
 	IdleTimeout    time.Duration // default 10m
 	ConnectTimeout time.Duration // default 10s
 	Debug          bool          // log destinations (SPEC §5: never by default)
+	SniffWait      time.Duration // bound on peeking a transparent flow's hostname (default 200ms)
+	SniffSkipPorts []uint16      // destination ports never peeked
 	Policy         func() Decider
 	// Exits carries flows whose decision is not direct or deny, by exit name. An exit
 	// with no entry is refused (reset) with a logged reason.
@@ -128,6 +136,9 @@ func New(o Options) *Relay {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.SniffWait <= 0 {
+		o.SniffWait = 200 * time.Millisecond
 	}
 	return &Relay{o: o, pods: map[string]*pod{}, byExit: map[string]uint64{}}
 }
@@ -396,10 +407,22 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		return
 	}
 	f := rules.Flow{Labels: w.Labels, Image: w.Image, Dst: dst, Src: addrPort(c.RemoteAddr()).Addr(), At: time.Now(), ID: id}
-	d := r.o.Policy().Decide(&f)
+	pol := r.o.Policy()
+	if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, dst.Port()) {
+		// The peek consumes nothing: the bytes still reach the destination.
+		host, err := sniff.Host(c, r.o.SniffWait)
+		if err != nil {
+			r.count("refused")
+			log.Info("flow failed: peek for the hostname", "workload", w.ID, "flow", id, "err", r.redact(err))
+			reset(c)
+			return
+		}
+		f.Host = host
+	}
+	d := pol.Decide(&f)
 	r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 	if r.o.Debug {
-		log.Debug("decision", "workload", w.ID, "flow", id, "dst", dst, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+		log.Debug("decision", "workload", w.ID, "flow", id, "dst", dst, "host", f.Host, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
 	}
 
 	var dial DialFunc
@@ -424,7 +447,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(ctx, w, Dest{Addr: dst, Port: dst.Port()})
+	up, err := dial(ctx, w, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {

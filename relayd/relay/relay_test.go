@@ -50,6 +50,12 @@ type harness struct {
 
 func newHarness(t *testing.T, dec fakeDecider, idle time.Duration, exits map[string]DialFunc) *harness {
 	t.Helper()
+	return newHarnessWith(t, dec, idle, exits, nil)
+}
+
+// newHarnessWith lets a test adjust the options before the relay starts.
+func newHarnessWith(t *testing.T, dec fakeDecider, idle time.Duration, exits map[string]DialFunc, mod func(*Options)) *harness {
+	t.Helper()
 	aud, err := audit.New("", 0, 0, 16)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +96,9 @@ func newHarness(t *testing.T, dec fakeDecider, idle time.Duration, exits map[str
 			return d.DialContext(ctx, network, addr)
 		},
 		origDst: func(*net.TCPConn) (netip.AddrPort, error) { return *h.dst.Load(), nil },
+	}
+	if mod != nil {
+		mod(&o)
 	}
 	h.r = New(o)
 	t.Cleanup(func() {
@@ -428,5 +437,71 @@ func TestBulkCopy(t *testing.T) {
 	}
 	if !bytes.Equal(got, append(data, "bye"...)) {
 		t.Errorf("got %d bytes, want %d", len(got), len(data)+3)
+	}
+}
+
+// hostDecider denies one hostname and needs hosts.
+type hostDecider struct{ deny string }
+
+func (h hostDecider) NeedsHost() bool { return true }
+
+func (h hostDecider) Decide(f *rules.Flow) rules.Decision {
+	if f.Host == h.deny {
+		return rules.Decision{Exit: rules.ExitDeny, Rule: 1, Priority: rules.PriorityDomain, Dimension: rules.DimDomain}
+	}
+	return rules.Decision{Exit: rules.ExitDirect, Priority: rules.PriorityDefault}
+}
+
+func TestSniffedHost(t *testing.T) {
+	backend := echoServer(t)
+	sniffing := func(skip []uint16) *harness {
+		h := newHarnessWith(t, nil, time.Minute, nil, func(o *Options) {
+			o.Policy = func() Decider { return hostDecider{deny: "blocked.example"} }
+			o.SniffWait = 300 * time.Millisecond
+			o.SniffSkipPorts = skip
+		})
+		h.setDst(backend)
+		if _, err := h.r.Open(workload("a")); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	req := func(h *harness, host string) (string, error) {
+		c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+		if err != nil {
+			return "", err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		c.(*net.TCPConn).CloseWrite()
+		b, err := io.ReadAll(c)
+		return string(b), err
+	}
+	h := sniffing(nil)
+	got, err := req(h, "ok.example")
+	if err != nil || !strings.HasPrefix(got, "GET / HTTP/1.1\r\nHost: ok.example") {
+		t.Errorf("allowed host: %q %v (the peek must consume nothing)", got, err)
+	}
+	if _, err := req(h, "blocked.example"); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("denied host: %v, want reset", err)
+	}
+	// A client that says nothing first (server-first protocol) waits at most SniffWait.
+	c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	time.Sleep(500 * time.Millisecond)
+	c.Write([]byte("late"))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "late" {
+		t.Errorf("silent client: %q %v", buf, err)
+	}
+	// Skipped ports are not peeked: no host is known, so the deny rule cannot match.
+	h2 := sniffing([]uint16{backend.Port()})
+	if got, err := req(h2, "blocked.example"); err != nil || got == "" {
+		t.Errorf("skipped port: %q %v, want carried", got, err)
 	}
 }

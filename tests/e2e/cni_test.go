@@ -3,6 +3,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"os"
@@ -120,12 +121,37 @@ func TestCNIChain(t *testing.T) {
 		}
 	})
 
+	t.Run("sniffed TLS server name", func(t *testing.T) {
+		hello := func(name string) error {
+			ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			c, err := netns.Dial(ctx, a.ns.Path, 0, "tcp", "198.51.100.2:8080")
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			return tls.Client(c, &tls.Config{ServerName: name, InsecureSkipVerify: true}).Handshake()
+		}
+		before := n.status().Flows.ByExit
+		if err := hello("blocked.example"); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("ClientHello for a denied name: %v, want reset", err)
+		}
+		// An allowed name is carried (the test server does not speak TLS: the handshake
+		// fails on its answer, after the relay connected).
+		hello("allowed.example")
+		after := n.status().Flows.ByExit
+		if after["deny"] != before["deny"]+1 || after["direct"] != before["direct"]+1 {
+			t.Errorf("flows %v -> %v, want one more deny and one more direct", before, after)
+		}
+	})
+
 	t.Run("audit", func(t *testing.T) {
 		st := n.status()
 		var direct, deny bool
 		for _, r := range st.Recent {
 			direct = direct || r.Exit == "direct" && r.Dimension == "default" && r.Priority == 999
-			deny = deny || r.Exit == "deny" && r.Rule == 1 && r.Dimension == "cidr" && r.Note == "test deny"
+			deny = deny || r.Exit == "deny" && r.Rule == 2 && r.Dimension == "cidr" && r.Note == "test deny"
 		}
 		if !direct || !deny {
 			t.Errorf("recent decisions lack the direct and deny flows: %+v", st.Recent)

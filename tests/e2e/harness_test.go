@@ -79,6 +79,9 @@ func (l *lockedBuffer) String() string {
 
 const rulesYAML = `default: direct
 rules:
+  - domain: blocked.example
+    action: deny
+    note: sni deny
   - cidr: 203.0.113.0/24
     action: deny
     note: test deny
