@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -300,7 +301,21 @@ func TestScope(t *testing.T) {
 	if _, err := f.srv.Dial(context.Background(), web, rules.Flow{Labels: web.Labels, Dst: dst}, nil); err != nil {
 		t.Errorf("Dial(pod-web) with carol attached = %v", err)
 	}
-	if alice.Stats().Flows != 1 || carol.Stats().Flows != 1 {
+	// A daemon that sent alice a flow outside what her session asked for (env=dev) would
+	// still be refused by her side.
+	se := f.srv.pick(dev)
+	st, err := se.mux.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFrame(st, Header{Flow: 7, At: time.Now(), Workload: ops.ID, Labels: ops.Labels, Dst: dst, Port: dst.Port(), Policy: f.policy.Load().Hash(), Exit: "client"})
+	var v Verdict
+	st.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := readFrame(bufioReader(st), maxSmallFrame, &v); err != nil || v.OK || v.Code != RefuseScope {
+		t.Errorf("verdict on a flow outside the session's selector = %+v, %v; want %s", v, err, RefuseScope)
+	}
+	st.Close()
+	if alice.Stats().Flows != 2 || carol.Stats().Flows != 1 {
 		t.Errorf("flows alice %d carol %d, want 1 each", alice.Stats().Flows, carol.Stats().Flows)
 	}
 	recs := f.audit.Recent(10)
@@ -421,6 +436,8 @@ func TestThreeHops(t *testing.T) {
 			flows = append(flows, row{labels: map[string]string{"team": "x", "kl.route": "client"}, dst: netip.MustParseAddrPort("192.0.2.1:22")},
 				row{labels: map[string]string{"team": "x"}, image: "corp/api:1", dst: netip.MustParseAddrPort("192.0.2.1:22")})
 			var clientN, refusedN int
+			var table strings.Builder
+			fmt.Fprintf(&table, "%-4s %-17s %-18s %-10s %-5s %-8s %-8s %-8s %-23s %s\n", "row", "host", "dst", "at(m:s)", "id", "relay", "by", "attach", "proxy", "client claim")
 			for i, r := range flows {
 				for k := range 4 {
 					fl := rules.Flow{Labels: r.labels, Image: r.image, Host: r.host, Dst: r.dst, At: base.Add(time.Duration(i*4+k) * 1500 * time.Millisecond), ID: uint64(1000 + i*4 + k)}
@@ -429,7 +446,12 @@ func TestThreeHops(t *testing.T) {
 					if relay != attachSide {
 						t.Errorf("flow %d (%+v): relay %+v, attach side %+v", i, r, relay, attachSide)
 					}
-					t.Logf("%-3d host=%-17q dst=%-18s at=%s id=%d  relay=%-7s attach=%-7s proxy=%q", i, r.host, r.dst, fl.At.Format("15:04:05.0"), fl.ID, relay.Exit, attachSide.Exit, relay.Proxy)
+					verdict := "carried"
+					if relay.Exit != rules.ExitClient {
+						verdict = "claim refused"
+					}
+					fmt.Fprintf(&table, "%-4d %-17s %-18s %-10s %-5d %-8s %-8s %-8s %-23s %s\n", i, orDash(r.host), r.dst, fl.At.Format("04:05.0"), fl.ID,
+						relay.Exit, relay.Dimension, attachSide.Exit, orDash(strings.Replace(relay.Proxy, prox.addr, "PROXY:PORT", 1)), verdict)
 					// Hop 2 carries the relay's decision; when it says client the attach
 					// side must accept, otherwise a crafted claim of client must be refused.
 					claim := relay
@@ -453,6 +475,7 @@ func TestThreeHops(t *testing.T) {
 					}
 				}
 			}
+			checkGolden(t, "three-hops-"+pol.name+".golden", table.String())
 			if clientN == 0 || refusedN == 0 {
 				t.Errorf("table has %d client and %d other flows; it must have both", clientN, refusedN)
 			}
@@ -688,5 +711,31 @@ func TestReconnect(t *testing.T) {
 	st := c.Stats()
 	if st.Reconnects < 1 || st.Sessions < 2 || st.Session == first {
 		t.Errorf("Stats after a dropped session = %+v", st)
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// checkGolden compares got with testdata/name (KL_UPDATE_GOLDEN=1 rewrites it).
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if os.Getenv("KL_UPDATE_GOLDEN") == "1" {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (KL_UPDATE_GOLDEN=1 creates it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (KL_UPDATE_GOLDEN=1 rewrites it):\n--- got\n%s\n--- want\n%s", path, got, want)
 	}
 }

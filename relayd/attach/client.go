@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,6 +105,7 @@ type Client struct {
 	lastErr   string
 	byCode    map[string]uint64
 	pols      *policies
+	narrow    Selector // the session's own --selector, checked again on every flow
 }
 
 // NewClient checks the options and loads the TLS material.
@@ -165,7 +167,8 @@ func NewClient(o ClientOptions) (*Client, error) {
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
-	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies()}, nil
+	narrow, _ := ParseSelector(o.Selector)
+	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies(), narrow: narrow}, nil
 }
 
 // Stats returns the counters.
@@ -360,6 +363,10 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		refuse(RefuseHeader, err.Error())
 		return
 	}
+	if !c.wants(&h) {
+		refuse(RefuseScope, "workload "+h.Workload+" is not one this session asked to carry")
+		return
+	}
 	p := c.pols.wait(h.Policy, 2*time.Second)
 	if p == nil {
 		refuse(RefusePolicy, "policy "+short(h.Policy)+" is not the one this session holds")
@@ -399,6 +406,15 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
 	out, in := c.pipe(st, br, up)
 	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via, BytesOut: out, BytesIn: in})
+}
+
+// wants reports whether the flow's workload is within what this side asked to carry
+// (the daemon enforces the credential's grant; this is the attach side's own check).
+func (c *Client) wants(h *Header) bool {
+	if len(c.o.Workloads) > 0 && !slices.Contains(c.o.Workloads, h.Workload) {
+		return false
+	}
+	return c.narrow == nil || c.narrow.Matches(h.Labels)
 }
 
 func (h *Header) dest() string {

@@ -86,6 +86,7 @@ const (
 	RefuseDial    = "E_DIAL"           // the attach side could not reach the destination
 	RefuseProxy   = "E_PROXY"          // the proxy the decision or the environment names is unusable
 	RefuseClosing = "E_CLOSING"        // the session is ending
+	RefuseScope   = "E_SCOPE"          // the flow's workload is not one this side asked to carry
 )
 
 // RulesFlow returns the rules.Flow the header describes.
