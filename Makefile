@@ -6,7 +6,7 @@ export KL_BIN := $(BIN)
 export KL_CNI_BIN := $(CURDIR)/.build/cni
 export GOFLAGS := -buildvcs=false
 
-.PHONY: all build deps test unit vet fuzz bench demo clean
+.PHONY: all build deps test unit vet fuzz bench demo package clean
 
 all: build
 
@@ -39,6 +39,10 @@ bench: deps build
 
 demo: build
 	@examples/demo.sh
+
+# .build/kl_$(KL_VERSION)_amd64.deb: static binaries, unit, configs and snippets (nfpm from the module proxy).
+package:
+	packaging/deb/build.sh
 
 clean:
 	rm -rf .build
