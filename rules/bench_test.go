@@ -39,6 +39,31 @@ func TestDecideAgreesWithWalk(t *testing.T) {
 	}
 }
 
+// TestPatternDecideAgreesWithWalk does the same for the compiled pattern form.
+func TestPatternDecideAgreesWithWalk(t *testing.T) {
+	for _, n := range []int{5, 100, 2_000} {
+		for seed := uint64(1); seed <= 3; seed++ {
+			p, err := rules.Parse("gen", rulegen.PatternFile(n, seed), rules.LoadOptions{})
+			if err != nil {
+				t.Fatalf("generated pattern file of %d rules: %v", n, err)
+			}
+			hits := 0
+			for _, f := range rulegen.PatternFlows(1_000, n, seed) {
+				d, w := p.Decide(&f), p.Walk(&f)
+				if d != w {
+					t.Fatalf("%d patterns, seed %d: Decide(%+v) = %+v, walk = %+v", n, seed, f, d, w)
+				}
+				if d.Rule > 0 {
+					hits++
+				}
+			}
+			if hits == 0 {
+				t.Errorf("%d patterns, seed %d: no flow hit a pattern", n, seed)
+			}
+		}
+	}
+}
+
 func TestDecideNoAllocsGenerated(t *testing.T) {
 	p, err := rules.Parse("gen", rulegen.File(2_000, 9), rules.LoadOptions{})
 	if err != nil {
@@ -147,6 +172,31 @@ func TestDecideConcurrent(t *testing.T) {
 	for g := 0; g < 4; g++ {
 		if msg := <-done; msg != "" {
 			t.Error(msg)
+		}
+	}
+}
+
+// BenchmarkDecidePattern is BenchmarkDecide for the pattern form.
+func BenchmarkDecidePattern(b *testing.B) {
+	for _, n := range []int{10, 10_000} {
+		p, err := rules.Parse("gen", rulegen.PatternFile(n, 42), rules.LoadOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		flows := rulegen.PatternFlows(4096, n, 42)
+		for _, engine := range []string{"index", "walk"} {
+			b.Run(fmt.Sprintf("rules=%d/engine=%s", n, engine), func(b *testing.B) {
+				decide := p.Decide
+				if engine == "walk" {
+					decide = p.Walk
+				}
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					decide(&flows[i&4095])
+					i++
+				}
+			})
 		}
 	}
 }

@@ -38,6 +38,8 @@ type Policy struct {
 	domain  domainIndex
 	cidr    cidrIndex
 	port    portIndex
+	pats    patternIndex
+	patIdx  bool // the pattern form is indexed (few distinct port specs)
 	tiered  []*rule // all rules in tier order, then file order (the walk's list)
 }
 
@@ -94,6 +96,9 @@ func (p *Policy) compile() error {
 			ports = append(ports, *r)
 		}
 	}
+	if p.pattern {
+		p.patIdx = p.pats.build(p.rules)
+	}
 	p.label.seal()
 	p.image.seal()
 	p.process.seal()
@@ -129,6 +134,13 @@ func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 	}
 	if p.script != nil {
 		return p.decideScript(f, host, addr, f.Dst.Port())
+	}
+	if p.patIdx {
+		if i := p.pats.lookup(host, addr, f.Dst.Port()); i > 0 {
+			r := &p.rules[i-1]
+			return Decision{Exit: r.exit, Rule: r.idx, Dimension: DimPattern, Note: r.note}
+		}
+		return p.defaultDecision()
 	}
 	if p.pattern {
 		v := view{host: host, addr: addr, port: f.Dst.Port()}

@@ -113,3 +113,72 @@ func Flows(n, size int, seed uint64) []rules.Flow {
 	}
 	return out
 }
+
+var routes = []string{"client", "cluster", "deny", "proxy", "direct"}
+
+// PatternFile returns a pattern-form rules file of n patterns (host globs, names,
+// addresses, IPv4 and IPv6 prefixes, `*`, a few port specs), deterministic for seed.
+func PatternFile(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 0x7061))
+	ports := []string{"", "", "", ":443", ":22", ":8000-8999"}
+	var b strings.Builder
+	b.WriteString("default: cluster\nrules:\n")
+	for i := 0; i < n; i++ {
+		var host string
+		switch x := r.IntN(20); {
+		case x < 6:
+			host = fmt.Sprintf("*.corp%d.example", r.IntN(n+1))
+		case x < 11:
+			host = fmt.Sprintf("host%d.zone%d.example", r.IntN(n+1), r.IntN(50))
+		case x < 12:
+			host = fmt.Sprintf("api-*.region%d.example", r.IntN(n+1))
+		case x < 17:
+			a := netip.AddrFrom4([4]byte{10, byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256))})
+			p, _ := a.Prefix(8 + r.IntN(25))
+			host = p.String()
+		case x < 19:
+			host = fmt.Sprintf("[2001:db8:%x::/48]", r.IntN(n+1))
+		default:
+			host = "*"
+			if r.IntN(4) > 0 {
+				host = "*:" + fmt.Sprint(1+r.IntN(1024))
+				fmt.Fprintf(&b, "  - pattern: %q\n    route: %s\n", host, routes[r.IntN(len(routes))])
+				continue
+			}
+		}
+		port := ports[r.IntN(len(ports))]
+		if port == "" && strings.HasPrefix(host, "[") {
+			host = strings.Trim(host, "[]")
+		}
+		fmt.Fprintf(&b, "  - pattern: %q\n    route: %s\n", host+port, routes[r.IntN(len(routes))])
+	}
+	return []byte(b.String())
+}
+
+// PatternFlows returns n flows for PatternFile(size, seed): hostnames and addresses
+// that hit and miss its patterns, on the ports it names and others.
+func PatternFlows(n, size int, seed uint64) []rules.Flow {
+	r := rand.New(rand.NewPCG(seed^0xf10, 3))
+	ports := []uint16{443, 22, 8080, 80, 8999, 1000}
+	out := make([]rules.Flow, n)
+	for k := range out {
+		var f rules.Flow
+		switch r.IntN(4) {
+		case 0:
+			f.Host = fmt.Sprintf("a.b.corp%d.example", r.IntN(size+1))
+		case 1:
+			f.Host = fmt.Sprintf("host%d.zone%d.example", r.IntN(size+1), r.IntN(50))
+		case 2:
+			f.Host = fmt.Sprintf("api-v1.region%d.example", r.IntN(size+1))
+		}
+		var a netip.Addr
+		if r.IntN(5) == 0 {
+			a = netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(r.IntN(size+1) >> 8), byte(r.IntN(size + 1)), 15: 1})
+		} else if r.IntN(4) > 0 {
+			a = netip.AddrFrom4([4]byte{10, byte(r.IntN(256)), byte(r.IntN(256)), byte(r.IntN(256))})
+		}
+		f.Dst = netip.AddrPortFrom(a, ports[r.IntN(len(ports))])
+		out[k] = f
+	}
+	return out
+}
