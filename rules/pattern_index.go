@@ -8,7 +8,8 @@ import "net/netip"
 // matching rule over the groups whose ports admit the flow, which is exactly the first
 // match of the ordered list.
 type patternIndex struct {
-	groups []patternGroup
+	groups   []patternGroup
+	anyPorts portIndex // `*:PORT` patterns, by port
 }
 
 type patternGroup struct {
@@ -25,8 +26,13 @@ const maxPatternGroups = 16
 func (x *patternIndex) build(rs []rule) bool {
 	byPorts := map[portRange]int{}
 	prefixes := []map[netip.Prefix]int32{}
+	var anyPorts []rule
 	for i := range rs {
 		m := rs[i].m.(*patternMatcher)
+		if m.any && m.ports.lo != 0 {
+			anyPorts = append(anyPorts, rule{idx: rs[i].idx, m: &portMatcher{ranges: []portRange{m.ports}}})
+			continue
+		}
 		g, ok := byPorts[m.ports]
 		if !ok {
 			if len(x.groups) == maxPatternGroups {
@@ -55,11 +61,17 @@ func (x *patternIndex) build(rs []rule) bool {
 		x.groups[g].hosts.seal()
 		x.groups[g].prefix.build(prefixes[g])
 	}
+	x.anyPorts.build(anyPorts)
 	return true
 }
 
 func (x *patternIndex) lookup(host string, addr netip.Addr, port uint16) int32 {
 	best := none
+	if host != "" || addr.IsValid() {
+		if i := x.anyPorts.lookup(port); i > 0 {
+			best = i
+		}
+	}
 	for g := range x.groups {
 		grp := &x.groups[g]
 		if grp.ports.lo != 0 && (port < grp.ports.lo || port > grp.ports.hi) {

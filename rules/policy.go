@@ -39,7 +39,7 @@ type Policy struct {
 	cidr    cidrIndex
 	port    portIndex
 	pats    patternIndex
-	patIdx  bool // the pattern form is indexed (few distinct port specs)
+	patIdx  bool    // the pattern form is indexed (few distinct port specs)
 	tiered  []*rule // all rules in tier order, then file order (the walk's list)
 }
 
