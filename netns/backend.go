@@ -151,3 +151,22 @@ func (e *VerifyError) Error() string {
 	}
 	return s
 }
+
+// InstallProgram applies a table built by Capture.ProgramWith (or Program) in one atomic
+// transaction. It lets a caller that installs the same program into many pods (a rules
+// reload across a node) build it once.
+func InstallProgram(nsPath string, t *Table) error { return InstallProgramWith(defaultBackend, nsPath, t) }
+
+// InstallProgramWith is InstallProgram on a given backend.
+func InstallProgramWith(b Backend, nsPath string, t *Table) error {
+	if nsPath == "" {
+		return fmt.Errorf("install nftables table inet %s: %w", TableName, errNoPath)
+	}
+	if t == nil || t.Name != TableName {
+		return fmt.Errorf("install nftables table in %s: not a kl program", nsPath)
+	}
+	if err := b.Apply(nsPath, t); err != nil {
+		return fmt.Errorf("install nftables table inet %s in %s: %w", TableName, nsPath, err)
+	}
+	return nil
+}

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -145,6 +146,7 @@ type Manager struct {
 	backend netns.Backend
 
 	mu   sync.Mutex
+	gen  uint8 // the last install round's generation
 	pods map[string]*pod
 	hits map[hitKey]uint64
 }
@@ -208,7 +210,7 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	}
 	// The pod's plan state exists before its table does, so no event can arrive for a
 	// mark the manager does not know yet.
-	po := &pod{Pod: pd, capture: c, gens: map[uint8][]rules.KernelEntry{}, gen: 0}
+	po := &pod{Pod: pd, capture: c, gens: map[uint8][]rules.KernelEntry{}}
 	m.mu.Lock()
 	m.pods[pd.ID] = po
 	m.mu.Unlock()
@@ -222,47 +224,112 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 		}
 		po.stop = stop
 	}
-	if err := m.install(po, p); err != nil {
+	if err := m.install(po, m.newRound(p)); err != nil {
 		m.Remove(pd.ID)
 		return err
 	}
 	return nil
 }
 
-// install computes and installs po's plan under p as the next generation. It is called
-// with po registered; the id table of the new generation is published before the table
-// goes in, and older generations stay decodable for a while.
-func (m *Manager) install(po *pod, p *rules.Policy) error {
+// round is one install round (an Add, or a Reload across every pod): one generation,
+// and plans and tables shared by the pods that have the same labels, image and capture.
+type round struct {
+	p      *rules.Policy
+	gen    uint8
+	mu     sync.Mutex
+	plans  map[string]*rules.KernelPlan
+	tables map[string]*netns.Table
+}
+
+func (m *Manager) newRound(p *rules.Policy) *round {
+	m.mu.Lock()
+	m.gen++
+	gen := m.gen
+	m.mu.Unlock()
+	return &round{p: p, gen: gen, plans: map[string]*rules.KernelPlan{}, tables: map[string]*netns.Table{}}
+}
+
+// workloadKey identifies what a plan depends on besides the policy.
+func workloadKey(labels map[string]string, image string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	b.WriteString(image)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "\x00%s=%s", k, labels[k])
+	}
+	return b.String()
+}
+
+// table returns the plan and the compiled table of po in this round.
+func (r *round) table(po *pod) (*rules.KernelPlan, *netns.Table, error) {
+	wk := workloadKey(po.Labels, po.Image)
+	r.mu.Lock()
+	plan := r.plans[wk]
+	r.mu.Unlock()
+	if plan == nil {
+		plan = r.p.Plan(po.Labels, po.Image)
+		r.mu.Lock()
+		r.plans[wk] = plan
+		r.mu.Unlock()
+	}
+	tk := wk + "\x01" + po.capture.Render()
+	r.mu.Lock()
+	t := r.tables[tk]
+	r.mu.Unlock()
+	if t == nil {
+		var err error
+		if t, err = po.capture.ProgramWith(Compile(plan, r.gen)); err != nil {
+			return nil, nil, err
+		}
+		r.mu.Lock()
+		r.tables[tk] = t
+		r.mu.Unlock()
+	}
+	return plan, t, nil
+}
+
+// install installs po's plan of this round. The id table of the new generation is
+// published before the table goes in, and older generations stay decodable for a while,
+// so every event finds the decision its mark was set by.
+func (m *Manager) install(po *pod, r *round) error {
 	po.imu.Lock()
 	defer po.imu.Unlock()
-	plan := p.Plan(po.Labels, po.Image)
+	plan, t, err := r.table(po)
+	if err != nil {
+		return fmt.Errorf("fastpath: pod %s: %w", po.ID, err)
+	}
 	m.mu.Lock()
-	gen := po.gen + 1
-	m.mu.Unlock()
-	d := Compile(plan, gen)
-	m.mu.Lock()
-	po.gens[gen] = slices.Clone(plan.Entries)
-	po.order = append(po.order, gen)
+	po.gens[r.gen] = plan.Entries // shared, read-only
+	po.order = slices.DeleteFunc(po.order, func(g uint8) bool { return g == r.gen })
+	po.order = append(po.order, r.gen)
 	for len(po.order) > keepGens {
 		delete(po.gens, po.order[0])
 		po.order = po.order[1:]
 	}
 	m.mu.Unlock()
-	err := m.installDecisions(po.Netns, po.capture, d)
+	err = m.apply(po.Netns, t)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
 		po.err = err.Error()
 		return fmt.Errorf("fastpath: pod %s: %w", po.ID, err)
 	}
-	po.gen, po.plan, po.policy, po.err = gen, plan, p.Hash(), ""
-	m.log.Debug("kernel decisions installed", "pod", po.ID, "generation", gen, "entries", len(plan.Entries)-1, "kernel_share", plan.Share())
+	po.gen, po.plan, po.policy, po.err = r.gen, plan, r.p.Hash(), ""
+	m.log.Debug("kernel decisions installed", "pod", po.ID, "generation", r.gen, "entries", len(plan.Entries)-1, "kernel_share", plan.Share())
 	return nil
 }
 
-// Reload installs every pod's plan under the new policy, one atomic table swap per pod.
-// A pod whose install fails keeps its previous table (and decisions) and reports the
-// error in its status; the errors are returned joined.
+// reloadWorkers is how many pods' tables are swapped at once during a Reload.
+const reloadWorkers = 4
+
+// Reload installs every pod's plan under the new policy, one atomic table swap per pod,
+// with the plans and tables of identical pods computed once. A pod whose install fails
+// keeps its previous table (and decisions) and reports the error in its status; the
+// errors are returned joined.
 func (m *Manager) Reload(p *rules.Policy) error {
 	m.mu.Lock()
 	pods := make([]*pod, 0, len(m.pods))
@@ -270,12 +337,29 @@ func (m *Manager) Reload(p *rules.Policy) error {
 		pods = append(pods, po)
 	}
 	m.mu.Unlock()
+	r := m.newRound(p)
+	work := make(chan *pod)
+	var mu sync.Mutex
 	var errs []error
-	for _, po := range pods {
-		if err := m.install(po, p); err != nil {
-			errs = append(errs, err)
-		}
+	var wg sync.WaitGroup
+	for range min(reloadWorkers, len(pods)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for po := range work {
+				if err := m.install(po, r); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
 	}
+	for _, po := range pods {
+		work <- po
+	}
+	close(work)
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
@@ -312,11 +396,11 @@ func (m *Manager) installed(ns string) (netns.Capture, error) {
 	return netns.InstalledWith(m.backend, ns)
 }
 
-func (m *Manager) installDecisions(ns string, c netns.Capture, d netns.Decisions) error {
+func (m *Manager) apply(ns string, t *netns.Table) error {
 	if m.backend == nil {
-		return netns.InstallDecisions(ns, c, d)
+		return netns.InstallProgram(ns, t)
 	}
-	return netns.InstallDecisionsWith(m.backend, ns, c, d)
+	return netns.InstallProgramWith(m.backend, ns, t)
 }
 
 // record turns one conntrack NEW event's mark into an audit record. It reports whether

@@ -52,7 +52,9 @@ type topo struct {
 	m         *fastpath.Manager
 }
 
-func newTopo(t *testing.T) *topo {
+func newTopo(t *testing.T) *topo { return newBenchTopo(t) }
+
+func newBenchTopo(t testing.TB) *topo {
 	t.Helper()
 	testutil.RequireTool(t, "nft", "ip")
 	tp := &topo{pod: testutil.NewNetns(t, "klfp"), host: testutil.NewNetns(t, "klfh")}
@@ -89,7 +91,7 @@ func newTopo(t *testing.T) *topo {
 }
 
 // serve answers every connection with "<who> <original destination>\n", then echoes.
-func serve(t *testing.T, nsPath string, port int, who string) {
+func serve(t testing.TB, nsPath string, port int, who string) {
 	t.Helper()
 	ln, err := netns.Listen(nsPath, "tcp", fmt.Sprintf("[::]:%d", port))
 	if err != nil {
@@ -258,7 +260,9 @@ rules:
 `},
 }
 
-func mustPolicy(t *testing.T, src string) *rules.Policy {
+func mustPolicy(t *testing.T, src string) *rules.Policy { return mustPolicyB(t, src) }
+
+func mustPolicyB(t testing.TB, src string) *rules.Policy {
 	t.Helper()
 	p, err := rules.Parse("fastpath.yaml", []byte(src), rules.LoadOptions{AllowGateway: true})
 	if err != nil {
