@@ -544,6 +544,28 @@ func TestProxies(t *testing.T) {
 			t.Errorf("stats: %+v", c.Stats())
 		}
 	})
+	t.Run("to the daemon", func(t *testing.T) {
+		f := newFixture(t, clientAll)
+		// The daemon's listener is on loopback, which is never proxied; name it by a host
+		// that resolves there so the environment applies.
+		serverProxy := startProxy(t, netip.MustParseAddrPort(f.addr))
+		_, port, _ := net.SplitHostPort(f.addr)
+		env := map[string]string{"HTTPS_PROXY": "http://" + serverProxy.addr}
+		c, err := NewClient(ClientOptions{Server: "kl-relayd.test:" + port, ServerName: "localhost", CAFile: f.pki.CAFile, Token: testToken,
+			Getenv: func(k string) string { return env[k] }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		f.waitLive(payWorkload, true)
+		cancel()
+		<-done
+		if serverProxy.n.Load() != 1 {
+			t.Errorf("the session went around HTTPS_PROXY (%d tunnels)", serverProxy.n.Load())
+		}
+	})
 	t.Run("bad environment fails closed", func(t *testing.T) {
 		f := newFixture(t, clientAll)
 		env := map[string]string{"ALL_PROXY": "ftp://" + prox.addr}

@@ -230,7 +230,7 @@ func (c *Client) Run(ctx context.Context) (err error) {
 			c.mu.Unlock()
 		}
 	}()
-	raw, err := c.o.dialServer(ctx, "tcp", c.o.Server)
+	raw, err := c.connectServer(ctx)
 	if err != nil {
 		return fmt.Errorf("attach: connect to %s: %w", c.o.Server, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"golang.org/x/net/http/httpproxy"
@@ -109,4 +110,35 @@ func (c *Client) envProxy(h *Header) (string, error) {
 		return "", nil
 	}
 	return u.String(), nil
+}
+
+// connectServer opens the TCP connection to the daemon's attach listener, through the
+// proxy this side's environment names for https://SERVER when there is one (as kubectl
+// reaches an API server), else directly. TLS runs end to end over it either way.
+func (c *Client) connectServer(ctx context.Context) (net.Conn, error) {
+	host, port, _ := net.SplitHostPort(c.o.Server)
+	h := Header{Host: host}
+	if p, err := strconv.Atoi(port); err == nil {
+		h.Port = uint16(p)
+	}
+	via, err := c.envProxy(&h)
+	if err != nil {
+		return nil, err
+	}
+	if via == "" {
+		return c.o.dialServer(ctx, "tcp", c.o.Server)
+	}
+	u, err := normalizeProxy(via)
+	if err != nil {
+		return nil, err
+	}
+	d, err := upstream.New(u, c.o.ConnectTimeout, c.o.dialServer)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := d.Dial(ctx, upstream.Target{Host: host, Port: h.Port})
+	if err != nil {
+		return nil, fmt.Errorf("through %s: %w", d, err)
+	}
+	return conn, nil
 }

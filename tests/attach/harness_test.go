@@ -290,7 +290,12 @@ func (tp *topo) klctl(env []string, args ...string) *klctl {
 	t.Helper()
 	k := &klctl{out: &lockedBuf{}, done: make(chan error, 1)}
 	k.cmd = tp.laptop.Command(bin(t, "kl-ctl"), args...)
-	k.cmd.Env = append(append(os.Environ(), "HOME="+tp.dir), env...)
+	// The laptop's proxy environment is the test's to set: none unless env says so.
+	k.cmd.Env = append(os.Environ(), "HOME="+tp.dir, "XDG_RUNTIME_DIR=")
+	for _, v := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"} {
+		k.cmd.Env = append(k.cmd.Env, v+"=", strings.ToLower(v)+"=")
+	}
+	k.cmd.Env = append(k.cmd.Env, env...)
 	k.cmd.Stdout, k.cmd.Stderr = k.out, k.out
 	must(t, k.cmd.Start())
 	go func() { k.done <- k.cmd.Wait() }()
