@@ -34,7 +34,7 @@ func init() {
 }
 
 func runRulesBench(ctx context.Context) ([]Row, error) {
-	res, err := goBench(ctx, "./rules", "^BenchmarkDecide$", "-benchtime=1s")
+	res, err := goBench(ctx, "./rules", "^BenchmarkDecide(Pattern)?$", "-benchtime=1s")
 	if err != nil {
 		return nil, err
 	}
@@ -61,6 +61,19 @@ func runRulesBench(ctx context.Context) ([]Row, error) {
 			{"walk / index (cpu)", ratio(walk.Metrics["cpu-ns/op"], idx.Metrics["cpu-ns/op"])},
 			{"vs 10 rules", ratio(idx.NsOp, base)},
 			{"vs 10 rules (cpu)", ratio(idx.Metrics["cpu-ns/op"], baseCPU)},
+		}})
+	}
+	for _, n := range []int{10, 10_000} {
+		idx, ok := byName[fmt.Sprintf("DecidePattern/rules=%d/engine=index", n)]
+		if !ok {
+			continue
+		}
+		walk := byName[fmt.Sprintf("DecidePattern/rules=%d/engine=walk", n)]
+		rows = append(rows, Row{Name: fmt.Sprintf("Decide pattern form, %d rules", n), Cols: []Col{
+			{"index ns/op", fmt.Sprintf("%.0f", idx.NsOp)},
+			{"index allocs/op", fmt.Sprintf("%.0f", idx.Allocs)},
+			{"walk ns/op", fmt.Sprintf("%.0f", walk.NsOp)},
+			{"walk / index", ratio(walk.NsOp, idx.NsOp)},
 		}})
 	}
 	load, err := measureLoad(ctx, 100_000)
