@@ -155,7 +155,9 @@ func (e *VerifyError) Error() string {
 // InstallProgram applies a table built by Capture.ProgramWith (or Program) in one atomic
 // transaction. It lets a caller that installs the same program into many pods (a rules
 // reload across a node) build it once.
-func InstallProgram(nsPath string, t *Table) error { return InstallProgramWith(defaultBackend, nsPath, t) }
+func InstallProgram(nsPath string, t *Table) error {
+	return InstallProgramWith(defaultBackend, nsPath, t)
+}
 
 // InstallProgramWith is InstallProgram on a given backend.
 func InstallProgramWith(b Backend, nsPath string, t *Table) error {
