@@ -23,6 +23,7 @@ import (
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/proxy"
+	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 )
@@ -759,5 +760,27 @@ func checkGolden(t *testing.T, name, got string) {
 	}
 	if got != string(want) {
 		t.Errorf("%s differs (KL_UPDATE_GOLDEN=1 rewrites it):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// TestHostOnlyFlow: a flow known only by name and port (proxy mode) keeps its port across
+// the session, so port rules decide the same on both sides.
+func TestHostOnlyFlow(t *testing.T) {
+	f := newFixture(t, "default: direct\nrules:\n  - pattern: \"*:8443\"\n    route: client\n")
+	echo := echoServer(t, "corp")
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	c.o.dialNet = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr != "git.corp.example:8443" {
+			return nil, fmt.Errorf("dialled %s", addr)
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, echo.String())
+	}
+	conn, err := f.srv.Exit()(context.Background(), payWorkload, relay.Dest{Host: "git.corp.example", Port: 8443})
+	if err != nil {
+		t.Fatalf("host-only flow: %v", err)
+	}
+	roundTrip(t, conn, "hello from corp\n")
+	if _, err := f.srv.Exit()(context.Background(), payWorkload, relay.Dest{Host: "git.corp.example", Port: 443}); !errors.Is(err, ErrNotClient) {
+		t.Errorf("port 443 = %v, want ErrNotClient", err)
 	}
 }

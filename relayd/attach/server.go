@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"sort"
 	"sync"
@@ -435,8 +436,12 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 		return fail(fmt.Errorf("%w (opening a stream: %v)", ErrNoSession, err))
 	}
 	port := f.Dst.Port()
+	dst := f.Dst
+	if !dst.Addr().IsValid() {
+		dst = netip.AddrPort{}
+	}
 	h := Header{Flow: f.ID, At: f.At, Workload: w.ID, Namespace: w.Namespace, Name: w.Name, Labels: f.Labels, Image: f.Image,
-		Process: f.Process, Host: f.Host, Dst: f.Dst, Port: port, Src: f.Src, Policy: p.Hash(), Exit: d.Exit, Proxy: d.Proxy}
+		Process: f.Process, Host: f.Host, Dst: dst, Port: port, Src: f.Src, Policy: p.Hash(), Exit: d.Exit, Proxy: d.Proxy}
 	if dl, ok := ctx.Deadline(); ok {
 		st.SetDeadline(dl)
 	} else {

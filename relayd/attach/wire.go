@@ -91,7 +91,13 @@ const (
 
 // RulesFlow returns the rules.Flow the header describes.
 func (h *Header) RulesFlow() rules.Flow {
-	return rules.Flow{Labels: h.Labels, Image: h.Image, Process: h.Process, Host: h.Host, Dst: h.Dst, Src: h.Src, At: h.At, ID: h.Flow}
+	dst := h.Dst
+	if !dst.IsValid() {
+		// A flow known only by name (proxy mode) still has its port, which port rules
+		// and patterns look at, as the relay's decision did.
+		dst = netip.AddrPortFrom(netip.Addr{}, h.Port)
+	}
+	return rules.Flow{Labels: h.Labels, Image: h.Image, Process: h.Process, Host: h.Host, Dst: dst, Src: h.Src, At: h.At, ID: h.Flow}
 }
 
 // Check reports what makes a header unusable.

@@ -134,9 +134,7 @@ func newTopo(t testing.TB, policy string) *topo {
 		Exits: map[string]relay.DialFunc{
 			// As the daemon wires them: `client` asks the attach sessions and never falls
 			// back; `gateway` dials from the node's own namespace.
-			rules.ExitClient: func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
-				return tp.srv.Dial(ctx, w, rules.Flow{Labels: w.Labels, Image: w.Image, Host: dst.Host, Dst: dst.Addr}, nil)
-			},
+			rules.ExitClient: tp.srv.Exit(),
 			rules.ExitGateway: func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 				return netns.Dial(ctx, tp.node.Path, mark, "tcp", dst.Addr.String())
 			},
