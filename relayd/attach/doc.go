@@ -1,0 +1,37 @@
+// Package attach is client-side egress: the `client` route of kl's policies. A person
+// who deployed workloads holds a live session (`kl-ctl attach`) to a node's kl-relayd;
+// the flows the relay routes `client` for the workloads that session may carry cross it
+// and leave from the person's own machine (their VPN, corporate proxy, isolated lab).
+//
+// Both ends live here. The daemon side (Server) runs the attach listener, off unless the
+// daemon's settings configure it: TLS 1.3 with the daemon's certificate, then
+// authentication by bearer token or client certificate against configured credentials,
+// each granting workloads by id or label selector. It keeps the registry of live sessions
+// (Live, Sessions) and is the relay's `client` exit (Exit, Dial): one multiplexed stream
+// (hashicorp/yamux, over the one TLS connection) per flow, opened by a Header carrying the
+// destination, the flow's whole decision context (timestamp, id, labels, image, process,
+// hostname, source) and the policy version. No live session for the workload means the
+// flow is refused with the reason, never sent by another exit.
+//
+// The attach side (Client) receives the policy's bytes when the session starts and after
+// every reload, parses them with package rules exactly as the daemon did, and decides
+// every flow again from the header's inputs (a script's Date and Math.random derive from
+// the flow's timestamp and id, so the answer is the same). A flow whose route it would not
+// have chosen, under a policy version it does not hold, or of a workload outside what it
+// asked to carry is refused with a Verdict code: a compromised workload or node cannot
+// promote a flow to the operator's network. Accepted flows are dialled from this side's
+// network: through the proxy the PAC named (`PROXY host:port`), else through the proxy
+// its own environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), else
+// directly, resolving hostnames here. The verdict is sent only after that dial, so the
+// workload sees a refused connection exactly when this side could not connect.
+//
+// Compared with mirrord's outgoing traffic and Telepresence: those move a process's
+// traffic between a laptop and a cluster by injecting an agent into the pod or replacing
+// the workload; here nothing is injected and the workload keeps running unchanged, the
+// route is chosen per flow by the audited policy, the session is bound to explicitly
+// granted workloads, and the operator's side re-checks every flow instead of trusting the
+// cluster.
+//
+// It is not the relay (package relay decides and splices flows), the rule engine, or the
+// command line (relayd/ctl/attach.go): those call it.
+package attach
