@@ -541,6 +541,9 @@ func TestProxies(t *testing.T) {
 		if !errors.As(err, &re) || re.Code != RefuseDial {
 			t.Errorf("unresolvable host: %v, want %s", err, RefuseDial)
 		}
+		if strings.Contains(err.Error(), "skip.example") {
+			t.Errorf("the refusal names the destination: %v", err)
+		}
 		if c.Stats().ByCode[RefuseDial] != 1 {
 			t.Errorf("stats: %+v", c.Stats())
 		}

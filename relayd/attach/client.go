@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -393,7 +394,9 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		if errors.As(err, &pe) {
 			code = RefuseProxy
 		}
-		refuse(code, err.Error())
+		// The reason goes back to the daemon, into its log and audit records, which never
+		// hold a destination (SPEC §5): drop the addresses a dial error names.
+		refuse(code, audit.Reason(err))
 		return
 	}
 	defer up.Close()

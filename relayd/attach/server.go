@@ -26,6 +26,9 @@ import (
 	"github.com/kl-egress/kl/rules"
 )
 
+// maxPending bounds the connections in their TLS handshake or authentication at once.
+const maxPending = 64
+
 // Errors of Server.Dial. Each is wrapped in a *net.OpError (Op "attach") whose text names
 // no destination, so logs and audit records keep the reason and nothing else.
 var (
@@ -146,6 +149,9 @@ func NewServer(o ServerOptions) (*Server, error) {
 // then closes every session.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	tln := tls.NewListener(ln, s.tls)
+	// Connections that have not authenticated yet are bounded, so a flood of them cannot
+	// exhaust the daemon; authenticated sessions do not count.
+	pending := make(chan struct{}, maxPending)
 	go func() { <-ctx.Done(); tln.Close() }()
 	defer s.closeAll()
 	var delay time.Duration
@@ -161,10 +167,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		delay = 0
+		select {
+		case pending <- struct{}{}:
+		default:
+			s.o.Log.Warn("attach refused: too many connections in their handshake", "remote", c.RemoteAddr().String(), "limit", maxPending)
+			c.Close()
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.handle(ctx, c.(*tls.Conn))
+			s.handle(ctx, c.(*tls.Conn), func() { <-pending })
 		}()
 	}
 }
@@ -197,7 +210,10 @@ func (s *Server) muxConfig() *yamux.Config {
 
 // handle runs one attach connection: handshake, authentication, then the session until
 // either side ends it.
-func (s *Server) handle(ctx context.Context, c *tls.Conn) {
+func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) {
+	var once sync.Once
+	done := func() { once.Do(authenticated) }
+	defer done()
 	remote := c.RemoteAddr().String()
 	log := s.o.Log.With("remote", remote)
 	c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
@@ -245,6 +261,7 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn) {
 		return
 	}
 	c.SetDeadline(time.Time{})
+	done()
 	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), ctrl: ctrl}
 	if err := writeFrame(ctrl, Welcome{Version: Version, Session: se.id, Credential: cred.Name, Scope: sc.String()}); err != nil {
 		return
@@ -259,10 +276,10 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn) {
 	log.Info("attach session started", "session", se.id, "credential", cred.Name, "auth", how, "client", h.Client, "scope", sc.String())
 	// The attach side sends nothing more on the control stream: EOF or an error there,
 	// or the session dying, ends the session.
-	done := make(chan struct{})
-	go func() { io.Copy(io.Discard, br); close(done) }()
+	eof := make(chan struct{})
+	go func() { io.Copy(io.Discard, br); close(eof) }()
 	select {
-	case <-done:
+	case <-eof:
 	case <-mux.CloseChan():
 	case <-ctx.Done():
 	}
