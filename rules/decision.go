@@ -112,6 +112,6 @@ type Decision struct {
 	Dimension Dimension `json:"dimension"` // which part decided
 	Note      string    `json:"note"`
 	Directive string    `json:"directive,omitempty"` // script: the directive returned
-	Proxy     string    `json:"proxy,omitempty"`     // script: the concrete proxy (host:port) for the client side
+	Proxy     string    `json:"proxy,omitempty"`     // script: the concrete proxy for the client side, as a URL (http://h:p, https://h:p, socks5://h:p)
 	Reason    string    `json:"reason,omitempty"`    // script: why it failed closed
 }
