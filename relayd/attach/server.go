@@ -146,8 +146,12 @@ func NewServer(o ServerOptions) (*Server, error) {
 }
 
 // Serve accepts attach connections on ln (plain TCP; Serve adds TLS) until ctx is done,
-// then closes every session.
+// then closes every session. A Server serves one listener at a time; it may serve again
+// after Serve returned (the daemon restarting its listener).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.mu.Lock()
+	s.closed = false
+	s.mu.Unlock()
 	tln := tls.NewListener(ln, s.tls)
 	// Connections that have not authenticated yet are bounded, so a flood of them cannot
 	// exhaust the daemon; authenticated sessions do not count.

@@ -86,8 +86,19 @@ func TestClientRoute(t *testing.T) {
 	if seen, err := visit(a, corpAddr); err != nil || seen != laptopCorp {
 		t.Fatalf("client route through the agent: seen %s, %v", seen, err)
 	}
+	// The daemon's listener goes away and comes back: the agent reconnects by itself.
+	tp.stopAttach()
+	tp.waitLive(&a.w, false)
+	if _, err := visit(a, corpAddr); err == nil {
+		t.Fatal("the pod reached the corp host while the daemon's attach listener was down")
+	}
+	tp.serveAttach()
+	tp.waitLive(&a.w, true)
+	if seen, err := visit(a, corpAddr); err != nil || seen != laptopCorp {
+		t.Fatalf("client route after the agent reconnected: seen %s, %v", seen, err)
+	}
 	st, err := tp.laptop.Command(bin(t, "kl-ctl"), "attach", "status", "--control", control).CombinedOutput()
-	if err != nil || !strings.Contains(string(st), "connected") || !strings.Contains(string(st), "flows 1 ") {
+	if err != nil || !strings.Contains(string(st), ": connected") || !strings.Contains(string(st), "flows 2 ") || !strings.Contains(string(st), "2 session(s)") || strings.Contains(string(st), " 0 reconnect(s)") {
 		t.Errorf("attach status: %v\n%s", err, st)
 	}
 	stop, err := tp.laptop.Command(bin(t, "kl-ctl"), "attach", "stop", "--control", control).CombinedOutput()

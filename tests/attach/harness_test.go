@@ -73,6 +73,19 @@ type topo struct {
 	log                    *lockedBuf
 	audit                  *audit.Log
 	tokenFile              string
+	stopAttach             func()
+}
+
+// serveAttach opens the attach listener in the node's netns and serves it until
+// stopAttach.
+func (tp *topo) serveAttach() {
+	tp.t.Helper()
+	ln, err := netns.Listen(tp.node.Path, "tcp4", attachAddr)
+	must(tp.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { tp.srv.Serve(ctx, ln); close(served) }()
+	tp.stopAttach = func() { cancel(); <-served }
 }
 
 type pod struct {
@@ -122,11 +135,7 @@ func newTopo(t testing.TB, policy string) *topo {
 		Policy: tp.policy.Load, Log: log, Audit: tp.audit,
 	})
 	must(t, err)
-	ln, err := netns.Listen(tp.node.Path, "tcp4", attachAddr)
-	must(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() { tp.srv.Serve(ctx, ln); close(served) }()
+	tp.serveAttach()
 
 	tp.rel = relay.New(relay.Options{
 		Mark: mark, ConnectTimeout: 3 * time.Second, IdleTimeout: 30 * time.Second, Debug: true, Log: log,
@@ -141,8 +150,7 @@ func newTopo(t testing.TB, policy string) *topo {
 		},
 	})
 	t.Cleanup(func() {
-		cancel()
-		<-served
+		tp.stopAttach()
 		sctx, c2 := context.WithTimeout(context.Background(), 2*time.Second)
 		defer c2()
 		tp.rel.Shutdown(sctx)
