@@ -35,6 +35,7 @@ const DefaultPath = "/etc/kl/relayd.yaml"
 // relayd/api).
 const (
 	DefaultIdleTimeout    = 10 * time.Minute
+	DefaultRulesPoll      = 2 * time.Second
 	DefaultConnectTimeout = 10 * time.Second
 	DefaultAuditMaxBytes  = 16 << 20
 	DefaultAuditKeep      = 3
@@ -46,6 +47,7 @@ type Config struct {
 	Socket         string              `yaml:"socket"`         // unix socket of the API (api.DefaultSocket)
 	StateDir       string              `yaml:"stateDir"`       // persisted registrations (api.DefaultStateDir)
 	Rules          string              `yaml:"rules"`          // the rules file (api.DefaultRulesPath)
+	RulesPoll      time.Duration       `yaml:"rulesPoll"`      // how often the rules file's content is compared (change notifications come on top)
 	RedirectPort   uint16              `yaml:"redirectPort"`   // transparent capture port in each pod netns
 	HTTPPort       uint16              `yaml:"httpPort"`       // proxy mode: HTTP proxy on the pod's loopback
 	SOCKSPort      uint16              `yaml:"socksPort"`      // proxy mode: SOCKS5 proxy on the pod's loopback
@@ -164,6 +166,9 @@ func (c *Config) Fill() error {
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
+	if c.RulesPoll == 0 {
+		c.RulesPoll = DefaultRulesPoll
+	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = DefaultConnectTimeout
 	}
@@ -200,6 +205,9 @@ func (c *Config) Fill() error {
 	}
 	if c.IdleTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("idleTimeout: %v is shorter than 1s", c.IdleTimeout))
+	}
+	if c.RulesPoll < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("rulesPoll: %v is shorter than 10ms", c.RulesPoll))
 	}
 	if c.Sniff.Wait < 0 || c.Sniff.Wait > 5*time.Second {
 		errs = append(errs, fmt.Errorf("sniff: wait %v is not between 0 and 5s", c.Sniff.Wait))

@@ -223,6 +223,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		d.log.Warn("sd_notify", "err", err)
 	}
 	go d.reap(ctx)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go d.watchRules(wctx)
 	hup := notifyHUP()
 	defer stopHUP(hup)
 

@@ -398,3 +398,85 @@ func TestMetricsEndpoint(t *testing.T) {
 		}
 	}
 }
+
+func TestWatchReloads(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir)
+	// A ConfigMap-style mount: rules.yaml -> ..data/rules.yaml, ..data -> ..v1.
+	for _, v := range []string{"..v1", "..v2", "..v3"} {
+		os.Mkdir(filepath.Join(dir, v), 0o755)
+	}
+	os.WriteFile(filepath.Join(dir, "..v1", "rules.yaml"), []byte("default: direct\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "..v2", "rules.yaml"), []byte("default: deny\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "..v3", "rules.yaml"), []byte("default: sideways\n"), 0o644)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Symlink("..v1", filepath.Join(dir, "..data")))
+	cfg.Rules = filepath.Join(dir, "rules.yaml")
+	os.Remove(cfg.Rules)
+	must(os.Symlink("..data/rules.yaml", cfg.Rules))
+	cfg.RulesPoll = time.Hour // notifications alone must do it
+	c, _ := start(t, cfg)
+	status := func() api.RulesStatus {
+		var st api.Status
+		if err := c.Call(context.Background(), http.MethodGet, "/v1/status", nil, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Rules
+	}
+	swap := func(to string) {
+		tmp := filepath.Join(dir, "..data_tmp")
+		must(os.Symlink(to, tmp))
+		must(os.Rename(tmp, filepath.Join(dir, "..data")))
+	}
+	waitFor := func(what string, ok func(api.RulesStatus) bool) api.RulesStatus {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			r := status()
+			if ok(r) {
+				return r
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: status %+v", what, r)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	first := status()
+	swap("..v2")
+	second := waitFor("symlink swap", func(r api.RulesStatus) bool { return r.Hash != first.Hash })
+	swap("..v3")
+	bad := waitFor("bad file", func(r api.RulesStatus) bool { return r.LastErrorCode != "" })
+	if bad.Hash != second.Hash || bad.LastErrorCode != "E_BAD_ACTION" {
+		t.Errorf("bad file replaced the live rules or lost its code: %+v", bad)
+	}
+	swap("..v2")
+	waitFor("revert to the live content clears the error", func(r api.RulesStatus) bool {
+		return r.LastErrorCode == "" && r.Hash == second.Hash
+	})
+}
+
+func TestPollReloads(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.RulesPoll = 50 * time.Millisecond
+	c, _ := start(t, cfg)
+	var before, after api.Status
+	c.Call(context.Background(), http.MethodGet, "/v1/status", nil, &before)
+	os.WriteFile(cfg.Rules, []byte("default: deny\n"), 0o644)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c.Call(context.Background(), http.MethodGet, "/v1/status", nil, &after)
+		if after.Rules.Hash != before.Rules.Hash || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if after.Rules.Hash == before.Rules.Hash {
+		t.Error("changed rules file not reloaded")
+	}
+}
