@@ -2,9 +2,11 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -207,6 +209,59 @@ func TestCNIChain(t *testing.T) {
 		}
 		if after := n.status().Flows.Total; after != before {
 			t.Errorf("relay saw %d flows for a metadata connection", after-before)
+		}
+	})
+
+	t.Run("reload changes new flows, keeps established ones", func(t *testing.T) {
+		// An established flow through the relay.
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		c, err := netns.Dial(cctx, a.ns.Path, 0, "tcp", "198.51.100.2:8080")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		echo := func() error {
+			if _, err := c.Write([]byte("ping")); err != nil {
+				return err
+			}
+			buf := make([]byte, 4)
+			_, err := io.ReadFull(br, buf)
+			return err
+		}
+		hash := n.status().Rules.Hash
+		denyAll := rulesYAML + "  - cidr: 198.51.100.0/24\n    action: deny\n"
+		must(t, os.WriteFile(n.rules+".tmp", []byte(denyAll), 0o644))
+		must(t, os.Rename(n.rules+".tmp", n.rules))
+		deadline := time.Now().Add(5 * time.Second)
+		for n.status().Rules.Hash == hash {
+			if time.Now().After(deadline) {
+				t.Fatalf("rules not reloaded:\n%s", n.logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if _, _, err := visit(t, a, "198.51.100.2:8080"); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("new flow after the reload: %v, want reset by the new deny rule", err)
+		}
+		if err := echo(); err != nil {
+			t.Errorf("established flow cut by the reload: %v", err)
+		}
+		must(t, os.WriteFile(n.rules+".tmp", []byte(rulesYAML), 0o644))
+		must(t, os.Rename(n.rules+".tmp", n.rules))
+		deadline = time.Now().Add(5 * time.Second)
+		for {
+			if _, _, err := visit(t, a, "198.51.100.2:8080"); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("rules not restored")
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	})
 
