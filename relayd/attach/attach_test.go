@@ -184,7 +184,7 @@ func TestClientFlow(t *testing.T) {
 	}
 	roundTrip(t, conn, "hello from corp\n")
 	deadline := time.Now().Add(2 * time.Second)
-	for c.Stats().BytesIn < uint64(len("hello from corp\nping")) && time.Now().Before(deadline) {
+	for (c.Stats().BytesIn < uint64(len("hello from corp\nping")) || c.Stats().BytesOut < 4) && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	st := c.Stats()
