@@ -133,6 +133,7 @@ type PodStatus struct {
 	Flows      uint64   `json:"kernel_flows"`   // kernel-decided flows recorded
 	Lost       uint64   `json:"lost_events"`    // conntrack events lost (socket overrun, watcher restart)
 	Unknown    uint64   `json:"unknown_marks"`  // tagged marks of no known generation
+	Late       uint64   `json:"late_records"`   // recorded from a DESTROY event (NEW and DESTROY came as one)
 	Generation uint8    `json:"generation"`
 	Policy     string   `json:"policy"` // hash of the policy the plan was computed from
 	Error      string   `json:"error,omitempty"`
@@ -168,8 +169,10 @@ type pod struct {
 	flows   uint64
 	lost    uint64
 	unknown uint64
+	late    uint64
 	err     string
 	stop    func()
+	seen    map[uint32]struct{} // conntrack ids recorded at NEW (the watcher's own)
 }
 
 // New returns a Manager.
@@ -430,6 +433,12 @@ func (m *Manager) record(po *pod, mark uint32) bool {
 	return true
 }
 
+func (m *Manager) late(po *pod) {
+	m.mu.Lock()
+	po.late++
+	m.mu.Unlock()
+}
+
 func (m *Manager) lost(po *pod, n uint64) {
 	m.mu.Lock()
 	po.lost += n
@@ -442,7 +451,7 @@ func (m *Manager) Status() []PodStatus {
 	defer m.mu.Unlock()
 	out := make([]PodStatus, 0, len(m.pods))
 	for _, po := range m.pods {
-		s := PodStatus{ID: po.ID, Flows: po.flows, Lost: po.lost, Unknown: po.unknown, Generation: po.gen, Policy: po.policy, Error: po.err}
+		s := PodStatus{ID: po.ID, Flows: po.flows, Lost: po.lost, Unknown: po.unknown, Late: po.late, Generation: po.gen, Policy: po.policy, Error: po.err}
 		if po.plan != nil {
 			s.Share = po.plan.Share()
 			s.AllKernel = po.plan.AllKernel()

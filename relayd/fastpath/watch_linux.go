@@ -16,10 +16,11 @@ import (
 const readBuffer = 8 << 20
 
 // watch starts the pod's conntrack watcher: a netlink socket opened inside the pod netns
-// subscribed to NEW events. A socket error (an overrun) is counted and the socket
-// reopened; the watcher ends when stop is called or the netns is gone.
+// and subscribed to NEW and DESTROY events before watch returns (so the pod's first
+// connection is seen). A socket error (an overrun) is counted and the socket reopened;
+// the watcher ends when stop is called or the netns is gone.
 func (m *Manager) watch(po *pod) (stop func(), err error) {
-	c, err := dialIn(po.Netns)
+	sub, err := subscribe(po.Netns)
 	if err != nil {
 		return nil, err
 	}
@@ -29,7 +30,7 @@ func (m *Manager) watch(po *pod) (stop func(), err error) {
 	go func() {
 		defer wg.Done()
 		for {
-			err := m.listen(po, c, quit)
+			err := m.listen(po, sub, quit)
 			if err == nil {
 				return // stopped
 			}
@@ -41,7 +42,7 @@ func (m *Manager) watch(po *pod) (stop func(), err error) {
 					return
 				case <-time.After(50 * time.Millisecond):
 				}
-				if c, err = dialIn(po.Netns); err == nil {
+				if sub, err = subscribe(po.Netns); err == nil {
 					break
 				}
 				if tries >= 20 {
@@ -54,7 +55,14 @@ func (m *Manager) watch(po *pod) (stop func(), err error) {
 	return func() { close(quit); wg.Wait() }, nil
 }
 
-func dialIn(nsPath string) (*conntrack.Conn, error) {
+// subscription is a conntrack socket in a pod netns with its event worker running.
+type subscription struct {
+	c      *conntrack.Conn
+	events chan conntrack.Event
+	errs   chan error
+}
+
+func subscribe(nsPath string) (*subscription, error) {
 	var c *conntrack.Conn
 	err := netns.Do(nsPath, func() error {
 		var err error
@@ -68,17 +76,19 @@ func dialIn(nsPath string) (*conntrack.Conn, error) {
 		c.Close()
 		return nil, err
 	}
-	return c, nil
-}
-
-// listen reads NEW events until quit (nil) or a socket error (returned). It closes c.
-func (m *Manager) listen(po *pod, c *conntrack.Conn, quit <-chan struct{}) error {
-	events := make(chan conntrack.Event, 1024)
-	errs, err := c.Listen(events, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew})
+	s := &subscription{c: c, events: make(chan conntrack.Event, 1024)}
+	s.errs, err = c.Listen(s.events, 1, []netfilter.NetlinkGroup{netfilter.GroupCTNew, netfilter.GroupCTDestroy})
 	if err != nil {
 		c.Close()
-		return err
+		return nil, err
 	}
+	return s, nil
+}
+
+// listen reads events until quit (nil) or a socket error (returned). It closes the
+// subscription.
+func (m *Manager) listen(po *pod, sub *subscription, quit <-chan struct{}) error {
+	c, events, errs := sub.c, sub.events, sub.errs
 	// Closing the socket ends the worker; it may be blocked handing over an event, so
 	// keep draining until it is gone.
 	shutdown := func() {
@@ -108,13 +118,44 @@ func (m *Manager) listen(po *pod, c *conntrack.Conn, quit <-chan struct{}) error
 			}
 			return err
 		case ev := <-events:
-			if ev.Type != conntrack.EventNew || ev.Flow == nil {
+			if ev.Flow == nil || ev.Flow.TupleOrig.Proto.Protocol != unix.IPPROTO_TCP {
 				continue
 			}
-			if ev.Flow.TupleOrig.Proto.Protocol != unix.IPPROTO_TCP {
+			if _, _, ok := splitMark(ev.Flow.Mark); !ok {
 				continue
 			}
-			m.record(po, ev.Flow.Mark)
+			switch ev.Type {
+			case conntrack.EventNew:
+				if m.record(po, ev.Flow.Mark) {
+					po.markSeen(ev.Flow.ID)
+				}
+			case conntrack.EventDestroy:
+				// The kernel reports a connection created and destroyed before its NEW
+				// event went out as one DESTROY event: record it now, once.
+				if !po.forget(ev.Flow.ID) && m.record(po, ev.Flow.Mark) {
+					m.late(po)
+				}
+			}
 		}
 	}
+}
+
+// maxSeen bounds the ids of live kernel-decided connections a watcher remembers (their
+// DESTROY events normally remove them; a lost one must not grow the set for ever).
+const maxSeen = 1 << 20
+
+func (po *pod) markSeen(id uint32) {
+	if po.seen == nil || len(po.seen) >= maxSeen {
+		po.seen = map[uint32]struct{}{}
+	}
+	po.seen[id] = struct{}{}
+}
+
+// forget reports whether id was recorded at NEW, and forgets it.
+func (po *pod) forget(id uint32) bool {
+	if _, ok := po.seen[id]; ok {
+		delete(po.seen, id)
+		return true
+	}
+	return false
 }

@@ -412,7 +412,7 @@ func TestDifferential(t *testing.T) {
 				t.Errorf("kernel records differ from the kernel flows' decisions:\n got %v\nwant %v", g, w)
 			}
 			st := tp.m.Status()
-			t.Logf("%s: %d flows, %d decided in the kernel, plan share %.2f, lost %d", pc.name, len(dsts), len(want), st[0].Share, st[0].Lost)
+			t.Logf("%s: %d flows, %d decided in the kernel, plan share %.2f, lost %d, late %d", pc.name, len(dsts), len(want), st[0].Share, st[0].Lost, st[0].Late)
 			total += len(dsts)
 			if st[0].Lost != 0 || st[0].Unknown != 0 {
 				t.Errorf("status %+v", st[0])
