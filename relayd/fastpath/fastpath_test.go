@@ -23,7 +23,7 @@ func (s *sink) Add(r audit.Record) {
 	s.mu.Unlock()
 }
 
-func policy(t *testing.T, src string) *rules.Policy {
+func policy(t testing.TB, src string) *rules.Policy {
 	t.Helper()
 	p, err := rules.Parse("test.yaml", []byte(src), rules.LoadOptions{})
 	if err != nil {
@@ -205,5 +205,26 @@ func TestWhere(t *testing.T) {
 		if got, _ := Where(p, nil, "", netip.MustParseAddrPort(tc.dst)); got != tc.want {
 			t.Errorf("Where(%s) = %s, want %s", tc.dst, got, tc.want)
 		}
+	}
+}
+
+// The cost of turning one kernel-decided connection's event into its audit record.
+func BenchmarkRecord(b *testing.B) {
+	f := netns.NewFake()
+	log, err := audit.New("", 0, 0, 1024)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer log.Close()
+	m := New(Options{Sink: log, Backend: f, NoWatch: true})
+	c := capture
+	if err := m.Add(Pod{ID: "a", Netns: "/ns/a", Capture: &c}, policy(b, cidrPolicy)); err != nil {
+		b.Fatal(err)
+	}
+	po := m.pods["a"]
+	mark := Mark(po.gen, 2)
+	b.ReportAllocs()
+	for b.Loop() {
+		m.record(po, mark)
 	}
 }
