@@ -34,9 +34,8 @@ for p in $want cnitool; do [ -x "$cni/$p" ] || have=0; done
 if [ $have = 0 ]; then
 	echo "deps: building CNI plugins v1.10.0 and cnitool v1.3.1"
 	mkdir -p "$cni"
-	for p in bridge loopback portmap; do
-		GOBIN="$PWD/$cni" GOFLAGS=-buildvcs=false go install "github.com/containernetworking/plugins/plugins/main/$p@v1.10.0"
+	for p in main/bridge main/loopback meta/portmap ipam/host-local; do
+		GOBIN="$PWD/$cni" GOFLAGS=-buildvcs=false go install "github.com/containernetworking/plugins/plugins/$p@v1.10.0"
 	done
-	GOBIN="$PWD/$cni" GOFLAGS=-buildvcs=false go install "github.com/containernetworking/plugins/plugins/ipam/host-local@v1.10.0"
 	GOBIN="$PWD/$cni" GOFLAGS=-buildvcs=false go install "github.com/containernetworking/cni/cnitool@v1.3.1"
 fi
