@@ -51,6 +51,7 @@ type demo struct {
 	dir   string // everything on disk
 	undo  cleanups
 	seq   int
+	tag   string // unique per run: names of netns, veths and the container
 
 	node, npm, internal, egA, egB *ns
 	npmSrv, intSrv                *dest
@@ -82,7 +83,8 @@ func Run(ctx context.Context, o Options) (err error) {
 	if os.Geteuid() != 0 {
 		return errors.New("the demo creates network namespaces and starts daemons: run it as root (sudo make demo)")
 	}
-	d := &demo{out: o.Out, color: o.Color, squids: map[string]*squid{}, pods: map[string]*pod{}}
+	d := &demo{out: o.Out, color: o.Color, squids: map[string]*squid{}, pods: map[string]*pod{},
+		tag: fmt.Sprintf("%d%d", os.Getpid()%10000, runSeq.Add(1))}
 	t0 := time.Now()
 	defer func() {
 		start := time.Now()
@@ -94,8 +96,8 @@ func Run(ctx context.Context, o Options) (err error) {
 		}
 		d.done(start)
 		fmt.Fprintf(d.out, "\ndemo finished in %.1fs\n", time.Since(t0).Seconds())
-		if ctx.Err() != nil && err == nil {
-			err = errors.New("interrupted")
+		if ctx.Err() != nil {
+			err = fmt.Errorf("interrupted (everything it had set up is removed): %w", context.Cause(ctx))
 		}
 	}()
 	if err := d.prepare(ctx, o); err != nil {
@@ -181,6 +183,9 @@ func (d *demo) prepare(ctx context.Context, o Options) error {
 	dir := d.dir
 	os.Chmod(dir, 0o755) // squid runs as its own user and needs to reach its directory
 	d.undo.push("remove "+dir, func() error { return os.RemoveAll(dir) })
+	if o.observe != nil {
+		o.observe(d.tag, dir)
+	}
 
 	d.cni = os.Getenv("KL_CNI_BIN")
 	if d.cni == "" {
@@ -191,12 +196,11 @@ func (d *demo) prepare(ctx context.Context, o Options) error {
 			return fmt.Errorf("CNI plugin %s missing in %s (tests/deps.sh builds it): %w", p, d.cni, err)
 		}
 	}
-	kl := []string{"kl-relayd", "kl-ctl", "kl-cni", "kl-runtime", "kl-hook"}
 	d.bin = os.Getenv("KL_BIN")
-	if d.bin == "" || !allExist(d.bin, kl) {
+	if d.bin == "" || !allExist(d.bin, klBinaries) {
 		d.progress("building kl (kl-relayd, kl-ctl, kl-cni, kl-runtime, kl-hook)")
 		d.bin = filepath.Join(d.dir, "bin")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", d.bin+"/", "./relayd/kl-relayd", "./relayd/kl-ctl", "./plugins/kl-cni", "./shim/kl-runtime", "./shim/kl-hook")
+		cmd := exec.CommandContext(ctx, "go", append([]string{"build", "-o", d.bin + "/"}, klPackages...)...)
 		cmd.Dir = d.root
 		cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -208,6 +212,12 @@ func (d *demo) prepare(ctx context.Context, o Options) error {
 	}
 	return nil
 }
+
+// The binaries the demo runs, and their packages.
+var (
+	klBinaries = []string{"kl-relayd", "kl-ctl", "kl-cni", "kl-runtime", "kl-hook"}
+	klPackages = []string{"./relayd/kl-relayd", "./relayd/kl-ctl", "./plugins/kl-cni", "./shim/kl-runtime", "./shim/kl-hook"}
+)
 
 func allExist(dir string, names []string) bool {
 	for _, n := range names {
@@ -350,6 +360,7 @@ func (d *demo) startRelayd(ctx context.Context) error {
 stateDir: %s
 rules: %s
 idleTimeout: 30s
+rulesPoll: 500ms
 connectTimeout: 3s
 audit: {path: %s}
 proxy: {url: "http://%s:3128"}
@@ -461,7 +472,7 @@ func (d *demo) startBuilder(ctx context.Context) error {
 		return err
 	}
 	d.ctrd = c
-	id := fmt.Sprintf("ci-builder-%d", os.Getpid()%100000)
+	id := "ci-builder-" + d.tag
 	pid, err := d.runBuilder(ctx, c, id)
 	if err != nil {
 		return err
@@ -469,8 +480,7 @@ func (d *demo) startBuilder(ctx context.Context) error {
 	// The container's netns (made by runc, captured by kl-runtime's hook) gets a veth to
 	// the node, as a CNI plugin would give it.
 	ctrNs := &ns{Name: fmt.Sprint(pid), Path: fmt.Sprintf("/proc/%d/ns/net", pid)}
-	d.seq++
-	nodeIf, ctrIf := fmt.Sprintf("kd%d-%da", os.Getpid()%10000, d.seq), fmt.Sprintf("kd%d-%db", os.Getpid()%10000, d.seq)
+	nodeIf, ctrIf := d.vethNames()
 	if _, err := output(ctx, "ip", "link", "add", nodeIf, "netns", d.node.Name, "type", "veth", "peer", "name", ctrIf, "netns", fmt.Sprint(pid)); err != nil {
 		return err
 	}
@@ -495,43 +505,49 @@ func (d *demo) startBuilder(ctx context.Context) error {
 
 // --- rules ---
 
-// setRules writes the rules file atomically and has kl-relayd reload it with SIGHUP (what
-// an operator or a ConfigMap watcher does). It returns the reload's error code ("" when
-// the new rules are live) and message.
-func (d *demo) setRules(ctx context.Context, body string) (code, msg string, took time.Duration, err error) {
+// setRules writes the rules file atomically (write + rename, as an editor or a ConfigMap
+// update does) and waits for kl-relayd to pick it up on its own: its watcher compares the
+// file's content on change notifications and every rulesPoll. If nothing happens within
+// 3s it falls back to SIGHUP. It returns the reload's error code ("" when the new rules
+// are live), its message, how long it took and what triggered it.
+func (d *demo) setRules(ctx context.Context, body string) (code, msg string, took time.Duration, how string, err error) {
 	before, err := d.status(ctx)
 	if err != nil {
-		return "", "", 0, err
+		return "", "", 0, "", err
 	}
 	tmp := d.rulesPath + ".new"
 	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
-		return "", "", 0, err
-	}
-	if err := os.Rename(tmp, d.rulesPath); err != nil {
-		return "", "", 0, err
+		return "", "", 0, "", err
 	}
 	sum := sha256.Sum256([]byte(body))
 	want := hex.EncodeToString(sum[:])
 	start := time.Now()
-	if err := d.relayd.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		return "", "", 0, fmt.Errorf("SIGHUP kl-relayd: %w", err)
+	if err := os.Rename(tmp, d.rulesPath); err != nil {
+		return "", "", 0, "", err
 	}
 	var st api.Status
-	err = waitFor(ctx, 5*time.Second, func() bool {
+	picked := func() bool {
 		st, err = d.status(ctx)
 		if err != nil {
 			return false
 		}
 		return st.Rules.Hash == want || st.Rules.LastErrorAt.After(before.Rules.LastErrorAt)
-	})
+	}
+	how = "its file watcher"
+	if waitFor(ctx, 3*time.Second, picked) != nil {
+		how = "SIGHUP (the watcher did not react within 3s)"
+		if err := d.relayd.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			return "", "", 0, "", fmt.Errorf("SIGHUP kl-relayd: %w", err)
+		}
+		if err := waitFor(ctx, 5*time.Second, picked); err != nil {
+			return "", "", time.Since(start), how, fmt.Errorf("kl-relayd did not reload its rules: %w", err)
+		}
+	}
 	took = time.Since(start)
-	if err != nil {
-		return "", "", took, fmt.Errorf("kl-relayd did not answer the reload: %w", err)
-	}
 	if st.Rules.Hash == want {
-		return "", "", took, nil
+		return "", "", took, how, nil
 	}
-	return st.Rules.LastErrorCode, st.Rules.LastError, took, nil
+	return st.Rules.LastErrorCode, st.Rules.LastError, took, how, nil
 }
 
 func (d *demo) status(ctx context.Context) (api.Status, error) {

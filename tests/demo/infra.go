@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -68,6 +69,17 @@ func output(ctx context.Context, name string, args ...string) (string, error) {
 	return b.String(), nil
 }
 
+// nsPrefix starts the name of every netns the demo creates.
+const nsPrefix = "kldemo"
+
+var runSeq atomic.Uint64
+
+// vethNames returns a fresh pair of interface names (at most 15 bytes).
+func (d *demo) vethNames() (string, string) {
+	d.seq++
+	return fmt.Sprintf("kd%s-%da", d.tag, d.seq), fmt.Sprintf("kd%s-%db", d.tag, d.seq)
+}
+
 // ns is one named network namespace of the demo.
 type ns struct {
 	Name string // ip netns name
@@ -76,7 +88,7 @@ type ns struct {
 
 // newNS creates a netns with loopback up; cleanup deletes it.
 func (d *demo) newNS(ctx context.Context, role string) (*ns, error) {
-	name := fmt.Sprintf("kldemo%d-%s", os.Getpid()%100000, role)
+	name := nsPrefix + d.tag + "-" + role
 	if _, err := output(ctx, "ip", "netns", "add", name); err != nil {
 		return nil, err
 	}
@@ -98,8 +110,7 @@ func (n *ns) exec(ctx context.Context, name string, args ...string) (string, err
 
 // link joins two netns with a veth pair and assigns addresses (CIDR notation).
 func (d *demo) link(ctx context.Context, a *ns, aAddrs []string, b *ns, bAddrs []string) error {
-	d.seq++
-	aIf, bIf := fmt.Sprintf("kd%d-%da", os.Getpid()%10000, d.seq), fmt.Sprintf("kd%d-%db", os.Getpid()%10000, d.seq)
+	aIf, bIf := d.vethNames()
 	if _, err := output(ctx, "ip", "link", "add", aIf, "netns", a.Name, "type", "veth", "peer", "name", bIf, "netns", b.Name); err != nil {
 		return err
 	}

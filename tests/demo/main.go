@@ -39,6 +39,8 @@ type Options struct {
 	Out      io.Writer
 	SkipDeps bool // tests/deps.sh already ran
 	Color    bool
+
+	observe func(tag, dir string) // tests: the run's name tag and directory, once known
 }
 
 func isTerminal(f *os.File) bool {

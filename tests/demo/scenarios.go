@@ -121,13 +121,13 @@ func (d *demo) scenarios(ctx context.Context) error {
 	d.note("  edit: a rule with a typo is appended:")
 	fmt.Fprint(d.out, "    - domain: \"*.npmjs.example\"\n      action: proxyy\n")
 	before, _ := d.status(ctx)
-	code, msg, took, err := d.setRules(ctx, broken)
+	code, msg, took, how, err := d.setRules(ctx, broken)
 	if err != nil {
 		return err
 	}
 	after, _ := d.status(ctx)
 	d.check(code != "" && after.Rules.Hash == before.Rules.Hash,
-		fmt.Sprintf("reload refused in %dms: %s — %s; live rules still %.12s…", took.Milliseconds(), code, msg, after.Rules.Hash),
+		fmt.Sprintf("seen by %s in %dms and refused: %s — %s; live rules still %.12s…", how, took.Milliseconds(), code, msg, after.Rules.Hash),
 		fmt.Sprintf("the broken file was not refused (code %q, hash %.12s → %.12s)", code, before.Rules.Hash, after.Rules.Hash))
 	d.flow(ctx, test, npm, expect("egress-a", 2, "label", "egress-a"))
 	d.flow(ctx, prod, npm, expect("direct", 3, "label", ""))
@@ -138,7 +138,7 @@ func (d *demo) scenarios(ctx context.Context) error {
 func (d *demo) useRules(ctx context.Context, what, body string) error {
 	d.note("  rules: " + what)
 	fmt.Fprint(d.out, rulesBody(body))
-	code, msg, took, err := d.setRules(ctx, body)
+	code, msg, took, how, err := d.setRules(ctx, body)
 	if err != nil {
 		return err
 	}
@@ -146,7 +146,7 @@ func (d *demo) useRules(ctx context.Context, what, body string) error {
 		return fmt.Errorf("kl-relayd refused the demo's rules (%s): %s", code, msg)
 	}
 	st, _ := d.status(ctx)
-	d.note(fmt.Sprintf("  loaded live by kl-relayd (SIGHUP) in %dms, hash %.12s…", took.Milliseconds(), st.Rules.Hash))
+	d.note(fmt.Sprintf("  picked up live by kl-relayd (%s) in %dms, hash %.12s…", how, took.Milliseconds(), st.Rules.Hash))
 	return nil
 }
 
@@ -184,7 +184,14 @@ func (d *demo) flow(ctx context.Context, p *pod, t target, w want) {
 	if host == "" {
 		host = t.addr.String()
 	}
+	logLines := map[string]int{}
+	for name, sq := range d.squids {
+		logLines[name] = len(sq.accessLog())
+	}
 	ferr := d.send(ctx, p, t, host, id)
+	if ctx.Err() != nil {
+		return // interrupted: no verdict
+	}
 	// The decision: the audit records that appeared since the previous flow.
 	var recs []api.Decision
 	wait := 2 * time.Second
@@ -259,6 +266,14 @@ func (d *demo) flow(ctx context.Context, p *pod, t target, w want) {
 		bad += fmt.Sprintf("; got %d decision records for one connection", len(recs))
 	}
 	d.check(ok, line, bad)
+	// For a flow that left through a squid, that squid's own access log says so too.
+	for name, sq := range d.squids {
+		if seenOK && v.Peer == sq.addr {
+			if l, err := sq.logged(ctx, logLines[name]); err == nil {
+				d.note(fmt.Sprintf("      squid %s access.log: %s", name, l))
+			}
+		}
+	}
 }
 
 // send makes one HTTP request from the pod: curl inside a CNI pod's netns, busybox nc
