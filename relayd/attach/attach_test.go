@@ -787,3 +787,42 @@ func TestHostOnlyFlow(t *testing.T) {
 		t.Errorf("port 443 = %v, want ErrNotClient", err)
 	}
 }
+
+func TestLoadSettings(t *testing.T) {
+	dir := t.TempDir()
+	good := "listen: \":7443\"\ncert: /etc/kl/attach.crt\nkey: /etc/kl/attach.key\ncredentials:\n  - name: alice\n    token: " + testToken + "\n    selector: team=pay\n"
+	write := func(name, body string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), mode); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(p, mode)
+		return p
+	}
+	tests := []struct {
+		name     string
+		path     string
+		required bool
+		want     string // "" = loads
+		enabled  bool
+	}{
+		{"good", write("good.yaml", good, 0o600), true, "", true},
+		{"missing, default", filepath.Join(dir, "none.yaml"), false, "", false},
+		{"missing, named", filepath.Join(dir, "none.yaml"), true, "no such file", false},
+		{"readable by others", write("open.yaml", good, 0o644), true, "chmod 600", false},
+		{"unknown key", write("typo.yaml", good+"listn: x\n", 0o600), true, "field listn not found", false},
+		{"invalid", write("bad.yaml", "listen: \":7443\"\n", 0o600), true, "cert and key", false},
+		{"empty", write("empty.yaml", "", 0o600), true, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := LoadSettings(tt.path, tt.required)
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("LoadSettings = %v, want %q", err, tt.want)
+			}
+			if err == nil && s.Enabled() != tt.enabled {
+				t.Errorf("Enabled() = %v, want %v", s.Enabled(), tt.enabled)
+			}
+		})
+	}
+}
