@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/attach"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/relayd/metrics"
@@ -58,6 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	settings := fs.String("settings", config.DefaultPath, "the daemon's settings file (root only)")
 	rulesPath := fs.String("config", "", "the rules file (default: the settings' rules, "+api.DefaultRulesPath+")")
 	debug := fs.Bool("debug", false, "debug logging, including flow destinations")
+	attachPath := fs.String("attach", attach.DefaultSettingsPath, "the attach listener's settings (root only; a missing default file = no listener)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -80,11 +82,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	attachNamed := false
+	fs.Visit(func(f *flag.Flag) { attachNamed = attachNamed || f.Name == "attach" })
 	if check {
-		return Check(cfg, stdout)
+		if err := Check(cfg, stdout); err != nil {
+			return err
+		}
+		msg, err := checkAttach(*attachPath, attachNamed)
+		if err == nil {
+			fmt.Fprintln(stdout, msg)
+		}
+		return err
 	}
 	d, err := New(cfg, log)
 	if err != nil {
+		return err
+	}
+	if err := d.EnableAttach(*attachPath, attachNamed); err != nil {
 		return err
 	}
 	return d.Serve(ctx)
@@ -130,6 +144,9 @@ type Daemon struct {
 	audit   *audit.Log
 	metrics *metrics.Metrics
 	metReg  *prometheus.Registry // nil when metrics are off
+
+	attach       atomic.Pointer[attach.Server] // nil when the attach listener is off
+	attachListen string
 	ready   atomic.Bool
 
 	mu   sync.Mutex // serialises registration changes
@@ -149,6 +166,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	exits[rules.ExitClient] = d.clientExit
 	if d.store, err = registry.Open(cfg.StateDir); err != nil {
 		return nil, err
 	}
@@ -217,12 +235,26 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		defer msrv.Close()
 		d.log.Info("metrics", "addr", mln.Addr().String())
 	}
+	stopAttach, err := d.serveAttach(ctx)
+	if err != nil {
+		srv.Close()
+		d.relay.Shutdown(context.Background())
+		d.audit.Close()
+		return err
+	}
+	defer stopAttach()
 	d.ready.Store(true)
 	d.log.Info("ready", "socket", d.cfg.Socket, "workloads", d.relay.Len(), "rules", d.cfg.Rules, "hash", d.policy.Load().Hash())
 	if err := sdNotify("READY=1"); err != nil {
 		d.log.Warn("sd_notify", "err", err)
 	}
 	go d.reap(ctx)
+	if every, err := watchdogInterval(); err != nil {
+		d.log.Warn("systemd watchdog disabled", "err", err)
+	} else if every > 0 {
+		probe := api.NewClient(d.cfg.Socket, every)
+		go watchdog(ctx, every, func(ctx context.Context) error { return d.healthy(ctx, probe) }, d.log)
+	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	go d.watchRules(wctx)
@@ -256,6 +288,19 @@ wait:
 		serveErr = nil
 	}
 	return serveErr
+}
+
+// healthy is the watchdog's liveness check: the daemon has restored its registrations
+// and its API answers a readiness request over its own socket (the accept loop, the
+// handlers and the descriptor budget all work).
+func (d *Daemon) healthy(ctx context.Context, probe *api.Client) error {
+	if !d.ready.Load() {
+		return errors.New("not ready")
+	}
+	if err := probe.Ping(ctx); err != nil {
+		return fmt.Errorf("api socket: %w", err)
+	}
+	return nil
 }
 
 // restore reopens the listeners of every persisted registration whose netns still

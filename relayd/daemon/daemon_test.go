@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -479,4 +480,114 @@ func TestPollReloads(t *testing.T) {
 	if after.Rules.Hash == before.Rules.Hash {
 		t.Error("changed rules file not reloaded")
 	}
+}
+
+func TestWatchdogInterval(t *testing.T) {
+	pid := strconv.Itoa(os.Getpid())
+	for _, tc := range []struct {
+		name, usec, pid, sock string
+		want                  time.Duration
+		err                   bool
+	}{
+		{name: "not asked", sock: "/run/notify"},
+		{name: "no notify socket", usec: "30000000"},
+		{name: "half of usec", usec: "30000000", sock: "/run/notify", want: 15 * time.Second},
+		{name: "our pid", usec: "2000000", pid: pid, sock: "/run/notify", want: time.Second},
+		{name: "another pid", usec: "2000000", pid: "1", sock: "/run/notify"},
+		{name: "bad usec", usec: "30s", sock: "/run/notify", err: true},
+		{name: "zero usec", usec: "0", sock: "/run/notify", err: true},
+		{name: "bad pid", usec: "2000000", pid: "x", sock: "/run/notify", err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("WATCHDOG_USEC", tc.usec)
+			t.Setenv("WATCHDOG_PID", tc.pid)
+			t.Setenv("NOTIFY_SOCKET", tc.sock)
+			got, err := watchdogInterval()
+			if (err != nil) != tc.err || got != tc.want {
+				t.Errorf("watchdogInterval() = %v, %v; want %v, error %v", got, err, tc.want, tc.err)
+			}
+		})
+	}
+}
+
+// notifications reads datagrams from a fake NOTIFY_SOCKET until d has passed.
+func notifications(t *testing.T, ln *net.UnixConn, d time.Duration) []string {
+	t.Helper()
+	var got []string
+	buf := make([]byte, 256)
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		ln.SetReadDeadline(end)
+		n, err := ln.Read(buf)
+		if err != nil {
+			break
+		}
+		got = append(got, string(buf[:n]))
+	}
+	return got
+}
+
+func TestWatchdogPings(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "notify")
+	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	t.Setenv("NOTIFY_SOCKET", p)
+	t.Setenv("WATCHDOG_USEC", "200000") // keep-alives every 100ms
+	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
+	cfg := testConfig(t, t.TempDir())
+	_, stop := start(t, cfg)
+	got := notifications(t, ln, 700*time.Millisecond)
+	if len(got) == 0 || got[0] != "READY=1" {
+		t.Fatalf("first notification: %q, want READY=1 first", got)
+	}
+	pings := 0
+	for _, s := range got[1:] {
+		if s != "WATCHDOG=1" {
+			t.Errorf("unexpected notification %q", s)
+		}
+		pings++
+	}
+	// 700ms at 100ms: about 6; a loaded machine may drop a tick or two.
+	if pings < 3 || pings > 8 {
+		t.Errorf("%d WATCHDOG=1 in 700ms at a 100ms interval: %q", pings, got)
+	}
+	stop()
+	after := notifications(t, ln, 300*time.Millisecond)
+	if len(after) != 1 || after[0] != "STOPPING=1" {
+		t.Errorf("after stop: %q, want only STOPPING=1", after)
+	}
+}
+
+func TestWatchdogWithholdsWhenUnhealthy(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "notify")
+	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	t.Setenv("NOTIFY_SOCKET", p)
+	var healthy atomic.Bool
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watchdog(ctx, 50*time.Millisecond, func(context.Context) error {
+			if healthy.Load() {
+				return nil
+			}
+			return errors.New("wedged")
+		}, slog.New(slog.DiscardHandler))
+	}()
+	if got := notifications(t, ln, 300*time.Millisecond); len(got) != 0 {
+		t.Errorf("unhealthy daemon sent %q", got)
+	}
+	healthy.Store(true)
+	if got := notifications(t, ln, 300*time.Millisecond); len(got) < 2 {
+		t.Errorf("healthy daemon sent %q, want keep-alives", got)
+	}
+	cancel()
+	<-done
 }
