@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -65,6 +66,7 @@ type demo struct {
 	lastAt                        time.Time // newest decision record already shown
 	flowSeq                       int
 	passed, failed                int
+	noCtlStatus                   bool // kl-ctl has no working `status --json`
 }
 
 // pod is a workload the demo sends traffic from: a CNI pod (its own netns) or the
@@ -111,6 +113,7 @@ func Run(ctx context.Context, o Options) (err error) {
 	}
 	d.heading("kl-ctl status")
 	d.showStatus(ctx)
+	d.showAudit(ctx)
 	fmt.Fprintf(d.out, "\n%d flows as expected, %d not\n", d.passed, d.failed)
 	if d.failed > 0 {
 		return fmt.Errorf("%d flows did not match their expectation", d.failed)
@@ -327,6 +330,7 @@ func (d *demo) bringUp(ctx context.Context) error {
 	if regs, err = d.client.List(ctx); err != nil {
 		return fmt.Errorf("list registrations: %w", err)
 	}
+	sort.Slice(regs, func(i, j int) bool { return regs[i].Workload.Name < regs[j].Workload.Name })
 	d.note(fmt.Sprintf("  kl-relayd serves %d workloads:", len(regs)))
 	for _, r := range regs {
 		w := r.Workload
@@ -340,6 +344,7 @@ func (d *demo) bringUp(ctx context.Context) error {
 			for k, v := range w.Labels {
 				ls = append(ls, k+"="+v)
 			}
+			sort.Strings(ls)
 			extra += " labels " + strings.Join(ls, ",")
 		}
 		if w.Image != "" {

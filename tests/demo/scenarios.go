@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -199,7 +200,7 @@ func (d *demo) flow(ctx context.Context, p *pod, t target, w want) {
 		wait = 300 * time.Millisecond // long enough for a record that should not come
 	}
 	waitFor(ctx, wait, func() bool {
-		st, err := d.status(ctx)
+		st, err := d.ctlStatus(ctx)
 		if err != nil {
 			return false
 		}
@@ -304,10 +305,30 @@ func (d *demo) send(ctx context.Context, p *pod, t target, host, id string) erro
 	return err
 }
 
+// ctlStatus is `kl-ctl status --json`: the decision records come from the CLI an
+// operator uses.
+// An older kl-ctl without `status` makes the demo read the same object from the API.
+func (d *demo) ctlStatus(ctx context.Context) (api.Status, error) {
+	var st api.Status
+	if !d.noCtlStatus {
+		out, err := exec.CommandContext(ctx, filepath.Join(d.bin, "kl-ctl"), "status", "--json", "--socket", d.socket).Output()
+		if err == nil && json.Unmarshal(out, &st) == nil {
+			return st, nil
+		}
+		if ctx.Err() != nil {
+			return st, ctx.Err()
+		}
+		d.noCtlStatus = true
+		d.note(fmt.Sprintf("  (kl-ctl status --json failed: %v; decisions come from GET /v1/status instead)", err))
+	}
+	return d.status(ctx)
+}
+
 // showStatus prints `kl-ctl status` when the CLI has it, else the same facts from the
 // daemon's status API.
 func (d *demo) showStatus(ctx context.Context) {
 	cmd := exec.CommandContext(ctx, filepath.Join(d.bin, "kl-ctl"), "status", "--socket", d.socket)
+	fmt.Fprintf(d.out, "$ kl-ctl status --socket %s\n", d.socket)
 	if out, err := cmd.CombinedOutput(); err == nil {
 		fmt.Fprint(d.out, string(out))
 		return
@@ -317,7 +338,7 @@ func (d *demo) showStatus(ctx context.Context) {
 		fmt.Fprintf(d.out, "  status: %v\n", err)
 		return
 	}
-	d.note("  (this kl-ctl has no `status` command yet: the same from GET /v1/status on " + d.socket + ")")
+	d.note("  (kl-ctl status failed: the same from GET /v1/status on " + d.socket + ")")
 	fmt.Fprintf(d.out, "  ready %v, up since %s, %d workloads\n", st.Ready, st.StartedAt.Format(time.TimeOnly), st.Workloads)
 	fmt.Fprintf(d.out, "  rules %s, hash %.12s…, loaded %s\n", st.Rules.Path, st.Rules.Hash, st.Rules.LoadedAt.Format(time.TimeOnly))
 	if st.Rules.LastError != "" {
@@ -334,4 +355,21 @@ func (d *demo) showStatus(ctx context.Context) {
 
 func expect(exit string, rule int, dim, via string) want {
 	return want{exit: exit, rule: rule, dim: dim, via: via}
+}
+
+// showAudit prints the end of the audit file: the same records as JSON lines, which carry
+// no destination, payload or identity and can be shipped as they are.
+func (d *demo) showAudit(ctx context.Context) {
+	path := filepath.Join(d.dir, "audit.jsonl")
+	var lines []string
+	// The daemon flushes the file about once a second.
+	waitFor(ctx, 3*time.Second, func() bool {
+		data, _ := os.ReadFile(path)
+		lines = strings.Split(strings.TrimSpace(string(data)), "\n")
+		return len(lines) >= d.passed-1 && lines[0] != ""
+	})
+	d.heading(fmt.Sprintf("audit file (%d JSON lines; the last 3)", len(lines)))
+	for i := max(0, len(lines)-3); i < len(lines); i++ {
+		fmt.Fprintf(d.out, "  %s\n", lines[i])
+	}
 }
