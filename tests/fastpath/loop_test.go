@@ -2,8 +2,8 @@ package fastpath_test
 
 import (
 	"io"
-	"sort"
 	"net"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
