@@ -1,5 +1,9 @@
-// Package cni is kl-cni, the CNI chained plugin (CNI 1.0 and 1.1) that puts a pod under
-// kl's egress capture when its sandbox is created.
+// Package cni is kl-cni, the CNI chained plugin (CNI 1.0 and 1.1, and the 0.3.0, 0.3.1
+// and 0.4.0 versions that Calico and Flannel conflists still declare) that puts a pod
+// under kl's egress capture when its sandbox is created. A prevResult of any of these
+// versions is read through the cni library's converters and returned in the config's
+// version, as the reference portmap and bandwidth plugins do. CHECK needs 0.4.0 or
+// later, STATUS and GC 1.1.0 (the skel refuses them below).
 //
 // ADD, in transparent mode, installs the pod's nftables table (package netns) and then
 // registers the sandbox with kl-relayd, returning only once the relay listens inside the
@@ -77,7 +81,7 @@ func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
 }
 
 // Versions are the CNI spec versions kl-cni speaks.
-var Versions = version.PluginSupports("1.0.0", "1.1.0")
+var Versions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
 // Run is kl-cni's main: it dispatches on CNI_COMMAND, prints the result or the CNI error
 // on stdout, and returns the error (the binary then exits 1).

@@ -361,3 +361,49 @@ func TestGC(t *testing.T) {
 		t.Error("GC with the relay down succeeded")
 	}
 }
+
+// legacyPrev is a prevResult as Calico and Flannel chains hand it over before CNI 1.0
+// (ips carry "version"; 0.3.x/0.4.0 share the format).
+const legacyPrev = `{"cniVersion":"%s",
+ "interfaces":[{"name":"cni0","mac":"aa:bb:cc:dd:ee:01"},{"name":"eth0","mac":"aa:bb:cc:dd:ee:03","sandbox":"/var/run/netns/pod1"}],
+ "ips":[{"version":"4","interface":1,"address":"192.0.2.10/24","gateway":"192.0.2.1"},{"version":"6","interface":1,"address":"fd00:1::10/64"}],
+ "routes":[{"dst":"0.0.0.0/0"}],"dns":{}}`
+
+func TestAddVersions(t *testing.T) {
+	for _, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			p, fr, _, out := newPlugin()
+			prev := fmt.Sprintf(legacyPrev, v)
+			if strings.HasPrefix(v, "1.") {
+				prev = strings.ReplaceAll(strings.ReplaceAll(prev, `"version":"4",`, ""), `"version":"6",`, "")
+			}
+			stdin := []byte(`{"cniVersion":"` + v + `","name":"kl-test","type":"kl-cni","socket":"/run/x.sock","prevResult":` + prev + `}`)
+			if err := p.Add(args(stdin)); err != nil {
+				t.Fatalf("Add = %v", err)
+			}
+			want := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("fd00:1::10")}
+			if got := fr.regs["abc123"].Addrs; !slices.Equal(got, want) {
+				t.Errorf("registered addrs %v, want %v", got, want)
+			}
+			// The result comes back unchanged, in the config's version.
+			var got, exp map[string]any
+			if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+				t.Fatalf("stdout: %v\n%s", err, out)
+			}
+			json.Unmarshal([]byte(prev), &exp)
+			for _, m := range []map[string]any{got, exp} {
+				delete(m, "dns")
+			}
+			if !reflect.DeepEqual(got, exp) {
+				t.Errorf("stdout = %v\nwant %v", got, exp)
+			}
+		})
+	}
+}
+
+func TestVersionsAdvertised(t *testing.T) {
+	want := []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+	if got := Versions.SupportedVersions(); !slices.Equal(got, want) {
+		t.Errorf("supported versions %v, want %v", got, want)
+	}
+}
