@@ -144,10 +144,10 @@ type Daemon struct {
 	audit   *audit.Log
 	metrics *metrics.Metrics
 	metReg  *prometheus.Registry // nil when metrics are off
+	ready   atomic.Bool
 
 	attach       atomic.Pointer[attach.Server] // nil when the attach listener is off
 	attachListen string
-	ready   atomic.Bool
 
 	mu   sync.Mutex // serialises registration changes
 	regs map[string]registry.Entry

@@ -41,5 +41,6 @@ func (d *Daemon) Reload() error {
 		return nil
 	}
 	d.log.Info("rules loaded", "path", d.cfg.Rules, "hash", p.Hash())
+	d.attachReload()
 	return nil
 }

@@ -1,0 +1,131 @@
+package attach
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/tests/testutil"
+)
+
+// TestDaemon runs the whole path with the real kl-relayd in the node's netns: its attach
+// listener from the settings file, the pod registered through its API, kl-ctl attach in
+// the laptop; the gateway exit dials from the daemon's own netns (KL_EGRESS_GATEWAY=1).
+func TestDaemon(t *testing.T) {
+	tp := newTopo(t, clientPolicy)
+	tp.stopAttach() // the daemon's listener takes the address
+	rulesPath := filepath.Join(tp.dir, "rules.yaml")
+	must(t, os.WriteFile(rulesPath, []byte(clientPolicy), 0o644))
+	socket := filepath.Join(tp.dir, "relayd.sock")
+	settings := filepath.Join(tp.dir, "relayd.yaml")
+	must(t, os.WriteFile(settings, []byte(fmt.Sprintf(`socket: %s
+stateDir: %s/state
+rules: %s
+connectTimeout: 3s
+`, socket, tp.dir, rulesPath)), 0o600))
+	attachSettings := filepath.Join(tp.dir, "attach.yaml")
+	must(t, os.WriteFile(attachSettings, []byte(fmt.Sprintf(`listen: %q
+cert: %s
+key: %s
+credentials:
+  - name: alice
+    token: %q
+    workloads: [pod-a]
+`, attachAddr, tp.pki.Cert, tp.pki.Key, token)), 0o600))
+	if out, err := exec.Command(bin(t, "kl-relayd"), "check", "--settings", settings, "--attach", attachSettings).CombinedOutput(); err == nil || !strings.Contains(string(out), string(rules.CodeGatewayOff)) {
+		t.Errorf("kl-relayd check without KL_EGRESS_GATEWAY=1: %v\n%s", err, out)
+	}
+	check := exec.Command(bin(t, "kl-relayd"), "check", "--settings", settings, "--attach", attachSettings)
+	check.Env = append(os.Environ(), "KL_EGRESS_GATEWAY=1")
+	if out, err := check.CombinedOutput(); err != nil || !strings.Contains(string(out), "attach ok: listen "+attachAddr+", 1 credentials") {
+		t.Errorf("kl-relayd check: %v\n%s", err, out)
+	}
+	logs := &lockedBuf{}
+	cmd := tp.node.Command(bin(t, "kl-relayd"), "--settings", settings, "--attach", attachSettings)
+	cmd.Env = append(os.Environ(), "KL_EGRESS_GATEWAY=1")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	must(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("kl-relayd:\n%s", logs.String())
+		}
+	})
+	client := api.NewClient(socket, 3*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for client.Ping(context.Background()) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("kl-relayd not ready:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	p := &pod{ns: testutil.NewNetns(t, "kap")}
+	testutil.Link(t, tp.node, []string{"192.0.2.5/30"}, p.ns, []string{"192.0.2.6/30"})
+	p.ns.Exec(t, "ip", "route", "add", "default", "via", "192.0.2.5")
+	must(t, netns.Install(p.ns.Path, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: mark}))
+	p.w = api.Workload{ID: "pod-a", Netns: p.ns.Path, Mode: api.ModeTransparent, Source: "cni", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.6")}}
+	if _, err := client.Register(context.Background(), p.w); err != nil {
+		t.Fatalf("register: %v\n%s", err, logs.String())
+	}
+
+	if _, err := visit(p, corpAddr); err == nil {
+		t.Fatal("client route without a session reached the corp host")
+	}
+	fg := tp.klctl(nil, "attach", "--server", attachAddr, "--ca", tp.pki.CAFile, "--token-file", tp.tokenFile)
+	deadline = time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "attach session started") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no session:\n%s\nkl-ctl:\n%s", logs.String(), fg.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if seen, err := visit(p, corpAddr); err != nil || seen != laptopCorp {
+		t.Fatalf("client route through kl-relayd: seen %s, %v\nkl-ctl:\n%s", seen, err, fg.out.String())
+	}
+	if seen, err := visit(p, gwHostAddr); err != nil || seen != nodeGwSide {
+		t.Fatalf("gateway route through kl-relayd: seen %s, %v", seen, err)
+	}
+	fg.stop()
+	deadline = time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), "attach session ended") {
+		if time.Now().After(deadline) {
+			t.Fatal("the session did not end")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := visit(p, corpAddr); err == nil {
+		t.Fatal("client route after the session stopped reached the corp host")
+	}
+	var st api.Status
+	must(t, client.Call(context.Background(), "GET", "/v1/status", nil, &st))
+	n := 0
+	for _, r := range st.Recent {
+		if r.Exit == rules.ExitClient && strings.Contains(r.Reason, "no live attach session") {
+			n++
+		}
+		if strings.Contains(r.Reason, "203.0.113") {
+			t.Errorf("an audit record names the destination: %+v", r)
+		}
+	}
+	if n != 2 {
+		t.Errorf("%d audit records of client flows refused for want of a session, want 2: %+v", n, st.Recent)
+	}
+}
