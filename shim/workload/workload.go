@@ -12,9 +12,9 @@ import (
 	"maps"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules/imageref"
 	"github.com/kl-egress/kl/shim/config"
 	"github.com/kl-egress/kl/shim/docker"
-	"github.com/kl-egress/kl/shim/image"
 )
 
 // Annotation keys the engines write into config.json that kl reads.
@@ -82,7 +82,7 @@ func Identify(ctx context.Context, cfg *config.Config, id string, ann map[string
 	}
 	in.Namespace = first(ann[AnnotCRINamespace], ann[AnnotPodNamespace])
 	if rawImage != "" {
-		if n, err := image.Normalize(rawImage); err == nil {
+		if n, err := imageref.Normalize(rawImage); err == nil {
 			in.Image = n
 		} else {
 			log.Warn("image reference does not parse; using it as given", "id", id, "image", rawImage, "err", err)

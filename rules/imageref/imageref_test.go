@@ -1,4 +1,4 @@
-package image
+package imageref
 
 import (
 	"errors"
@@ -30,6 +30,9 @@ func TestNormalize(t *testing.T) {
 			got, err := Normalize(tt.in)
 			if err != nil || got != tt.want {
 				t.Fatalf("Normalize(%q) = %q, %v, want %q", tt.in, got, err, tt.want)
+			}
+			if app := string(Append(nil, tt.in)); app != tt.want {
+				t.Fatalf("Append(%q) = %q, want %q", tt.in, app, tt.want)
 			}
 			again, err := Normalize(got)
 			if err != nil || again != got {
@@ -64,5 +67,16 @@ func FuzzNormalize(f *testing.F) {
 		if err != nil || again != out {
 			t.Fatalf("Normalize(%q) = %q, then %q, %v", in, out, again, err)
 		}
+		if app := string(Append(nil, in)); app != out {
+			t.Fatalf("Normalize(%q) = %q but Append writes %q", in, out, app)
+		}
 	})
+}
+
+// TestAppendAllocs: with room in dst, Append does not allocate (the rules engine's hot path).
+func TestAppendAllocs(t *testing.T) {
+	buf := make([]byte, 0, 512)
+	if n := testing.AllocsPerRun(100, func() { buf = Append(buf[:0], "registry.example:5000/team/app:v1") }); n != 0 {
+		t.Errorf("Append: %v allocs, want 0", n)
+	}
 }

@@ -1,7 +1,10 @@
-// Package image normalizes container image references the way Docker and containerd
+// Package imageref normalizes container image references the way Docker and containerd
 // do, so that `nginx`, `library/nginx` and `docker.io/library/nginx:latest` name the same
-// image in labels, registrations and rules. It does not pull or resolve anything.
-package image
+// image in labels, registrations and rules. It is the one normalizer of kl: the rules
+// engine matches with Append (lenient, allocation-free), the runtime wrapper and the
+// daemon validate with Normalize. It does not pull or resolve anything, and imports
+// nothing of kl, so small binaries (kl-runtime, kl-hook) can use it.
+package imageref
 
 import (
 	"errors"
@@ -25,8 +28,8 @@ func Normalize(ref string) (string, error) {
 	if len(ref) > maxRefLen {
 		return "", fmt.Errorf("%w: longer than %d bytes", ErrBadReference, maxRefLen)
 	}
-	if strings.HasPrefix(ref, "sha256:") {
-		if !isHex(ref[len("sha256:"):], 64) {
+	if strings.HasPrefix(ref, imageIDPrefix) {
+		if !isHex(ref[len(imageIDPrefix):], 64) {
 			return "", fmt.Errorf("%w: %q: bad image id", ErrBadReference, ref)
 		}
 		return ref, nil
@@ -70,6 +73,52 @@ func Normalize(ref string) (string, error) {
 		out += "@" + digest
 	}
 	return out, nil
+}
+
+const imageIDPrefix = "sha256:"
+
+// Append appends the fully qualified form of ref to dst, as Normalize writes it, without
+// checking the characters of its parts: the rules engine's form of whatever a workload
+// claims to run, so that rules and flows normalize alike. For every ref that Normalize
+// accepts, Append writes what Normalize returns. It allocates only when dst lacks the
+// capacity; it appends nothing for "".
+func Append(dst []byte, ref string) []byte {
+	if ref == "" {
+		return dst
+	}
+	if len(ref) == len(imageIDPrefix)+64 && strings.HasPrefix(ref, imageIDPrefix) && isHex(ref[len(imageIDPrefix):], 64) {
+		return append(dst, ref...)
+	}
+	name, digest := ref, ""
+	if i := strings.IndexByte(ref, '@'); i >= 0 {
+		name, digest = ref[:i], ref[i:]
+	}
+	tag := ""
+	if i := strings.LastIndexByte(name, ':'); i > strings.LastIndexByte(name, '/') {
+		name, tag = name[:i], name[i:]
+	}
+	domain, path := "docker.io", name
+	if i := strings.IndexByte(name, '/'); i >= 0 {
+		first := name[:i]
+		if strings.ContainsAny(first, ".:") || first == "localhost" {
+			domain, path = first, name[i+1:]
+		}
+	}
+	if domain == "index.docker.io" {
+		domain = "docker.io"
+	}
+	library := domain == "docker.io" && !strings.Contains(path, "/")
+	if tag == "" && digest == "" {
+		tag = ":latest"
+	}
+	dst = append(dst, domain...)
+	dst = append(dst, '/')
+	if library {
+		dst = append(dst, "library/"...)
+	}
+	dst = append(dst, path...)
+	dst = append(dst, tag...)
+	return append(dst, digest...)
 }
 
 func checkPath(path string) error {
