@@ -2,9 +2,8 @@ package relay
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
+	"io"
 	"net"
 	"net/netip"
 	"time"
@@ -31,20 +30,63 @@ func (r *Relay) openProxy(p *pod, w api.Workload) error {
 	p.cancel = cancel
 	p.lns = []net.Listener{lh, ls}
 	p.ls = api.Listeners{HTTP: r.o.HTTPPort, SOCKS: r.o.SOCKSPort}
-	dial := r.proxyDial(p)
+	srv := &proxy.Server{Dial: r.proxyDial(p), Log: r.o.Log, Pipe: r.proxyPipe}
 	for _, s := range []struct {
 		ln    net.Listener
-		serve func(context.Context, net.Listener, proxy.DialFunc, *slog.Logger) error
-	}{{lh, proxy.ServeHTTP}, {ls, proxy.ServeSOCKS5}} {
+		serve func(context.Context, net.Listener) error
+	}{{lh, srv.ServeHTTP}, {ls, srv.ServeSOCKS5}} {
 		p.serve.Add(1)
 		go func() {
 			defer p.serve.Done()
-			if err := s.serve(ctx, trackingListener{s.ln, p}, dial, r.o.Log); err != nil {
+			if err := s.serve(ctx, trackingListener{s.ln, p}); err != nil {
 				r.o.Log.Warn("proxy stopped", "workload", w.ID, "err", err)
 			}
 		}()
 	}
 	return nil
+}
+
+// proxyPipe carries an established proxy tunnel (CONNECT, SOCKS5, or an upgraded
+// forwarded request) as a transparent flow is carried: counted as active, with the idle
+// timeout, and its bytes counted under the exit its decision chose. Only the HTTP
+// proxy's plain forwarding (request by request) does not come through here.
+func (r *Relay) proxyPipe(client, up net.Conn) {
+	exit := "unknown"
+	if tc, ok := up.(*trackedConn); ok && tc.exit != "" {
+		exit = tc.exit
+	}
+	r.active.Add(1)
+	defer r.active.Add(-1)
+	done := r.o.Metrics.Start(exit)
+	upBytes, downBytes, err := r.pipe(bare(client), bare(up))
+	done(upBytes, downBytes)
+	// The copy closed the raw connections; closing the wrappers releases their tracking.
+	_ = client.Close()
+	_ = up.Close()
+	if err != nil && r.o.Debug {
+		r.o.Log.Debug("proxied flow ended", "exit", exit, "err", err)
+	}
+}
+
+// bare looks through the relay's own tracking wrappers so the copy splices between the
+// TCP connections. A connection that carries bytes read ahead of the tunnel (it
+// implements io.WriterTo or io.ReaderFrom itself, like the proxy's buffered client or an
+// upstream's reply remainder) is kept as it is: reading around it would lose them.
+func bare(c net.Conn) net.Conn {
+	for range 8 {
+		if _, ok := c.(io.WriterTo); ok {
+			return c
+		}
+		if _, ok := c.(io.ReaderFrom); ok {
+			return c
+		}
+		tc, ok := c.(*trackedConn)
+		if !ok {
+			return c
+		}
+		c = tc.Conn
+	}
+	return c
 }
 
 // trackingListener registers every accepted connection with its pod, so closing the
@@ -69,7 +111,8 @@ func (l trackingListener) Accept() (net.Conn, error) {
 
 type trackedConn struct {
 	net.Conn
-	p *pod
+	p    *pod
+	exit string // the exit a dialed connection goes through ("" for client connections)
 }
 
 func (c *trackedConn) Close() error {
@@ -136,27 +179,15 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			if r.o.Debug {
 				return nil, err
 			}
-			return nil, redactedError{err}
+			// The text loses the destination; errors.Is/As still see the whole chain, so
+			// the proxies answer 504, SOCKS 0x05 or 0x04 as the cause says.
+			return nil, audit.Redacted(err)
 		}
 		r.record(d, f.At, "")
 		if !p.track(c) {
 			c.Close()
 			return nil, ErrClosed
 		}
-		return &trackedConn{Conn: c, p: p}, nil
+		return &trackedConn{Conn: c, p: p, exit: d.Exit}, nil
 	}
 }
-
-// redactedError keeps a dial error's kind (errors.Is still sees ECONNREFUSED, timeouts,
-// upstream.ErrAuth ...) but not its text, which names the destination.
-type redactedError struct{ err error }
-
-func (e redactedError) Error() string {
-	var oe *net.OpError
-	if errors.As(e.err, &oe) && oe.Err != nil {
-		return "dial: " + oe.Err.Error()
-	}
-	return "dial failed (details hidden; enable debug)"
-}
-
-func (e redactedError) Unwrap() error { return e.err }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"reflect"
 	"runtime"
 	"strings"
@@ -394,12 +395,23 @@ func TestProxyMode(t *testing.T) {
 	if !strings.Contains(status, " 200") {
 		t.Fatalf("CONNECT to an allowed destination: %q", status)
 	}
+	// The open tunnel is an active flow.
+	if !waitFor(func() bool { return h.r.Stats().Active == 1 }) {
+		t.Errorf("active flows with a tunnel open = %d, want 1", h.r.Stats().Active)
+	}
 	// Drain the rest of the response head, then echo.
 	c.Write([]byte("hi"))
 	c.(*net.TCPConn).CloseWrite()
 	got, _ := io.ReadAll(c)
 	if !strings.HasSuffix(string(got), "hibye") {
 		t.Errorf("tunnel carried %q", got)
+	}
+	// Its bytes are counted under its exit when it ends.
+	if !waitFor(func() bool {
+		b := relayedBytes(h, "direct")
+		return b["up"] == 2 && b["down"] == 5 && h.r.Stats().Active == 0
+	}) {
+		t.Errorf("after the tunnel: bytes %v, active %d; want up 2, down 5, active 0", relayedBytes(h, "direct"), h.r.Stats().Active)
 	}
 	d, status := connect(netip.AddrPortFrom(backend.Addr(), 1).String())
 	defer d.Close()
@@ -503,5 +515,105 @@ func TestSniffedHost(t *testing.T) {
 	h2 := sniffing([]uint16{backend.Port()})
 	if got, err := req(h2, "blocked.example"); err != nil || got == "" {
 		t.Errorf("skipped port: %q %v, want carried", got, err)
+	}
+}
+
+// waitFor polls cond for up to 2s.
+func waitFor(cond func() bool) bool {
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return cond()
+}
+
+// relayedBytes reads kl_relayed_bytes_total of one exit by direction.
+func relayedBytes(h *harness, exit string) map[string]float64 {
+	got := map[string]float64{}
+	mfs, _ := h.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() != "kl_relayed_bytes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var e, dir string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "exit":
+					e = l.GetValue()
+				case "direction":
+					dir = l.GetValue()
+				}
+			}
+			if e == exit {
+				got[dir] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return got
+}
+
+// TestProxyDialErrors: an exit's dial error reaches the proxy client as the right answer
+// (the chain survives redaction) while neither the reply nor the audit record names the
+// destination.
+func TestProxyDialErrors(t *testing.T) {
+	dst := netip.MustParseAddrPort("203.0.113.7:443")
+	for _, tc := range []struct {
+		name      string
+		err       error
+		http      string
+		socksCode byte
+	}{
+		{"refused", &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(dst), Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, " 502", 0x05},
+		{"timeout", fmt.Errorf("connect to upstream: %w", &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(dst), Err: os.ErrDeadlineExceeded}), " 504", 0x04},
+		{"host unreachable", &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(dst), Err: os.NewSyscallError("connect", syscall.EHOSTUNREACH)}, " 502", 0x04},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			exits := map[string]DialFunc{"proxy": func(context.Context, *api.Workload, Dest) (net.Conn, error) { return nil, tc.err }}
+			h := newHarness(t, fakeDecider{7: "proxy"}, time.Minute, exits)
+			w := workload("p")
+			w.Mode = api.ModeProxy
+			if _, err := h.r.Open(w); err != nil {
+				t.Fatal(err)
+			}
+			target := netip.AddrPortFrom(dst.Addr(), 7).String()
+			c, err := net.Dial("tcp4", h.addr(t, "/ns/p:15080"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+			resp, _ := io.ReadAll(c)
+			if !strings.HasPrefix(string(resp), "HTTP/1.1"+tc.http) || strings.Contains(string(resp), "203.0.113") {
+				t.Errorf("HTTP answer %q, want%s without the destination", resp, tc.http)
+			}
+			s, err := net.Dial("tcp4", h.addr(t, "/ns/p:15081"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			s.SetDeadline(time.Now().Add(5 * time.Second))
+			a4 := dst.Addr().As4()
+			s.Write([]byte{5, 1, 0})
+			s.Write(append([]byte{5, 1, 0, 1}, a4[0], a4[1], a4[2], a4[3], 0, 7))
+			b := make([]byte, 4)
+			if _, err := io.ReadFull(s, b[:2]); err != nil || b[1] != 0 {
+				t.Fatalf("SOCKS method reply %v %v", b[:2], err)
+			}
+			if _, err := io.ReadFull(s, b[:2]); err != nil || b[1] != tc.socksCode {
+				t.Errorf("SOCKS reply code %#x (%v), want %#x", b[1], err, tc.socksCode)
+			}
+			recs := h.aud.Recent(10)
+			if len(recs) != 2 {
+				t.Errorf("%d audit records, want one per request", len(recs))
+			}
+			for _, r := range recs {
+				if r.Reason == "" || strings.Contains(r.Reason, "203.0.113") {
+					t.Errorf("audit reason %q: want the cause without the destination", r.Reason)
+				}
+			}
+		})
 	}
 }
