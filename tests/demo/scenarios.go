@@ -55,7 +55,7 @@ func (d *demo) scenarios(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.heading("1. CI builder → proxy; the artifact store stays direct (examples/ci-builder.yaml)")
+	d.heading("1. CI builder image → proxy; the internal artifact store stays direct (examples/ci-builder.yaml)")
 	if err := d.useRules(ctx, "examples/ci-builder.yaml, internal range 10.0.0.0/8,172.17.0.0/16 → "+internalNet, r1); err != nil {
 		return err
 	}
@@ -99,7 +99,7 @@ func (d *demo) scenarios(ctx context.Context) error {
 
 	// 4. Live edit.
 	d.heading("4. A rules edit picked up live (no pod or daemon restarted)")
-	if err := d.useRules(ctx, "back to examples/multi-exit.yaml", r2); err != nil {
+	if err := d.useRules(ctx, "back to examples/multi-exit.yaml (shown above)", r2); err != nil {
 		return err
 	}
 	d.flow(ctx, test, npm, expect("egress-b", 2, "label", "egress-b"))
@@ -108,9 +108,9 @@ func (d *demo) scenarios(ctx context.Context) error {
 	if r4 == r2 || !strings.Contains(r4, "link maintenance") {
 		return fmt.Errorf("examples/multi-exit.yaml changed: cannot make the demo's edit")
 	}
-	d.note("  edit: the test namespace (kl.route=proxy-b) moves to egress-a:")
+	d.note("  edit: the test namespace (kl.route=proxy-b) moves to egress-a; rule 2 becomes:")
 	fmt.Fprint(d.out, "    - label: kl.route=proxy-b\n      exit: egress-a\n      note: \"exit B moved to egress-a (link maintenance)\"\n")
-	if err := d.useRules(ctx, "edited in place", r4); err != nil {
+	if err := d.useRules(ctx, "the file edited in place (shown above)", r4); err != nil {
 		return err
 	}
 	d.flow(ctx, test, npm, expect("egress-a", 2, "label", "egress-a"))
@@ -138,7 +138,9 @@ func (d *demo) scenarios(ctx context.Context) error {
 // useRules installs a rules file live and prints it.
 func (d *demo) useRules(ctx context.Context, what, body string) error {
 	d.note("  rules: " + what)
-	fmt.Fprint(d.out, rulesBody(body))
+	if !strings.Contains(what, "(shown above)") {
+		fmt.Fprint(d.out, rulesBody(body))
+	}
 	code, msg, took, how, err := d.setRules(ctx, body)
 	if err != nil {
 		return err
