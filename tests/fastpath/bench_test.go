@@ -11,8 +11,6 @@ import (
 // Connection setup cost from the pod: no capture, kernel-decided with and without the
 // conntrack watcher, and relayed to the stand-in relay.
 func BenchmarkConnect(b *testing.B) {
-	t := &testing.T{}
-	_ = t
 	for _, v := range []struct {
 		name  string
 		watch bool
