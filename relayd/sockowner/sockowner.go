@@ -1,0 +1,173 @@
+// Package sockowner finds the program behind a TCP connection a workload opened, for
+// process rules: the client socket's inode from inet sock_diag run inside the
+// workload's network namespace, then the process holding that inode among the
+// processes of that namespace (/proc/PID/ns/net, /proc/PID/fd), then its comm,
+// executable basename and argv[0] basename.
+//
+// It is not a process monitor: one lookup per connection, cached under the
+// connection's tuple until the caller forgets it when the connection ends. A lookup
+// that fails (the process already exited, no permission, the socket is gone) is an
+// explicit unknown (rules.Process{Known: false}) with an error saying why; it never
+// panics. /proc is read through an fs.FS so tests feed it from testdata.
+package sockowner
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kl-egress/kl/rules"
+)
+
+// Key is one connection as its client socket sees it, in one netns.
+type Key struct {
+	Netns string         // the workload's netns path
+	Src   netip.AddrPort // the client socket's own address (the relay's peer)
+	Dst   netip.AddrPort // where the client connected (the original destination)
+}
+
+// Finder looks up and caches connection owners. Its methods are safe for concurrent use.
+type Finder struct {
+	// Proc is /proc; it must implement fs.ReadLinkFS (os.DirFS does).
+	Proc fs.FS
+	// SocketInode returns the inode of the TCP socket with local address src and remote
+	// address dst inside the netns at nsPath (inet sock_diag).
+	SocketInode func(nsPath string, src, dst netip.AddrPort) (uint64, error)
+	// NetnsInode returns the inode of the netns file at nsPath.
+	NetnsInode func(nsPath string) (uint64, error)
+	// MaxCached bounds the cache (default 65536): beyond it, lookups are not cached.
+	MaxCached int
+
+	mu    sync.Mutex
+	cache map[Key]result
+}
+
+type result struct {
+	p   rules.Process
+	err error
+}
+
+// ErrNotFound is returned when no process of the netns holds the socket (it exited, or
+// handed the socket to a process in another netns).
+var ErrNotFound = errors.New("no process holds the socket")
+
+// Lookup returns the owner of connection k, from the cache when k was looked up
+// before and not forgotten since. On failure the Process is unknown and the error says
+// why; the failure is cached too (the connection will not change owner's visibility).
+func (f *Finder) Lookup(k Key) (rules.Process, error) {
+	f.mu.Lock()
+	if r, ok := f.cache[k]; ok {
+		f.mu.Unlock()
+		return r.p, r.err
+	}
+	f.mu.Unlock()
+	p, err := f.lookup(k)
+	max := f.MaxCached
+	if max <= 0 {
+		max = 1 << 16
+	}
+	f.mu.Lock()
+	if f.cache == nil {
+		f.cache = map[Key]result{}
+	}
+	if len(f.cache) < max {
+		f.cache[k] = result{p, err}
+	}
+	f.mu.Unlock()
+	return p, err
+}
+
+// Forget drops k from the cache (call it when the connection ends).
+func (f *Finder) Forget(k Key) {
+	f.mu.Lock()
+	delete(f.cache, k)
+	f.mu.Unlock()
+}
+
+// Cached is the number of cached connections.
+func (f *Finder) Cached() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.cache)
+}
+
+func (f *Finder) lookup(k Key) (rules.Process, error) {
+	if f.SocketInode == nil || f.NetnsInode == nil || f.Proc == nil {
+		return rules.Process{}, errors.ErrUnsupported
+	}
+	sock, err := f.SocketInode(k.Netns, k.Src, k.Dst)
+	if err != nil {
+		return rules.Process{}, fmt.Errorf("socket lookup: %w", err)
+	}
+	ns, err := f.NetnsInode(k.Netns)
+	if err != nil {
+		return rules.Process{}, fmt.Errorf("netns: %w", err)
+	}
+	pid, err := f.Owner(ns, sock)
+	if err != nil {
+		return rules.Process{}, err
+	}
+	return f.Describe(pid)
+}
+
+// Owner returns the pid of a process in the netns with inode nsIno that holds the
+// socket with inode sockIno (the lowest such pid).
+func (f *Finder) Owner(nsIno, sockIno uint64) (int, error) {
+	ents, err := fs.ReadDir(f.Proc, ".")
+	if err != nil {
+		return 0, fmt.Errorf("read proc: %w", err)
+	}
+	wantNS := "net:[" + strconv.FormatUint(nsIno, 10) + "]"
+	wantSock := "socket:[" + strconv.FormatUint(sockIno, 10) + "]"
+	best := 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 || (best != 0 && pid > best) {
+			continue
+		}
+		if l, err := fs.ReadLink(f.Proc, e.Name()+"/ns/net"); err != nil || l != wantNS {
+			continue
+		}
+		fds, err := fs.ReadDir(f.Proc, e.Name()+"/fd")
+		if err != nil {
+			continue // exited, or not ours to read
+		}
+		for _, fd := range fds {
+			if l, err := fs.ReadLink(f.Proc, e.Name()+"/fd/"+fd.Name()); err == nil && l == wantSock {
+				best = pid
+				break
+			}
+		}
+	}
+	if best == 0 {
+		return 0, ErrNotFound
+	}
+	return best, nil
+}
+
+// Describe reads the identity of process pid: comm, executable basename and argv[0]
+// basename. A process whose exe cannot be read (a kernel thread, no permission) still
+// has its comm.
+func (f *Finder) Describe(pid int) (rules.Process, error) {
+	dir := strconv.Itoa(pid)
+	comm, err := fs.ReadFile(f.Proc, dir+"/comm")
+	if err != nil {
+		return rules.Process{}, fmt.Errorf("process %d: %w", pid, err)
+	}
+	p := rules.Process{Known: true, Comm: strings.TrimRight(string(comm), "\n")}
+	if exe, err := fs.ReadLink(f.Proc, dir+"/exe"); err == nil {
+		p.Exe = path.Base(strings.TrimSuffix(exe, " (deleted)"))
+	}
+	if cmd, err := fs.ReadFile(f.Proc, dir+"/cmdline"); err == nil && len(cmd) > 0 {
+		arg0, _, _ := strings.Cut(string(cmd), "\x00")
+		if arg0 != "" {
+			p.Argv0 = path.Base(arg0)
+		}
+	}
+	return p, nil
+}

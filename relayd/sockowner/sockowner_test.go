@@ -1,0 +1,130 @@
+package sockowner
+
+import (
+	"errors"
+	"io/fs"
+	"net/netip"
+	"testing"
+	"testing/fstest"
+
+	"github.com/kl-egress/kl/rules"
+)
+
+func link(target string) *fstest.MapFile {
+	return &fstest.MapFile{Data: []byte(target), Mode: fs.ModeSymlink | 0o777}
+}
+
+// procFS is a /proc with: pid 10 (curl, in netns 4001, socket 900), pid 11 (busybox
+// running as "wget" via argv[0], same netns, socket 901 also held by pid 30 in
+// another netns), pid 12 (a deleted executable, socket 902), pid 13 (fd unreadable),
+// and "self" (not a pid).
+func procFS() fstest.MapFS {
+	return fstest.MapFS{
+		"10/ns/net":  link("net:[4001]"),
+		"10/fd/0":    link("/dev/null"),
+		"10/fd/3":    link("socket:[900]"),
+		"10/comm":    {Data: []byte("curl\n")},
+		"10/exe":     link("/usr/bin/curl"),
+		"10/cmdline": {Data: []byte("curl\x00-s\x00http://x/\x00")},
+		"11/ns/net":  link("net:[4001]"),
+		"11/fd/5":    link("socket:[901]"),
+		"11/comm":    {Data: []byte("busybox\n")},
+		"11/exe":     link("/usr/bin/busybox"),
+		"11/cmdline": {Data: []byte("/bin/wget\x00-q\x00")},
+		"30/ns/net":  link("net:[4999]"),
+		"30/fd/5":    link("socket:[901]"),
+		"30/comm":    {Data: []byte("other\n")},
+		"12/ns/net":  link("net:[4001]"),
+		"12/fd/7":    link("socket:[902]"),
+		"12/comm":    {Data: []byte("app\n")},
+		"12/exe":     link("/opt/app/bin/app (deleted)"),
+		"12/cmdline": {Data: []byte("")},
+		"13/ns/net":  link("net:[4001]"),
+		"13/comm":    {Data: []byte("secret\n")},
+		"self/comm":  {Data: []byte("kl-relayd\n")},
+	}
+}
+
+func TestLookup(t *testing.T) {
+	socks := map[netip.AddrPort]uint64{
+		netip.MustParseAddrPort("192.0.2.10:40000"): 900,
+		netip.MustParseAddrPort("192.0.2.10:40001"): 901,
+		netip.MustParseAddrPort("[fd00::10]:40002"): 902,
+		netip.MustParseAddrPort("192.0.2.10:40003"): 903, // nobody in the netns holds it
+	}
+	lookups := 0
+	f := &Finder{
+		Proc: procFS(),
+		SocketInode: func(ns string, src, dst netip.AddrPort) (uint64, error) {
+			lookups++
+			if ino, ok := socks[src]; ok && ns == "/run/netns/pod" {
+				return ino, nil
+			}
+			return 0, errors.New("no such socket")
+		},
+		NetnsInode: func(string) (uint64, error) { return 4001, nil },
+	}
+	dst := netip.MustParseAddrPort("198.51.100.2:443")
+	for _, tc := range []struct {
+		name string
+		src  string
+		want rules.Process
+		err  error
+	}{
+		{"curl", "192.0.2.10:40000", rules.Process{Known: true, Comm: "curl", Exe: "curl", Argv0: "curl"}, nil},
+		{"argv0 differs, other netns ignored", "192.0.2.10:40001", rules.Process{Known: true, Comm: "busybox", Exe: "busybox", Argv0: "wget"}, nil},
+		{"deleted exe, empty cmdline", "[fd00::10]:40002", rules.Process{Known: true, Comm: "app", Exe: "app"}, nil},
+		{"no holder", "192.0.2.10:40003", rules.Process{}, ErrNotFound},
+		{"no socket", "192.0.2.10:49999", rules.Process{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := f.Lookup(Key{Netns: "/run/netns/pod", Src: netip.MustParseAddrPort(tc.src), Dst: dst})
+			if got != tc.want {
+				t.Errorf("Lookup = %+v, want %+v", got, tc.want)
+			}
+			switch {
+			case tc.err != nil && !errors.Is(err, tc.err):
+				t.Errorf("err = %v, want %v", err, tc.err)
+			case !tc.want.Known && err == nil:
+				t.Error("unknown process without an error")
+			case tc.want.Known && err != nil:
+				t.Errorf("err = %v", err)
+			}
+		})
+	}
+	// Cached per tuple until forgotten.
+	k := Key{Netns: "/run/netns/pod", Src: netip.MustParseAddrPort("192.0.2.10:40000"), Dst: dst}
+	before := lookups
+	if p, _ := f.Lookup(k); p.Comm != "curl" || lookups != before {
+		t.Errorf("cached lookup: %+v, %d socket lookups", p, lookups-before)
+	}
+	n := f.Cached()
+	f.Forget(k)
+	if f.Cached() != n-1 {
+		t.Errorf("Forget: %d cached, want %d", f.Cached(), n-1)
+	}
+	f.Lookup(k)
+	if lookups != before+1 {
+		t.Error("a forgotten tuple was not looked up again")
+	}
+}
+
+func TestCacheBound(t *testing.T) {
+	f := &Finder{Proc: procFS(), MaxCached: 2,
+		SocketInode: func(string, netip.AddrPort, netip.AddrPort) (uint64, error) { return 900, nil },
+		NetnsInode:  func(string) (uint64, error) { return 4001, nil }}
+	for i := range 5 {
+		f.Lookup(Key{Src: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(1000+i))})
+	}
+	if f.Cached() != 2 {
+		t.Errorf("cached %d, want the bound 2", f.Cached())
+	}
+}
+
+func TestUnsupportedIsUnknown(t *testing.T) {
+	var f Finder
+	p, err := f.Lookup(Key{})
+	if p.Known || !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("zero Finder: %+v, %v", p, err)
+	}
+}
