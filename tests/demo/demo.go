@@ -109,6 +109,7 @@ func Run(ctx context.Context, o Options) (err error) {
 		return err
 	}
 	if err := d.scenarios(ctx); err != nil {
+		d.showLogs()
 		return err
 	}
 	d.heading("kl-ctl status")
@@ -116,9 +117,30 @@ func Run(ctx context.Context, o Options) (err error) {
 	d.showAudit(ctx)
 	fmt.Fprintf(d.out, "\n%d flows as expected, %d not\n", d.passed, d.failed)
 	if d.failed > 0 {
+		d.showLogs()
 		return fmt.Errorf("%d flows did not match their expectation", d.failed)
 	}
 	return nil
+}
+
+// showLogs prints the end of the daemons' logs, to tell why something went wrong.
+func (d *demo) showLogs() {
+	if d.relayd != nil {
+		d.heading("kl-relayd log (last lines)")
+		fmt.Fprintln(d.out, lastLines(d.relayd.tail(), 25))
+	}
+	if data, err := os.ReadFile(filepath.Join(d.dir, "kl-runtime.log")); err == nil {
+		d.heading("kl-runtime/kl-hook log (last lines)")
+		fmt.Fprintln(d.out, lastLines(string(data), 10))
+	}
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }
 
 // --- output ---
