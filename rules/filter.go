@@ -31,14 +31,65 @@ func newKeyFilter(n int) keyFilter {
 	return keyFilter{bits: make([]uint64, size/64), mask: size - 1}
 }
 
+// word picks a key's 64-bit word and its two bits in it: both probes of a key land in
+// the same word, so a lookup costs one cache line, not two (a blocked Bloom filter).
+func (f *keyFilter) word(s string) (w *uint64, m uint64) {
+	return f.wordH(maphash.String(filterSeed, s))
+}
+
+func (f *keyFilter) wordH(h uint64) (w *uint64, m uint64) {
+	return &f.bits[(h&f.mask)/64], 1<<(h>>52&63) | 1<<(h>>58)
+}
+
+// addH and maybeH are add and maybe for a filter whose keys are hashed by the caller
+// (globSet hashes every prefix of a value in one pass with prefixHash).
+func (f *keyFilter) addH(h uint64) {
+	if f.bits == nil {
+		return
+	}
+	w, m := f.wordH(h)
+	*w |= m
+}
+
+func (f *keyFilter) maybeH(h uint64) bool {
+	if f.bits == nil {
+		return true
+	}
+	w, m := f.wordH(h)
+	return *w&m == m
+}
+
+// prefixHash is an incremental hash of a string's prefixes: start with prefixSeed,
+// step once per byte, and finish gives the prefix's hash. Stepping is FNV-1a; finish
+// mixes the bits so that the filter's word and bit choices are independent.
+const prefixPrime = 1099511628211
+
+var prefixSeed = uint64(14695981039346656037) ^ maphash.Comparable(filterSeed, 0)
+
+func prefixStep(h uint64, c byte) uint64 { return (h ^ uint64(c)) * prefixPrime }
+
+func prefixFinish(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	return h ^ h>>33
+}
+
+func prefixHash(s string) uint64 {
+	h := prefixSeed
+	for i := 0; i < len(s); i++ {
+		h = prefixStep(h, s[i])
+	}
+	return prefixFinish(h)
+}
+
 func (f *keyFilter) add(s string) {
 	if f.bits == nil {
 		return
 	}
-	h := maphash.String(filterSeed, s)
-	a, b := h&f.mask, (h>>32)&f.mask
-	f.bits[a/64] |= 1 << (a % 64)
-	f.bits[b/64] |= 1 << (b % 64)
+	w, m := f.word(s)
+	*w |= m
 }
 
 // maybe reports whether s may be a key. An empty filter (no bits) says yes.
@@ -46,9 +97,8 @@ func (f *keyFilter) maybe(s string) bool {
 	if f.bits == nil {
 		return true
 	}
-	h := maphash.String(filterSeed, s)
-	a, b := h&f.mask, (h>>32)&f.mask
-	return f.bits[a/64]&(1<<(a%64)) != 0 && f.bits[b/64]&(1<<(b%64)) != 0
+	w, m := f.word(s)
+	return *w&m == m
 }
 
 // filterKeys builds a filter over the keys of a map.

@@ -20,6 +20,9 @@ func NormalizeImage(ref string) (string, error) { return imageref.Normalize(ref)
 // or `localhost`) keeps it. The result is written into buf (it allocates only for
 // references longer than buf). It returns "" for "".
 func normalizeImage(ref string, buf *[maxImageLen]byte) string {
+	if imageref.IsNormal(ref) {
+		return ref
+	}
 	b := imageref.Append(buf[:0], ref)
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }

@@ -66,6 +66,18 @@ type labelIndex struct {
 type labelKey struct {
 	presence int32 // lowest rule selecting the key alone; none when there is none
 	values   map[string]int32
+	vfilter  keyFilter // over values, when there are many
+}
+
+// value returns the lowest rule selecting key=v, none when there is none.
+func (e *labelKey) value(v string) int32 {
+	if e.values == nil || !e.vfilter.maybe(v) {
+		return none
+	}
+	if i, ok := e.values[v]; ok {
+		return i
+	}
+	return none
 }
 
 func (x *labelIndex) add(m *labelMatcher, idx int32) {
@@ -97,10 +109,7 @@ func (x *labelIndex) lookup(labels map[string]string) int32 {
 		for _, k := range x.list {
 			if v, ok := labels[k]; ok {
 				e := x.keys[k]
-				best = lower(best, e.presence)
-				if i, ok := e.values[v]; ok {
-					best = lower(best, i)
-				}
+				best = lower(best, lower(e.presence, e.value(v)))
 			}
 		}
 		return found(best)
@@ -110,10 +119,7 @@ func (x *labelIndex) lookup(labels map[string]string) int32 {
 			continue
 		}
 		if e := x.keys[k]; e != nil {
-			best = lower(best, e.presence)
-			if i, ok := e.values[v]; ok {
-				best = lower(best, i)
-			}
+			best = lower(best, lower(e.presence, e.value(v)))
 		}
 	}
 	return found(best)
@@ -357,7 +363,12 @@ func (x *portIndex) lookup(port uint16) int32 {
 }
 
 // seal builds the key filters once every rule is in.
-func (x *labelIndex) seal()   { x.filter = filterKeys(x.keys) }
+func (x *labelIndex) seal() {
+	x.filter = filterKeys(x.keys)
+	for _, e := range x.keys {
+		e.vfilter = filterKeys(e.values)
+	}
+}
 func (x *imageIndex) seal()   { x.filter = filterKeys(x.exact); x.globs.seal() }
 func (x *processIndex) seal() { x.filter = filterKeys(x.exact); x.globs.seal() }
 func (x *domainIndex) seal() {

@@ -152,24 +152,30 @@ func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 		return p.defaultDecision()
 	}
 	if i := p.label.lookup(f.Labels); i > 0 {
-		return p.ruleDecision(i)
+		return p.tierDecision(i, PriorityLabel)
 	}
 	if i := p.image.lookup(f.Image); i > 0 {
-		return p.ruleDecision(i)
+		return p.tierDecision(i, PriorityImage)
 	}
 	if i := p.process.lookup(&f.Process); i > 0 {
-		return p.ruleDecision(i)
+		return p.tierDecision(i, PriorityProcess)
 	}
 	if i := p.domain.lookup(host); i > 0 {
-		return p.ruleDecision(i)
+		return p.tierDecision(i, PriorityDomain)
 	}
 	if i := p.cidr.lookup(addr); i > 0 {
-		return p.ruleDecision(i)
+		return p.tierDecision(i, PriorityCIDR)
 	}
 	if i := p.port.lookup(f.Dst.Port()); i > 0 {
-		return p.ruleDecision(i)
+		return p.tierDecision(i, PriorityPort)
 	}
 	return p.defaultDecision()
+}
+
+// tierDecision is ruleDecision for a rule of a tier the caller knows.
+func (p *Policy) tierDecision(idx int32, prio int) Decision {
+	r := &p.rules[idx-1]
+	return Decision{Exit: r.exit, Rule: r.idx, Priority: prio, Dimension: r.dim, Note: r.note}
 }
 
 var guardDecision = Decision{Exit: ExitDirect, Dimension: DimGuard, Note: "metadata guard: 169.254.0.0/16 always goes direct"}

@@ -26,17 +26,28 @@ func (x *globSet) add(glob string, idx int32) {
 	x.lengths |= 1 << len(lp)
 }
 
-func (x *globSet) seal() { x.filter = filterKeys(x.buckets) }
+func (x *globSet) seal() {
+	x.filter = newKeyFilter(len(x.buckets))
+	for k := range x.buckets {
+		x.filter.addH(prefixHash(k))
+	}
+}
 
 // first returns the lowest index below best of a glob matching s.
 func (x *globSet) first(s string, best int32) int32 {
+	// One pass over s hashes every prefix whose length occurs (prefixHash), instead
+	// of hashing each of them from its start.
+	h, done := prefixSeed, 0
 	for l := x.lengths; l != 0; l &= l - 1 {
 		n := bits.TrailingZeros64(l)
 		if n > len(s) {
 			break
 		}
-		if k := s[:n]; x.filter.maybe(k) {
-			if b := x.buckets[k]; b != nil {
+		for ; done < n; done++ {
+			h = prefixStep(h, s[done])
+		}
+		if x.filter.maybeH(prefixFinish(h)) {
+			if b := x.buckets[s[:n]]; b != nil {
 				best = firstGlob(b, s, best)
 			}
 		}

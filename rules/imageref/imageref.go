@@ -121,6 +121,38 @@ func Append(dst []byte, ref string) []byte {
 	return append(dst, digest...)
 }
 
+// IsNormal reports, cheaply and without allocating, whether Append would write ref
+// unchanged: a registry host, a path and a tag or digest (or an image id). The rules
+// engine then uses ref as it is instead of copying it.
+func IsNormal(ref string) bool {
+	if len(ref) == len(imageIDPrefix)+64 && strings.HasPrefix(ref, imageIDPrefix) && isHex(ref[len(imageIDPrefix):], 64) {
+		return true
+	}
+	slash := strings.IndexByte(ref, '/')
+	if slash < 0 {
+		return false
+	}
+	first := ref[:slash]
+	if !strings.ContainsAny(first, ".:") && first != "localhost" || first == "index.docker.io" {
+		return false
+	}
+	name := ref
+	if i := strings.IndexByte(ref, '@'); i >= 0 {
+		if i < slash {
+			return false
+		}
+		name = ref[:i]
+		if first == "docker.io" && !strings.Contains(name[slash+1:], "/") {
+			return false
+		}
+		return true
+	}
+	if first == "docker.io" && !strings.Contains(ref[slash+1:], "/") {
+		return false
+	}
+	return strings.LastIndexByte(name, ':') > strings.LastIndexByte(name, '/')
+}
+
 func checkPath(path string) error {
 	for _, comp := range strings.Split(path, "/") {
 		if comp == "" {

@@ -70,6 +70,24 @@ func FuzzNormalize(f *testing.F) {
 		if app := string(Append(nil, in)); app != out {
 			t.Fatalf("Normalize(%q) = %q but Append writes %q", in, out, app)
 		}
+		if !IsNormal(out) {
+			t.Fatalf("IsNormal(%q) = false for Normalize's own output", out)
+		}
+	})
+}
+
+// FuzzIsNormal: IsNormal(s) is exactly "Append leaves s as it is", for any string.
+func FuzzIsNormal(f *testing.F) {
+	for _, s := range []string{"nginx", "docker.io/nginx:1", "docker.io/a/b:1", "ghcr.io/a@sha256:00", "index.docker.io/a/b:c", "localhost/x:1", "a.b/c", "a.b@x/y:1", "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if s == "" {
+			return
+		}
+		if got, want := IsNormal(s), string(Append(nil, s)) == s; got != want {
+			t.Fatalf("IsNormal(%q) = %v, Append writes %q", s, got, Append(nil, s))
+		}
 	})
 }
 
