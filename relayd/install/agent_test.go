@@ -105,7 +105,9 @@ func TestCNIAgentVersionMismatch(t *testing.T) {
 	if err := os.WriteFile(conf, orig, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	// The probe of the plugin runs under this context too: give a loaded machine time
+	// to start the fake plugin, then let the agent loop until the deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	err := CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "1.0.0", "1.1.0"), Interval: 20 * time.Millisecond}.Run(ctx)
 	if err != nil {
