@@ -378,6 +378,31 @@ func (m *Manager) Remove(id string) {
 	}
 }
 
+// Verify checks that a pod's table still holds exactly its capture and the kernel
+// decisions last installed (a periodic check for the daemon: a hand edit, or a kl-cni
+// ADD that reinstalled the plain capture, shows here).
+func (m *Manager) Verify(id string) error {
+	m.mu.Lock()
+	po := m.pods[id]
+	var plan *rules.KernelPlan
+	var gen uint8
+	if po != nil {
+		plan, gen = po.plan, po.gen
+	}
+	m.mu.Unlock()
+	if po == nil {
+		return fmt.Errorf("fastpath: pod %s is not registered", id)
+	}
+	if plan == nil {
+		return fmt.Errorf("fastpath: pod %s has no kernel decisions installed", id)
+	}
+	d := Compile(plan, gen)
+	if m.backend == nil {
+		return netns.VerifyDecisions(po.Netns, po.capture, d)
+	}
+	return netns.VerifyDecisionsWith(m.backend, po.Netns, po.capture, d)
+}
+
 // Close stops every watcher.
 func (m *Manager) Close() error {
 	m.mu.Lock()

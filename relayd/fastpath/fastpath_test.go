@@ -162,7 +162,19 @@ func TestManagerRecordsAndReload(t *testing.T) {
 	if len(hits) != 2 || hits[0] != (audit.Hit{Rule: 0, Dimension: "default", Count: 1}) || hits[1] != (audit.Hit{Rule: 1, Dimension: "cidr", Count: 2}) {
 		t.Errorf("hits %+v", hits)
 	}
+	if err := m.Verify("a"); err != nil {
+		t.Errorf("Verify: %v", err)
+	}
+	if err := netns.InstallWith(f, "/ns/a", capture); err != nil { // kl-cni ADD again
+		t.Fatal(err)
+	}
+	if err := m.Verify("a"); err == nil {
+		t.Error("Verify passed on a table without the decisions")
+	}
 	m.Remove("a")
+	if err := m.Verify("a"); err == nil {
+		t.Error("Verify of a removed pod passed")
+	}
 	if len(m.Status()) != 0 {
 		t.Error("pod still listed after Remove")
 	}
