@@ -80,6 +80,10 @@ type Server struct {
 	// both (the relay passes its own, with idle timeout and byte accounting). The
 	// default copies both ways with half-close, splicing between TCP connections.
 	Pipe func(client, up net.Conn)
+	// ConnContext, when set, derives the context of one client connection's requests
+	// (passed to Dial) from the server's, as http.Server.ConnContext does; the relay
+	// uses it to tell Dial which client connection asks.
+	ConnContext func(ctx context.Context, c net.Conn) context.Context
 }
 
 func (s *Server) handshakeTimeout() time.Duration {
@@ -166,7 +170,11 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, what string, handle
 					_ = c.Close()
 				}
 			}()
-			handle(ctx, c)
+			cctx := ctx
+			if s.ConnContext != nil {
+				cctx = s.ConnContext(ctx, c)
+			}
+			handle(cctx, c)
 		}()
 	}
 }

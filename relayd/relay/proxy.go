@@ -6,11 +6,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/proxy"
+	"github.com/kl-egress/kl/relayd/sockowner"
 	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 )
@@ -30,7 +32,7 @@ func (r *Relay) openProxy(p *pod, w api.Workload) error {
 	p.cancel = cancel
 	p.lns = []net.Listener{lh, ls}
 	p.ls = api.Listeners{HTTP: r.o.HTTPPort, SOCKS: r.o.SOCKSPort}
-	srv := &proxy.Server{Dial: r.proxyDial(p), Log: r.o.Log, Pipe: r.proxyPipe}
+	srv := &proxy.Server{Dial: r.proxyDial(p), Log: r.o.Log, Pipe: r.proxyPipe, ConnContext: r.proxyConnContext(w.Netns)}
 	for _, s := range []struct {
 		ln    net.Listener
 		serve func(context.Context, net.Listener) error
@@ -111,13 +113,33 @@ func (l trackingListener) Accept() (net.Conn, error) {
 
 type trackedConn struct {
 	net.Conn
-	p    *pod
-	exit string // the exit a dialed connection goes through ("" for client connections)
+	p       *pod
+	exit    string // the exit a dialed connection goes through ("" for client connections)
+	onClose func() // set before the connection is served
 }
 
 func (c *trackedConn) Close() error {
 	c.p.untrack(c.Conn)
+	if c.onClose != nil {
+		c.onClose()
+	}
 	return c.Conn.Close()
+}
+
+// clientKey carries a proxy client connection's owner-lookup key in its requests' context.
+type clientKey struct{}
+
+// proxyConnContext marks each proxy client connection with its tuple, so a policy with
+// process rules can find the program that connected; the owner is looked up once per
+// connection (kept-alive requests reuse it) and forgotten when it closes.
+func (r *Relay) proxyConnContext(nsPath string) func(context.Context, net.Conn) context.Context {
+	return func(ctx context.Context, c net.Conn) context.Context {
+		k := sockowner.Key{Netns: nsPath, Src: addrPort(c.RemoteAddr()), Dst: addrPort(c.LocalAddr())}
+		if tc, ok := c.(*trackedConn); ok {
+			tc.onClose = sync.OnceFunc(func() { r.o.Owners.Forget(k) })
+		}
+		return context.WithValue(ctx, clientKey{}, k)
+	}
 }
 
 // NetConn exposes the TCP connection (for splice and CloseWrite).
@@ -143,7 +165,13 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		}
 		dst := netip.AddrPortFrom(t.Addr.Addr().Unmap(), port)
 		f := rules.Flow{Labels: w.Labels, Image: w.Image, Host: t.Host, Dst: dst, At: time.Now(), ID: id}
-		d := r.o.Policy().Decide(&f)
+		pol := r.o.Policy()
+		if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
+			if k, ok := ctx.Value(clientKey{}).(sockowner.Key); ok {
+				f.Process = r.owner(k, w.ID, id)
+			}
+		}
+		d := pol.Decide(&f)
 		r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 		if r.o.Debug {
 			r.o.Log.Debug("decision", "workload", w.ID, "flow", id, "host", t.Host, "dst", dst, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())

@@ -25,6 +25,7 @@ import (
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/relayd/sniff"
+	"github.com/kl-egress/kl/relayd/sockowner"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -36,6 +37,16 @@ type Decider interface {
 }
 
 type hostNeeder interface{ NeedsHost() bool }
+
+// A Decider that also has NeedsProcess() bool gets the connecting process when it says
+// it needs it.
+type processNeeder interface{ NeedsProcess() bool }
+
+// OwnerFinder finds the process behind a connection (*sockowner.Finder).
+type OwnerFinder interface {
+	Lookup(k sockowner.Key) (rules.Process, error)
+	Forget(k sockowner.Key)
+}
 
 // Dest is where a flow was going.
 type Dest struct {
@@ -68,6 +79,9 @@ type Options struct {
 	Audit *audit.Log
 	// Metrics counts decisions, dials, active flows and bytes (nil: none).
 	Metrics *metrics.Metrics
+	// Owners finds a connection's process for policies with process rules (default
+	// sockowner.New(): sock_diag in the pod netns, then /proc).
+	Owners OwnerFinder
 
 	// listen, dial and origDst are test seams (netns.Listen, netns.Dial, netns.OriginalDst).
 	listen  func(nsPath, network, addr string) (net.Listener, error)
@@ -136,6 +150,9 @@ func New(o Options) *Relay {
 	}
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Owners == nil {
+		o.Owners = sockowner.New()
 	}
 	if o.SniffWait <= 0 {
 		o.SniffWait = 200 * time.Millisecond
@@ -419,6 +436,11 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		}
 		f.Host = host
 	}
+	if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
+		k := sockowner.Key{Netns: w.Netns, Src: addrPort(c.RemoteAddr()), Dst: dst}
+		f.Process = r.owner(k, w.ID, id)
+		defer r.o.Owners.Forget(k)
+	}
 	d := pol.Decide(&f)
 	r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 	if r.o.Debug {
@@ -469,6 +491,17 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	if err != nil && r.o.Debug {
 		log.Debug("flow ended", "workload", w.ID, "flow", id, "err", err)
 	}
+}
+
+// owner looks up the process behind connection k. A failure is an explicit unknown
+// (process rules do not match it), logged at debug level.
+func (r *Relay) owner(k sockowner.Key, workload string, flow uint64) rules.Process {
+	p, err := r.o.Owners.Lookup(k)
+	if err != nil {
+		r.o.Log.Debug("process unknown", "workload", workload, "flow", flow, "err", r.redact(err))
+		return rules.Process{}
+	}
+	return p
 }
 
 func (r *Relay) dialDirect(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, error) {
