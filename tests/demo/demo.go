@@ -201,6 +201,19 @@ func (d *demo) prepare(ctx context.Context, o Options) error {
 			return fmt.Errorf("%s is not installed (tests/deps.sh installs it)", tool)
 		}
 	}
+	// A run killed with SIGKILL cannot clean up; say what it left (names differ per run, so
+	// it is in nobody's way).
+	if list, err := output(ctx, "ip", "netns", "list"); err == nil {
+		var stale []string
+		for _, l := range strings.Split(list, "\n") {
+			if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], nsPrefix) {
+				stale = append(stale, f[0])
+			}
+		}
+		if len(stale) > 0 {
+			d.note(fmt.Sprintf("  note: %d netns named %s* exist already (an earlier demo killed with SIGKILL, or one running now); remove them with ip netns del NAME", len(stale), nsPrefix))
+		}
+	}
 	d.dir, err = os.MkdirTemp("", "kl-demo-")
 	if err != nil {
 		return err
