@@ -826,3 +826,52 @@ func TestLoadSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestAbort: when the daemon ends a flow abnormally (the workload reset it) while the
+// destination is still sending, the attach side drops its connection to the destination
+// instead of pushing bytes into a stream nobody reads.
+func TestAbort(t *testing.T) {
+	f := newFixture(t, clientAll)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ended := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, 32<<10)
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := c.Write(buf); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				close(ended)
+				return
+			}
+		}
+	}()
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	dst := ln.Addr().(*net.TCPAddr).AddrPort()
+	conn, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadFull(conn, make([]byte, 64<<10))
+	conn.Close()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the destination is still being read after the daemon aborted the flow")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Stats().Active != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("flow still active: %+v", c.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

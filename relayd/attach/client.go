@@ -106,7 +106,8 @@ type Client struct {
 	lastErr   string
 	byCode    map[string]uint64
 	pols      *policies
-	narrow    Selector // the session's own --selector, checked again on every flow
+	live      map[flowKey]func() // aborts of the flows being carried
+	narrow    Selector           // the session's own --selector, checked again on every flow
 }
 
 // NewClient checks the options and loads the TLS material.
@@ -169,7 +170,7 @@ func NewClient(o ClientOptions) (*Client, error) {
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	narrow, _ := ParseSelector(o.Selector)
-	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies(), narrow: narrow}, nil
+	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies(), narrow: narrow, live: map[flowKey]func(){}}, nil
 }
 
 // Stats returns the counters.
@@ -271,11 +272,15 @@ func (c *Client) Run(ctx context.Context) (err error) {
 	if w.Error != "" {
 		return &AuthError{Msg: w.Error}
 	}
-	var pm PolicyMsg
-	if err := readFrame(br, maxPolicyFrame, &pm); err != nil {
+	var first Control
+	if err := readFrame(br, maxPolicyFrame, &first); err != nil {
 		return fmt.Errorf("attach: no policy from the daemon: %w", err)
 	}
-	if err := c.pols.add(&pm); err != nil {
+	if first.Policy == nil {
+		return errors.New("attach: the daemon sent no policy")
+	}
+	pm := first.Policy
+	if err := c.pols.add(pm); err != nil {
 		return err
 	}
 	ctrl.SetDeadline(time.Time{})
@@ -295,12 +300,19 @@ func (c *Client) Run(ctx context.Context) (err error) {
 	ctlErr := make(chan error, 1)
 	go func() {
 		for {
-			var pm PolicyMsg
-			if err := readFrame(br, maxPolicyFrame, &pm); err != nil {
+			var m Control
+			if err := readFrame(br, maxPolicyFrame, &m); err != nil {
 				ctlErr <- err
 				return
 			}
-			if err := c.pols.add(&pm); err != nil {
+			if m.Abort != 0 {
+				c.abort(w.Session, m.Abort)
+			}
+			pm := m.Policy
+			if pm == nil {
+				continue
+			}
+			if err := c.pols.add(pm); err != nil {
 				c.o.Log.Error("attach: the daemon's policy does not load here; flows under it will be refused", "err", err)
 				continue
 			}
@@ -406,9 +418,44 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 	}
 	c.active.Add(1)
 	defer c.active.Add(-1)
+	defer c.track(sess, h.Flow, func() {
+		// The daemon ended the flow abnormally: reset the destination too.
+		if tc, ok := up.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		up.Close()
+		st.Close()
+	})()
 	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
 	out, in := c.pipe(st, br, up)
 	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via, BytesOut: out, BytesIn: in})
+}
+
+type flowKey struct {
+	session string
+	id      uint64
+}
+
+// track registers a flow's abort until the returned function is called.
+func (c *Client) track(sess string, id uint64, abort func()) func() {
+	k := flowKey{sess, id}
+	c.mu.Lock()
+	c.live[k] = abort
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		delete(c.live, k)
+		c.mu.Unlock()
+	}
+}
+
+func (c *Client) abort(sess string, id uint64) {
+	c.mu.Lock()
+	f := c.live[flowKey{sess, id}]
+	c.mu.Unlock()
+	if f != nil {
+		f()
+	}
 }
 
 // wants reports whether the flow's workload is within what this side asked to carry

@@ -356,11 +356,25 @@ func (se *session) sendPolicy(p *rules.Policy) error {
 	}
 	se.ctrl.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	defer se.ctrl.SetWriteDeadline(time.Time{})
-	if err := writeFrame(se.ctrl, PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}); err != nil {
+	if err := writeFrame(se.ctrl, Control{Policy: &PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}}); err != nil {
 		return err
 	}
 	se.sentHash = p.Hash()
 	return nil
+}
+
+// abort tells the attach side to drop a flow (off the caller's path: Close must not
+// block on a slow session).
+func (se *session) abort(id uint64) {
+	go func() {
+		se.ctrlMu.Lock()
+		defer se.ctrlMu.Unlock()
+		se.ctrl.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		defer se.ctrl.SetWriteDeadline(time.Time{})
+		if err := writeFrame(se.ctrl, Control{Abort: id}); err != nil {
+			se.mux.Close()
+		}
+	}()
 }
 
 // Reload sends the live policy to every session that does not hold it yet. The daemon
@@ -490,9 +504,9 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	if br.Buffered() > 0 {
 		// The attach side sends nothing after its verdict until the flow's own bytes, which
 		// the reader may already hold: keep them.
-		return &flowConn{Stream: st, pre: br}, nil
+		return &flowConn{Stream: st, pre: br, se: se, id: f.ID}, nil
 	}
-	return &flowConn{Stream: st}, nil
+	return &flowConn{Stream: st, se: se, id: f.ID}, nil
 }
 
 // flowConn is a flow stream as a net.Conn for the relay's copy: half-close is the
@@ -501,6 +515,11 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 type flowConn struct {
 	*yamux.Stream
 	pre *bufio.Reader
+	se  *session
+	id  uint64
+
+	readEOF, wroteEOF atomic.Bool
+	closeOnce         sync.Once
 }
 
 func (c *flowConn) Read(b []byte) (int, error) {
@@ -511,10 +530,28 @@ func (c *flowConn) Read(b []byte) (int, error) {
 	} else {
 		n, err = c.Stream.Read(b)
 	}
+	if err == io.EOF {
+		c.readEOF.Store(true)
+	}
 	return n, deadlineErr(err)
 }
 
-func (c *flowConn) CloseWrite() error { return c.Stream.Close() }
+// CloseWrite passes the workload's end of stream on (a half-close).
+func (c *flowConn) CloseWrite() error {
+	c.wroteEOF.Store(true)
+	return c.Stream.Close()
+}
+
+// Close ends the flow. Unless both directions ended cleanly, the attach side is told to
+// abort it, so it stops reading from the destination.
+func (c *flowConn) Close() error {
+	c.closeOnce.Do(func() {
+		if !c.readEOF.Load() || !c.wroteEOF.Load() {
+			c.se.abort(c.id)
+		}
+	})
+	return c.Stream.Close()
+}
 
 func deadlineErr(err error) error {
 	var ne net.Error

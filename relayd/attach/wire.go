@@ -50,6 +50,15 @@ type PolicyMsg struct {
 	Source []byte `json:"source"`
 }
 
+// Control is one message of the daemon on the control stream: a policy (at session
+// start and after every reload) or the abort of a flow the daemon ended abnormally (the
+// workload reset it, it idled out): yamux has no reset of its own, and without it the
+// attach side would keep pushing the destination's bytes into a stream nobody reads.
+type Control struct {
+	Policy *PolicyMsg `json:"policy,omitempty"`
+	Abort  uint64     `json:"abort,omitempty"`
+}
+
 // Header opens every flow stream (daemon to attach side): where the flow goes and the
 // whole decision context, so the attach side can take the same decision again.
 type Header struct {
