@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -115,6 +117,7 @@ func (d *demo) scenarios(ctx context.Context) error {
 	}
 	d.flow(ctx, test, npm, expect("egress-a", 2, "label", "egress-a"))
 	d.flow(ctx, dev, npm, expect("proxy", 1, "label", "egress-a"))
+	d.containerRules(ctx, builder)
 
 	// 5. Broken edit.
 	d.heading("5. A broken edit is rejected with its reason code; the previous rules keep working")
@@ -374,4 +377,28 @@ func (d *demo) showAudit(ctx context.Context) {
 	for i := max(0, len(lines)-3); i < len(lines); i++ {
 		fmt.Fprintf(d.out, "  %s\n", lines[i])
 	}
+}
+
+// containerRules compares the rules file kl-runtime mounted read-only into the builder
+// container (/etc/kl/rules.yaml, for hops that re-evaluate the policy) with the live
+// rules. It is reported, not counted: a bind mount of a single file keeps the inode it
+// was made with, so a file replaced by rename (editors, ConfigMap symlink swaps, this
+// demo) is not seen inside containers started before the change.
+func (d *demo) containerRules(ctx context.Context, p *pod) {
+	out, err := d.ctrd.ctr(ctx, "tasks", "exec", "--exec-id", fmt.Sprintf("cat%d", d.flowSeq), p.ctrID, "cat", "/etc/kl/rules.yaml")
+	if err != nil {
+		d.note(fmt.Sprintf("  (cannot read /etc/kl/rules.yaml in %s: %v)", p.name, err))
+		return
+	}
+	st, err := d.status(ctx)
+	if err != nil {
+		return
+	}
+	sum := sha256.Sum256([]byte(out))
+	if hex.EncodeToString(sum[:]) == st.Rules.Hash {
+		fmt.Fprintf(d.out, "  %s %s's read-only /etc/kl/rules.yaml is the live file (%.12s…)\n", d.style("32", "✓"), p.name, st.Rules.Hash)
+		return
+	}
+	fmt.Fprintf(d.out, "  %s %s's read-only /etc/kl/rules.yaml is still the file it started with (%.12s…, live %.12s…):\n", d.style("33", "⚠"), p.name, hex.EncodeToString(sum[:]), st.Rules.Hash)
+	d.note("    kl-runtime bind-mounts the file itself, which keeps the replaced inode; not counted as a failure")
 }
