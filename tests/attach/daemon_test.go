@@ -21,6 +21,7 @@ import (
 // listener from the settings file, the pod registered through its API, kl-ctl attach in
 // the laptop; the gateway exit dials from the daemon's own netns (KL_EGRESS_GATEWAY=1).
 func TestDaemon(t *testing.T) {
+	testutil.RequireTool(t, "squid")
 	tp := newTopo(t, clientPolicy)
 	tp.stopAttach() // the daemon's listener takes the address
 	rulesPath := filepath.Join(tp.dir, "rules.yaml")
@@ -102,6 +103,29 @@ credentials:
 	}
 	if seen, err := visit(p, gwHostAddr); err != nil || seen != nodeGwSide {
 		t.Fatalf("gateway route through kl-relayd: seen %s, %v", seen, err)
+	}
+	// A reload hands the session the new rules: a PAC sending the corp network through
+	// the laptop's squid.
+	squidLog := startSquid(t, tp)
+	must(t, os.WriteFile(rulesPath, []byte(`default: direct
+script: |
+  function FindProxyForURL(url, host) {
+    if (isInNet(host, "203.0.113.0", "255.255.255.0")) return "PROXY `+laptopCorp+`:3128";
+    return "DIRECT";
+  }
+`), 0o644))
+	must(t, client.Call(context.Background(), "POST", "/v1/reload", nil, nil))
+	if seen, err := visit(p, corpAddr); err != nil || seen != laptopCorp {
+		t.Fatalf("client route through squid after a reload: seen %s, %v\nkl-ctl:\n%s", seen, err, fg.out.String())
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, _ := os.ReadFile(squidLog)
+		if strings.Contains(string(b), "CONNECT "+corpAddr) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("squid's access log has no CONNECT %s:\n%s", corpAddr, b)
+		}
 	}
 	fg.stop()
 	deadline = time.Now().Add(10 * time.Second)
