@@ -67,6 +67,8 @@ type demo struct {
 	flowSeq                       int
 	passed, failed                int
 	noCtlStatus                   bool // kl-ctl has no working `status --json`
+	stepStart                     time.Time
+	inProgress                    bool // a progress line waits for its "done"
 }
 
 // pod is a workload the demo sends traffic from: a CNI pod (its own netns) or the
@@ -155,23 +157,18 @@ func (d *demo) style(code, s string) string {
 func (d *demo) heading(s string) { fmt.Fprintf(d.out, "\n%s\n", d.style("1", "== "+s)) }
 func (d *demo) note(s string)    { fmt.Fprintf(d.out, "%s\n", d.style("2", s)) }
 
-var (
-	stepStart  time.Time
-	inProgress bool
-)
-
 func (d *demo) progress(s string) {
-	if inProgress {
+	if d.inProgress {
 		fmt.Fprintln(d.out)
 	}
 	fmt.Fprintf(d.out, "• %s … ", s)
-	stepStart, inProgress = time.Now(), true
+	d.stepStart, d.inProgress = time.Now(), true
 }
 
 func (d *demo) done(start time.Time) {
-	inProgress = false
+	d.inProgress = false
 	if start.IsZero() {
-		start = stepStart
+		start = d.stepStart
 	}
 	fmt.Fprintf(d.out, "%s\n", d.style("2", fmt.Sprintf("done (%.1fs)", time.Since(start).Seconds())))
 }
