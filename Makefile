@@ -6,7 +6,7 @@ export KL_BIN := $(BIN)
 export KL_CNI_BIN := $(CURDIR)/.build/cni
 export GOFLAGS := -buildvcs=false
 
-.PHONY: all build deps test unit vet fuzz bench demo package clean
+.PHONY: all build deps test unit vet fuzz bench demo demo-explain package clean
 
 all: build
 
@@ -37,7 +37,13 @@ fuzz:
 bench: deps build
 	$(GO) run ./tests/bench
 
+# A live demo node on this machine (root): CNI pods, a containerd container through
+# kl-runtime, squid exits, destination hosts, all in network namespaces of its own.
 demo: build
+	@$(GO) run ./tests/demo
+
+# A walk through kl-ctl explain over the example files (no root needed).
+demo-explain: build
 	@examples/demo.sh
 
 # .build/kl_$(KL_VERSION)_amd64.deb: static binaries, unit, configs and snippets (nfpm from the module proxy).
