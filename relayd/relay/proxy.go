@@ -171,6 +171,23 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				f.Process = r.owner(k, w.ID, id)
 			}
 		}
+		// A name whose address rules could match (cidr rules, the metadata guard) is
+		// resolved once here; a direct dial then goes to the address that was checked.
+		var resolveErr error
+		if t.Host != "" && !dst.Addr().IsValid() && needsAddr(pol) {
+			rctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
+			addrs, err := r.o.resolve(rctx, t.Host)
+			cancel()
+			if err == nil && len(addrs) == 0 {
+				err = &net.DNSError{Err: "no addresses", Name: t.Host, IsNotFound: true}
+			}
+			if err != nil {
+				resolveErr = err
+			} else {
+				dst = netip.AddrPortFrom(addrs[0].Unmap(), port)
+				f.Dst = dst
+			}
+		}
 		d := pol.Decide(&f)
 		r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 		if r.o.Debug {
@@ -184,8 +201,15 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			r.record(d, f.At, "")
 			return nil, denied
 		case rules.ExitDirect:
+			target := t.String()
+			if dst.Addr().IsValid() {
+				target = dst.String() // the checked address: no second lookup
+			}
 			dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {
-				return r.o.dial(ctx, w.Netns, r.o.Mark, "tcp", t.String())
+				if resolveErr != nil {
+					return nil, resolveErr // the same lookup would fail again
+				}
+				return r.o.dial(ctx, w.Netns, r.o.Mark, "tcp", target)
 			}
 		default:
 			dial = r.o.Exits[d.Exit]
@@ -218,4 +242,30 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		}
 		return &trackedConn{Conn: c, p: p, exit: d.Exit}, nil
 	}
+}
+
+// addrRules is what a policy tells about its rules (*rules.Policy).
+type addrRules interface {
+	Len() int
+	Rule(i int) rules.RuleInfo
+	PatternForm() bool
+}
+
+// needsAddr reports whether a decision for a hostname-only flow could depend on the
+// address the name resolves to: the policy has cidr rules (or patterns, which may hold
+// prefixes). Scripts resolve names themselves (dnsResolve, isInNet).
+func needsAddr(pol Decider) bool {
+	ar, ok := pol.(addrRules)
+	if !ok {
+		return false
+	}
+	if ar.PatternForm() {
+		return true
+	}
+	for i := 1; i <= ar.Len(); i++ {
+		if ar.Rule(i).Dimension == rules.DimCIDR {
+			return true
+		}
+	}
+	return false
 }

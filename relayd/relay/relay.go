@@ -87,6 +87,7 @@ type Options struct {
 	listen  func(nsPath, network, addr string) (net.Listener, error)
 	dial    func(ctx context.Context, nsPath string, mark uint32, network, addr string) (net.Conn, error)
 	origDst func(c *net.TCPConn) (netip.AddrPort, error)
+	resolve func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
 // Relay serves the workloads' listeners. Its methods are safe for concurrent use; the
@@ -144,6 +145,11 @@ func New(o Options) *Relay {
 	}
 	if o.dial == nil {
 		o.dial = netns.Dial
+	}
+	if o.resolve == nil {
+		o.resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		}
 	}
 	if o.origDst == nil {
 		o.origDst = netns.OriginalDst
