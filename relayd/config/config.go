@@ -59,8 +59,11 @@ type Config struct {
 	Sniff          Sniff               `yaml:"sniff"`
 	Audit          Audit               `yaml:"audit"`
 	Metrics        string              `yaml:"metrics"` // host:port for Prometheus metrics; "" = off
-	Debug          bool                `yaml:"debug"`   // log destinations (off by default: SPEC §5)
-	Detached       bool                `yaml:"detached"`
+	// Docker is the Docker Engine socket the daemon asks for a registered container's
+	// labels and image when the registration lacks them ("" = no enrichment).
+	Docker   string `yaml:"docker"`
+	Debug    bool   `yaml:"debug"` // log destinations (off by default: SPEC §5)
+	Detached bool   `yaml:"detached"`
 
 	// Gateway is not read from the file: it is the operator's KL_EGRESS_GATEWAY=1 opt-in,
 	// set by the caller from the environment.

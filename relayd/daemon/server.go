@@ -84,6 +84,7 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 	if err := validate(wl); err != nil {
 		return api.Registration{}, err
 	}
+	wl = d.enrich(wl)
 	dev, ino, err := netnsID(wl.Netns)
 	if err != nil {
 		return api.Registration{}, fmt.Errorf("%w %s: %w", errInvalid, wl.ID, err)
