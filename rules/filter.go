@@ -109,3 +109,13 @@ func filterKeys[V any](m map[string]V) keyFilter {
 	}
 	return f
 }
+
+// suffixHash is prefixHash of s read backwards: a walk from the end of a name hashes
+// each of its suffixes in one pass.
+func suffixHash(s string) uint64 {
+	h := prefixSeed
+	for i := len(s) - 1; i >= 0; i-- {
+		h = prefixStep(h, s[i])
+	}
+	return prefixFinish(h)
+}

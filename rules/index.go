@@ -258,23 +258,43 @@ func (x *domainIndex) lookup(host string) int32 {
 	if x.exact == nil || host == "" {
 		return 0
 	}
+	// One pass from the end hashes every suffix after a dot and then the whole name
+	// (suffixHash), each probed through the filter.
 	best := none
-	if x.filter.maybe(host) {
+	if x.filter.bits == nil {
+		// A small index: no filter, nothing to hash.
 		if i, ok := x.exact[host]; ok {
 			best = i
 		}
-	}
-	if len(x.suffixes) > 0 {
-		for j := 0; j < len(host); j++ {
-			if host[j] != '.' || !x.filter.maybe(host[j+1:]) {
-				continue
+		if len(x.suffixes) > 0 {
+			for j := 0; j < len(host); j++ {
+				if host[j] == '.' {
+					if e := x.suffixes[host[j+1:]]; e != nil {
+						best = lower(best, e.wild)
+						if e.globs != nil {
+							best = firstGlob(e.globs, host, best)
+						}
+					}
+				}
 			}
+		}
+		return found(x.rest.first(host, best))
+	}
+	h := prefixSeed
+	for j := len(host) - 1; j >= 0; j-- {
+		if host[j] == '.' && len(x.suffixes) > 0 && x.filter.maybeH(prefixFinish(h)) {
 			if e := x.suffixes[host[j+1:]]; e != nil {
 				best = lower(best, e.wild)
 				if e.globs != nil {
 					best = firstGlob(e.globs, host, best)
 				}
 			}
+		}
+		h = prefixStep(h, host[j])
+	}
+	if x.filter.maybeH(prefixFinish(h)) {
+		if i, ok := x.exact[host]; ok {
+			best = lower(best, i)
 		}
 	}
 	return found(x.rest.first(host, best))
@@ -375,9 +395,9 @@ func (x *domainIndex) seal() {
 	x.rest.seal()
 	x.filter = newKeyFilter(len(x.exact) + len(x.suffixes))
 	for k := range x.exact {
-		x.filter.add(k)
+		x.filter.addH(suffixHash(k))
 	}
 	for k := range x.suffixes {
-		x.filter.add(k)
+		x.filter.addH(suffixHash(k))
 	}
 }

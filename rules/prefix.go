@@ -43,10 +43,14 @@ func (x *globSet) first(s string, best int32) int32 {
 		if n > len(s) {
 			break
 		}
-		for ; done < n; done++ {
-			h = prefixStep(h, s[done])
+		maybe := true
+		if x.filter.bits != nil {
+			for ; done < n; done++ {
+				h = prefixStep(h, s[done])
+			}
+			maybe = x.filter.maybeH(prefixFinish(h))
 		}
-		if x.filter.maybeH(prefixFinish(h)) {
+		if maybe {
 			if b := x.buckets[s[:n]]; b != nil {
 				best = firstGlob(b, s, best)
 			}

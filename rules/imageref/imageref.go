@@ -125,32 +125,47 @@ func Append(dst []byte, ref string) []byte {
 // unchanged: a registry host, a path and a tag or digest (or an image id). The rules
 // engine then uses ref as it is instead of copying it.
 func IsNormal(ref string) bool {
-	if len(ref) == len(imageIDPrefix)+64 && strings.HasPrefix(ref, imageIDPrefix) && isHex(ref[len(imageIDPrefix):], 64) {
+	if len(ref) == len(imageIDPrefix)+64 && ref[:len(imageIDPrefix)] == imageIDPrefix && isHex(ref[len(imageIDPrefix):], 64) {
 		return true
 	}
-	slash := strings.IndexByte(ref, '/')
-	if slash < 0 {
-		return false
-	}
-	first := ref[:slash]
-	if !strings.ContainsAny(first, ".:") && first != "localhost" || first == "index.docker.io" {
-		return false
-	}
-	name := ref
-	if i := strings.IndexByte(ref, '@'); i >= 0 {
-		if i < slash {
-			return false
+	// One pass: the first slash, whether the first component names a registry, a
+	// second slash, and the last ':' and '/' before any '@'.
+	slash, dotted, deep := -1, false, false
+	lastColon, lastSlash := -1, -1
+	for i := 0; i < len(ref); i++ {
+		switch ref[i] {
+		case '/':
+			if slash < 0 {
+				slash = i
+			} else {
+				deep = true
+			}
+			lastSlash = i
+		case '.', ':':
+			if slash < 0 {
+				dotted = true
+			}
+			if ref[i] == ':' {
+				lastColon = i
+			}
+		case '@':
+			// A digest: normal when the name before it is.
+			return slash >= 0 && normalHost(ref[:slash], dotted, deep)
 		}
-		name = ref[:i]
-		if first == "docker.io" && !strings.Contains(name[slash+1:], "/") {
-			return false
-		}
-		return true
 	}
-	if first == "docker.io" && !strings.Contains(ref[slash+1:], "/") {
+	return slash >= 0 && normalHost(ref[:slash], dotted, deep) && lastColon > lastSlash
+}
+
+// normalHost: a registry host that Append keeps as it is (with a path below docker.io
+// that is not an official image's).
+func normalHost(first string, dotted, deep bool) bool {
+	switch {
+	case first == "index.docker.io":
 		return false
+	case first == "docker.io":
+		return deep
 	}
-	return strings.LastIndexByte(name, ':') > strings.LastIndexByte(name, '/')
+	return dotted || first == "localhost"
 }
 
 func checkPath(path string) error {
