@@ -249,7 +249,7 @@ func (c *Client) Run(ctx context.Context) (err error) {
 	cfg.KeepAliveInterval = 15 * time.Second
 	cfg.MaxStreamWindowSize = streamWindow
 	cfg.AcceptBacklog = 1024
-	mux, err := yamux.Client(tc, cfg)
+	mux, err := yamux.Client(&coalescer{ReadWriteCloser: tc}, cfg)
 	if err != nil {
 		tc.Close()
 		return err
@@ -491,7 +491,9 @@ func (c *Client) pipe(st *yamux.Stream, br *bufio.Reader, up net.Conn) (out, in 
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		n, _ := io.Copy(countWriter{up, &c.bytesOut}, br)
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		n, _ := io.CopyBuffer(countWriter{up, &c.bytesOut}, struct{ io.Reader }{br}, *bp)
 		out = uint64(n)
 		if cw, ok := up.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
@@ -499,7 +501,9 @@ func (c *Client) pipe(st *yamux.Stream, br *bufio.Reader, up net.Conn) (out, in 
 			up.Close()
 		}
 	}()
-	n, _ := io.Copy(countWriter{st, &c.bytesIn}, up)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	n, _ := io.CopyBuffer(countWriter{st, &c.bytesIn}, struct{ io.Reader }{up}, *bp)
 	in = uint64(n)
 	st.Close()
 	wg.Wait()

@@ -226,7 +226,7 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 		c.Close()
 		return
 	}
-	mux, err := yamux.Server(c, s.muxConfig())
+	mux, err := yamux.Server(&coalescer{ReadWriteCloser: c}, s.muxConfig())
 	if err != nil {
 		c.Close()
 		return
@@ -534,6 +534,15 @@ func (c *flowConn) Read(b []byte) (int, error) {
 		c.readEOF.Store(true)
 	}
 	return n, deadlineErr(err)
+}
+
+// ReadFrom copies from the workload's connection in large chunks: every Write to a
+// stream is one frame that waits for the session to send it, so bigger writes amortise
+// that round trip (the relay's copy finds this through the connection's WriteTo).
+func (c *flowConn) ReadFrom(r io.Reader) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	return io.CopyBuffer(struct{ io.Writer }{c.Stream}, struct{ io.Reader }{r}, *bp)
 }
 
 // CloseWrite passes the workload's end of stream on (a half-close).

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/kl-egress/kl/rules"
@@ -172,3 +173,7 @@ func decodeStrict(b []byte, v any) error {
 // may have in flight over the session. It bounds the memory a flow can hold at the
 // receiving side and, with the round trip, the flow's throughput.
 var streamWindow uint32 = 1 << 20
+
+// copyBufs are the buffers of the flows' copies: large, since each write to a stream is
+// one frame the writer waits for.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
