@@ -176,4 +176,4 @@ var streamWindow uint32 = 1 << 20
 
 // copyBufs are the buffers of the flows' copies: large, since each write to a stream is
 // one frame the writer waits for.
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
