@@ -150,6 +150,21 @@ func TestCredentials(t *testing.T) {
 	if tp.srv.Live(&a.w) {
 		t.Error("a refused credential left a live session")
 	}
+	t.Run("client certificate", func(t *testing.T) {
+		cert, key := tp.pki.Issue("bob@laptop", false)
+		b := tp.addPod("pod-b", 2, map[string]string{"team": "pay"})
+		k := tp.klctl(nil, "attach", "--server", attachAddr, "--ca", tp.pki.CAFile, "--cert", cert, "--key", key, "--selector", "team=pay")
+		tp.waitLive(&b.w, true)
+		if tp.srv.Live(&a.w) {
+			t.Error("bob's session may carry pod-a, whose labels his credential does not match")
+		}
+		if seen, err := visit(b, corpAddr); err != nil || seen != laptopCorp {
+			t.Errorf("client route with a certificate session: seen %s, %v\n%s", seen, err, k.out.String())
+		}
+		if !strings.Contains(tp.log.String(), "auth=certificate") {
+			t.Error("the daemon did not log the certificate authentication")
+		}
+	})
 }
 
 // TestPACProxy: a PAC answering `PROXY host:port` for the corp network routes the flow

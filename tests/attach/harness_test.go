@@ -131,7 +131,10 @@ func newTopo(t testing.TB, policy string) *topo {
 	must(t, os.WriteFile(tp.tokenFile, []byte(token+"\n"), 0o600))
 	tp.srv, err = attach.NewServer(attach.ServerOptions{
 		Settings: &attach.Settings{Listen: attachAddr, Cert: tp.pki.Cert, Key: tp.pki.Key, ClientCA: tp.pki.CAFile,
-			Credentials: []attach.Credential{{Name: "alice", Token: token, Workloads: []string{"pod-a"}}}},
+			Credentials: []attach.Credential{
+				{Name: "alice", Token: token, Workloads: []string{"pod-a"}},
+				{Name: "bob", Subject: "bob@laptop", Selector: "team=pay"},
+			}},
 		Policy: tp.policy.Load, Log: log, Audit: tp.audit,
 	})
 	must(t, err)
