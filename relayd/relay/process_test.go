@@ -175,4 +175,20 @@ func TestProcessProxyMode(t *testing.T) {
 		_, f := owners.calls()
 		t.Errorf("forgotten %+v, want both client connections", f)
 	}
+	// A client connection still open when the workload goes away is forgotten too.
+	c, err := net.Dial("tcp4", proxyAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n", backend)
+	if line, _ := bufio.NewReader(c).ReadString('\n'); !strings.Contains(line, " 200") {
+		t.Fatalf("CONNECT: %q", line)
+	}
+	h.r.Close("p")
+	if !waitFor(func() bool { _, f := owners.calls(); return len(f) == 3 }) {
+		_, f := owners.calls()
+		t.Errorf("forgotten %+v after Close, want the open connection too", f)
+	}
 }

@@ -32,7 +32,7 @@ func (r *Relay) openProxy(p *pod, w api.Workload) error {
 	p.cancel = cancel
 	p.lns = []net.Listener{lh, ls}
 	p.ls = api.Listeners{HTTP: r.o.HTTPPort, SOCKS: r.o.SOCKSPort}
-	srv := &proxy.Server{Dial: r.proxyDial(p), Log: r.o.Log, Pipe: r.proxyPipe, ConnContext: r.proxyConnContext(w.Netns)}
+	srv := &proxy.Server{Dial: r.proxyDial(p), Log: r.o.Log, Pipe: r.proxyPipe, ConnContext: proxyConnContext}
 	for _, s := range []struct {
 		ln    net.Listener
 		serve func(context.Context, net.Listener) error
@@ -40,7 +40,7 @@ func (r *Relay) openProxy(p *pod, w api.Workload) error {
 		p.serve.Add(1)
 		go func() {
 			defer p.serve.Done()
-			if err := s.serve(ctx, trackingListener{s.ln, p}); err != nil {
+			if err := s.serve(ctx, trackingListener{s.ln, p, r.ownerKey(w.Netns)}); err != nil {
 				r.o.Log.Warn("proxy stopped", "workload", w.ID, "err", err)
 			}
 		}()
@@ -95,7 +95,8 @@ func bare(c net.Conn) net.Conn {
 // workload ends its proxied connections too.
 type trackingListener struct {
 	net.Listener
-	p *pod
+	p        *pod
+	onAccept func(*trackedConn) // prepares the connection before it is tracked
 }
 
 func (l trackingListener) Accept() (net.Conn, error) {
@@ -104,22 +105,27 @@ func (l trackingListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.p.track(c) {
-			return &trackedConn{Conn: c, p: l.p}, nil
+		tc := &trackedConn{Conn: c, p: l.p}
+		if l.onAccept != nil {
+			l.onAccept(tc)
 		}
-		c.Close()
+		if l.p.track(tc) {
+			return tc, nil
+		}
+		tc.Close()
 	}
 }
 
 type trackedConn struct {
 	net.Conn
 	p       *pod
-	exit    string // the exit a dialed connection goes through ("" for client connections)
-	onClose func() // set before the connection is served
+	exit    string        // the exit a dialed connection goes through ("" for client connections)
+	key     sockowner.Key // a client connection's tuple (for process lookups)
+	onClose func()        // set before the connection is tracked
 }
 
 func (c *trackedConn) Close() error {
-	c.p.untrack(c.Conn)
+	c.p.untrack(c)
 	if c.onClose != nil {
 		c.onClose()
 	}
@@ -129,17 +135,24 @@ func (c *trackedConn) Close() error {
 // clientKey carries a proxy client connection's owner-lookup key in its requests' context.
 type clientKey struct{}
 
-// proxyConnContext marks each proxy client connection with its tuple, so a policy with
-// process rules can find the program that connected; the owner is looked up once per
-// connection (kept-alive requests reuse it) and forgotten when it closes.
-func (r *Relay) proxyConnContext(nsPath string) func(context.Context, net.Conn) context.Context {
-	return func(ctx context.Context, c net.Conn) context.Context {
-		k := sockowner.Key{Netns: nsPath, Src: addrPort(c.RemoteAddr()), Dst: addrPort(c.LocalAddr())}
-		if tc, ok := c.(*trackedConn); ok {
-			tc.onClose = sync.OnceFunc(func() { r.o.Owners.Forget(k) })
-		}
-		return context.WithValue(ctx, clientKey{}, k)
+// ownerKey marks each proxy client connection with its tuple, so a policy with process
+// rules can find the program that connected; the owner is looked up once per connection
+// (kept-alive requests reuse it) and forgotten when the connection closes, also when the
+// workload goes away.
+func (r *Relay) ownerKey(nsPath string) func(*trackedConn) {
+	return func(tc *trackedConn) {
+		k := sockowner.Key{Netns: nsPath, Src: addrPort(tc.RemoteAddr()), Dst: addrPort(tc.LocalAddr())}
+		tc.key = k
+		tc.onClose = sync.OnceFunc(func() { r.o.Owners.Forget(k) })
 	}
+}
+
+// proxyConnContext hands a client connection's tuple to its requests' dials.
+func proxyConnContext(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*trackedConn); ok && tc.key.Netns != "" {
+		return context.WithValue(ctx, clientKey{}, tc.key)
+	}
+	return ctx
 }
 
 // NetConn exposes the TCP connection (for splice and CloseWrite).
@@ -236,11 +249,12 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			return nil, audit.Redacted(err)
 		}
 		r.record(d, f.At, "")
-		if !p.track(c) {
+		tc := &trackedConn{Conn: c, p: p, exit: d.Exit}
+		if !p.track(tc) {
 			c.Close()
 			return nil, ErrClosed
 		}
-		return &trackedConn{Conn: c, p: p, exit: d.Exit}, nil
+		return tc, nil
 	}
 }
 
