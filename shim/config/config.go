@@ -1,6 +1,6 @@
 // Package config is the OCI wrapper's own settings file (/etc/kl/runtime.yaml), shared by
 // kl-runtime and kl-hook: which real runtime to exec, the node's default egress mode, the
-// proxy variables per mode, the rules file, the hook, the relay socket and the operator's
+// proxy variables per mode, the rules (published directory or file), the hook, the relay socket and the operator's
 // exemptions. It is plain data plus one function that fills defaults and validates; it
 // does not touch a spec.
 package config
@@ -21,6 +21,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/publish"
 )
 
 // DefaultPath is where kl-runtime and kl-hook look unless KL_RUNTIME_CONFIG says otherwise.
@@ -31,6 +32,10 @@ const EnvPath = "KL_RUNTIME_CONFIG"
 
 // ContainerRulesPath is where the node's rules file appears inside every container.
 const ContainerRulesPath = "/etc/kl/rules.yaml"
+
+// ContainerRulesDir is where the published-rules directory is mounted in every container;
+// ContainerRulesPath resolves through it.
+const ContainerRulesDir = "/etc/kl"
 
 // Config is the wrapper's settings.
 type Config struct {
@@ -48,7 +53,13 @@ type Config struct {
 	// Force lists variable names (any case; "*" = all) kl sets even when the image or
 	// user set them.
 	Force []string `yaml:"force"`
-	// Rules is the node's rules file, mounted read-only at /etc/kl/rules.yaml; "-" disables the mount.
+	// PublishedRules is the directory kl-relayd publishes its last good rules into
+	// (relayd/publish). When it holds them, it is mounted read-only at /etc/kl, so a
+	// rules change reaches running containers; otherwise Rules is mounted as a single
+	// file (which pins the file as it was at container start). "-" never mounts it.
+	PublishedRules string `yaml:"publishedRules"`
+	// Rules is the node's rules file, mounted read-only at /etc/kl/rules.yaml when the
+	// published directory is not available; "-" disables every rules mount.
 	Rules string `yaml:"rules"`
 	// Hook is the absolute path of kl-hook; empty means kl-hook beside kl-runtime.
 	Hook string `yaml:"hook"`
@@ -192,6 +203,12 @@ func (c *Config) Default() error {
 	}
 	if c.Rules != "-" && !filepath.IsAbs(c.Rules) {
 		return fmt.Errorf("%w: rules %q must be an absolute path", ErrConfig, c.Rules)
+	}
+	if c.PublishedRules == "" {
+		c.PublishedRules = publish.DefaultDir
+	}
+	if c.PublishedRules != "-" && !filepath.IsAbs(c.PublishedRules) {
+		return fmt.Errorf("%w: publishedRules %q must be an absolute path", ErrConfig, c.PublishedRules)
 	}
 	if c.Hook == "" {
 		exe, err := os.Executable()

@@ -29,7 +29,7 @@ func TestDefaults(t *testing.T) {
 	}
 	exe, _ := os.Executable()
 	if c.Runtime != "runc" || c.Mode != api.ModeTransparent || c.Proxy.HTTPPort != 15080 || c.Proxy.SOCKSPort != 15081 || !*c.Proxy.AllProxy ||
-		c.Rules != api.DefaultRulesPath || c.RelaySocket != api.DefaultSocket || c.Hook != filepath.Join(filepath.Dir(exe), "kl-hook") || c.HookTimeout != 30 {
+		c.Rules != api.DefaultRulesPath || c.PublishedRules != "/run/kl/rules" || c.RelaySocket != api.DefaultSocket || c.Hook != filepath.Join(filepath.Dir(exe), "kl-hook") || c.HookTimeout != 30 {
 		t.Errorf("defaults = %+v", c)
 	}
 }
@@ -39,6 +39,7 @@ func TestParseBad(t *testing.T) {
 		{"unknown key", "modes: proxy\n", "field modes not found"},
 		{"bad mode", "mode: off\n", `mode "off"`},
 		{"relative rules", "rules: rules.yaml\n", "absolute"},
+		{"relative published rules", "publishedRules: run/kl/rules\n", "publishedRules"},
 		{"relative hook", "hook: kl-hook\n", "absolute"},
 		{"bad cidr", "capture:\n  excludeCIDRs: [10.0.0.300/8]\n", "excludeCIDRs[0]"},
 		{"noProxy list in one", "noProxy: ['a,b']\n", "noProxy[0]"},

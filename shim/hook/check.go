@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
 	"github.com/kl-egress/kl/shim/docker"
 )
@@ -42,13 +43,25 @@ func Check(ctx context.Context, cfg *config.Config, relay Relay, out io.Writer) 
 	} else {
 		line(true, "hook", cfg.Hook)
 	}
-	if cfg.Rules == "-" {
+	var pubErr error
+	if cfg.PublishedRules == "-" {
+		pubErr = errors.New("publishedRules: -")
+	} else if cfg.PublishedRules != "" {
+		pubErr = publish.Check(cfg.PublishedRules)
+	}
+	switch {
+	case cfg.Rules == "-":
 		fmt.Fprintln(out, "ok   rules    not mounted (rules: -)")
-	} else if f, err := os.Open(cfg.Rules); err != nil {
-		line(false, "rules", err.Error())
-	} else {
-		f.Close()
-		line(true, "rules", cfg.Rules+" -> "+config.ContainerRulesPath+" (read-only)")
+	case pubErr == nil:
+		line(true, "rules", cfg.PublishedRules+" -> "+config.ContainerRulesDir+" (read-only, follows reloads)")
+	default:
+		if f, err := os.Open(cfg.Rules); err != nil {
+			line(false, "rules", err.Error())
+		} else {
+			f.Close()
+			fmt.Fprintf(out, "warn rules    %s -> %s (read-only, pinned at container start: published directory unavailable: %v)\n",
+				cfg.Rules, config.ContainerRulesPath, pubErr)
+		}
 	}
 	if regs, err := relay.List(ctx); err != nil {
 		if cfg.FailOpen {

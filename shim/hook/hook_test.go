@@ -11,6 +11,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
 )
 
@@ -198,7 +199,7 @@ func TestCheck(t *testing.T) {
 	hookBin := filepath.Join(dir, "kl-hook")
 	os.WriteFile(hookBin, []byte("#!/bin/sh\n"), 0o755)
 	p := filepath.Join(dir, "runtime.yaml")
-	os.WriteFile(p, []byte("runtime: sh\nrules: "+rules+"\nhook: "+hookBin+"\ndockerSocket: "+filepath.Join(dir, "none.sock")+"\n"), 0o644)
+	os.WriteFile(p, []byte("runtime: sh\npublishedRules: "+filepath.Join(dir, "published")+"\nrules: "+rules+"\nhook: "+hookBin+"\ndockerSocket: "+filepath.Join(dir, "none.sock")+"\n"), 0o644)
 	fr := &fakeRelay{regs: map[string]api.Registration{"a": {}}}
 	newRelay = func(*config.Config) Relay { return fr }
 	t.Cleanup(func() {
@@ -208,11 +209,23 @@ func TestCheck(t *testing.T) {
 	if err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out); err != nil {
 		t.Fatalf("check: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "ok   rules    " + rules, "(1 workloads registered)", "not answering"} {
+	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "warn rules    " + rules, "(1 workloads registered)", "not answering"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("check output lacks %q:\n%s", want, out.String())
 		}
 	}
+	// Once kl-relayd published its rules, the directory is what containers get.
+	if err := publish.Publish(filepath.Join(dir, "published"), []byte("default: direct\n")); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out); err != nil {
+		t.Fatalf("check: %v\n%s", err, out.String())
+	}
+	if want := "ok   rules    " + filepath.Join(dir, "published") + " -> /etc/kl (read-only, follows reloads)"; !strings.Contains(out.String(), want) {
+		t.Errorf("check output lacks %q:\n%s", want, out.String())
+	}
+	os.RemoveAll(filepath.Join(dir, "published"))
 	fr.err = api.ErrUnreachable
 	out.Reset()
 	os.Remove(rules)

@@ -118,13 +118,16 @@ func envName(kv string) string {
 	return kv
 }
 
-// Mount adds a mount. Any mount the spec already has at the same destination is removed
-// first, so a workload cannot put its own file where kl's belongs.
+// Mount adds a mount. Any mount the spec already has at the same destination, or at one
+// of the Replace destinations, is removed first, so a workload cannot put its own file
+// where kl's belongs, and a second application (even one that picked the other of two
+// alternative mounts) leaves exactly one of kl's.
 type Mount struct {
 	Destination string
 	Type        string
 	Source      string
 	Options     []string
+	Replace     []string // further destinations whose mounts are dropped
 }
 
 var _ Modifier = Mount{}
@@ -137,11 +140,17 @@ func (m Mount) Modify(s *Spec) error {
 		return fmt.Errorf("mount source %q and destination %q must be absolute paths", m.Source, m.Destination)
 	}
 	list, _ := s.doc["mounts"].([]any)
-	dst := filepath.Clean(m.Destination)
+	drop := map[string]bool{filepath.Clean(m.Destination): true}
+	for _, r := range m.Replace {
+		if !filepath.IsAbs(r) {
+			return fmt.Errorf("mount destination %q to replace must be an absolute path", r)
+		}
+		drop[filepath.Clean(r)] = true
+	}
 	out := make([]any, 0, len(list)+1)
 	for _, x := range list {
 		if mm, ok := x.(map[string]any); ok {
-			if d, _ := mm["destination"].(string); d != "" && filepath.Clean(d) == dst {
+			if d, _ := mm["destination"].(string); d != "" && drop[filepath.Clean(d)] {
 				continue
 			}
 		}

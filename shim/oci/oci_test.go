@@ -16,7 +16,7 @@ func testMods() List {
 			{"HTTPS_PROXY", "http://127.0.0.1:15080"}, {"https_proxy", "http://127.0.0.1:15080"},
 			{"NODE_USE_ENV_PROXY", "1"},
 		}, Force: []string{"http_proxy"}},
-		Mount{Destination: "/etc/kl/rules.yaml", Type: "bind", Source: "/etc/kl/rules.yaml", Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+		Mount{Destination: "/etc/kl", Type: "bind", Source: "/run/kl/rules", Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}, Replace: []string{"/etc/kl/rules.yaml"}},
 		Hook{Stage: "createRuntime", Path: "/usr/local/bin/kl-hook", Args: []string{"kl-hook", "create"}, Timeout: 30},
 		Hook{Stage: "poststop", Path: "/usr/local/bin/kl-hook", Args: []string{"kl-hook", "delete"}, Timeout: 30},
 	}
@@ -61,6 +61,41 @@ func TestGolden(t *testing.T) {
 	}
 	if bytes.Contains(got, []byte("/home/evil")) {
 		t.Errorf("the workload's own mount at /etc/kl/rules.yaml survived")
+	}
+	if bytes.Contains(got, []byte("/home/evil-dir")) {
+		t.Errorf("the workload's own mount at /etc/kl/ survived")
+	}
+}
+
+// TestMountAlternatives applies the two rules mounts kl-runtime chooses between (the
+// published directory or the single file) in every order: one kl mount remains, the last.
+func TestMountAlternatives(t *testing.T) {
+	opts := []string{"rbind", "ro", "nosuid", "nodev", "noexec"}
+	dir := Mount{Destination: "/etc/kl", Type: "bind", Source: "/run/kl/rules", Options: opts, Replace: []string{"/etc/kl/rules.yaml"}}
+	file := Mount{Destination: "/etc/kl/rules.yaml", Type: "bind", Source: "/etc/kl/rules.yaml", Options: opts, Replace: []string{"/etc/kl"}}
+	for _, order := range [][]Mount{{dir, file}, {file, dir}, {dir, dir, file, dir}} {
+		data, _ := os.ReadFile("testdata/spec.json")
+		s, err := Parse("spec.json", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range order {
+			if err := m.Modify(s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		last := order[len(order)-1]
+		var dsts []string
+		for _, x := range s.doc["mounts"].([]any) {
+			dsts = append(dsts, x.(map[string]any)["destination"].(string))
+		}
+		if want := "/proc " + last.Destination; strings.Join(dsts, " ") != want {
+			t.Errorf("after %v: mounts at %q, want %q", order, dsts, want)
+		}
+	}
+	bad := Mount{Destination: "/etc/kl", Type: "bind", Source: "/run/kl/rules", Replace: []string{"etc/kl/rules.yaml"}}
+	if err := bad.Modify(&Spec{doc: map[string]any{}}); err == nil {
+		t.Error("a relative Replace destination was accepted")
 	}
 }
 

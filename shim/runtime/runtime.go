@@ -1,6 +1,7 @@
 // Package runtime is kl-runtime, a runc-compatible OCI runtime wrapper. On `create` and
 // `run` it edits the bundle's config.json (proxy variables for the container's egress
-// mode, a read-only bind mount of the node's rules file, kl-hook at createRuntime and
+// mode, a read-only bind mount of the node's rules (kl-relayd's published-rules directory
+// at /etc/kl, else the rules file itself), kl-hook at createRuntime and
 // poststop) and then execs the real runtime (runc, crun) with the command line exactly as
 // it came; every other command is exec'd straight away. It never writes to stdout.
 //
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
 	"github.com/kl-egress/kl/shim/docker"
 	"github.com/kl-egress/kl/shim/oci"
@@ -125,7 +127,7 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 		return nil
 	}
 	hasNet, netPath := spec.HasNamespace("network")
-	mods, err := Modifiers(cfg, info, !hasNet, environ)
+	mods, err := Modifiers(cfg, info, !hasNet, environ, log.With("id", info.ID))
 	if err != nil {
 		return err
 	}
@@ -143,23 +145,17 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 // Modifiers returns the edits for one container. hostNetwork is true when the container
 // shares the host's network namespace: proxy-mode variables would point at listeners that
 // do not exist there, so they are left out (the hook logs that it skips the container).
-func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ []string) (oci.List, error) {
+func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ []string, log *slog.Logger) (oci.List, error) {
 	var mods oci.List
 	if !(hostNetwork && info.Mode == api.ModeProxy) {
 		if vars := ProxyVars(cfg, info.Mode, environ); len(vars) > 0 {
 			mods = append(mods, oci.Env{Vars: vars, Force: cfg.Force})
 		}
 	}
-	if cfg.Rules != "-" {
-		if _, err := os.Stat(cfg.Rules); err != nil {
-			return nil, fmt.Errorf("rules file to mount at %s: %w", config.ContainerRulesPath, err)
-		}
-		mods = append(mods, oci.Mount{
-			Destination: config.ContainerRulesPath,
-			Type:        "bind",
-			Source:      cfg.Rules,
-			Options:     []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
-		})
+	if m, ok, err := RulesMount(cfg, log); err != nil {
+		return nil, err
+	} else if ok {
+		mods = append(mods, m)
 	}
 	if info.Mode == api.ModeProxy || info.Mode == api.ModeTransparent {
 		base := []string{filepath.Base(cfg.Hook)}
@@ -177,6 +173,46 @@ func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ
 		}
 	}
 	return mods, nil
+}
+
+// rulesMountOptions keep the rules read-only and inert in the container.
+var rulesMountOptions = []string{"rbind", "ro", "nosuid", "nodev", "noexec"}
+
+// RulesMount returns the read-only mount that puts the node's rules at
+// /etc/kl/rules.yaml (ok false: rules mounting is off). It prefers kl-relayd's published
+// directory, mounted at /etc/kl: rules.yaml inside resolves through the directory's
+// symlinks, so every later publish reaches the running container. When that directory is
+// missing or unfit (logged), it falls back to a bind mount of the rules file itself,
+// which shows the file as it was when the container started. Either mount replaces the
+// other and any mount the workload put at /etc/kl or /etc/kl/rules.yaml.
+func RulesMount(cfg *config.Config, log *slog.Logger) (oci.Mount, bool, error) {
+	if cfg.Rules == "-" {
+		return oci.Mount{}, false, nil
+	}
+	if cfg.PublishedRules != "-" && cfg.PublishedRules != "" {
+		err := publish.Check(cfg.PublishedRules)
+		if err == nil {
+			return oci.Mount{
+				Destination: config.ContainerRulesDir,
+				Type:        "bind",
+				Source:      cfg.PublishedRules,
+				Options:     rulesMountOptions,
+				Replace:     []string{config.ContainerRulesPath},
+			}, true, nil
+		}
+		log.Warn("published rules directory unavailable: mounting the rules file itself, later rules changes will not reach this container",
+			"published", cfg.PublishedRules, "rules", cfg.Rules, "why", err)
+	}
+	if _, err := os.Stat(cfg.Rules); err != nil {
+		return oci.Mount{}, false, fmt.Errorf("rules file to mount at %s: %w", config.ContainerRulesPath, err)
+	}
+	return oci.Mount{
+		Destination: config.ContainerRulesPath,
+		Type:        "bind",
+		Source:      cfg.Rules,
+		Options:     rulesMountOptions,
+		Replace:     []string{config.ContainerRulesDir},
+	}, true, nil
 }
 
 // report adds err to the runtime log the engine asked for with --log (containerd and

@@ -2,12 +2,14 @@ package runtime
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
 	"github.com/kl-egress/kl/shim/docker"
 	"github.com/kl-egress/kl/shim/oci"
@@ -30,6 +32,10 @@ func testConfig(t *testing.T, yaml string) *config.Config {
 	}
 	p := filepath.Join(dir, "runtime.yaml")
 	body := "rules: " + rules + "\nhook: /opt/kl/kl-hook\n" + yaml
+	if !strings.Contains(yaml, "publishedRules:") {
+		// Hermetic: never the node's own /run/kl/rules.
+		body += "publishedRules: " + filepath.Join(dir, "published") + "\n"
+	}
 	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +141,81 @@ func TestPrepare(t *testing.T) {
 			}
 			if f, _ := s.Field("future"); f == nil {
 				t.Errorf("unknown field lost")
+			}
+		})
+	}
+}
+
+func TestRulesMount(t *testing.T) {
+	published := func(t *testing.T) string {
+		dir := filepath.Join(t.TempDir(), "rules")
+		if err := publish.Publish(dir, []byte("default: direct\n")); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	tests := []struct {
+		name      string
+		published func(t *testing.T) string // "" leaves the test config's (missing) directory
+		rules     string                    // overrides the test config's rules file
+		wantDst   string                    // "" = no mount
+		wantLog   string
+		wantErr   string
+	}{
+		{name: "published directory", published: published, wantDst: "/etc/kl"},
+		{name: "published directory without a rules file", published: published, rules: "/nonexistent/rules.yaml", wantDst: "/etc/kl"},
+		{name: "missing directory falls back", wantDst: "/etc/kl/rules.yaml", wantLog: "no such file"},
+		{name: "foreign directory falls back", published: func(t *testing.T) string {
+			dir := t.TempDir()
+			os.WriteFile(filepath.Join(dir, "relayd.yaml"), []byte("secret"), 0o600)
+			os.WriteFile(filepath.Join(dir, "rules.yaml"), []byte("default: direct\n"), 0o644)
+			return dir
+		}, wantDst: "/etc/kl/rules.yaml", wantLog: "relayd.yaml"},
+		{name: "published disabled", published: func(*testing.T) string { return "-" }, wantDst: "/etc/kl/rules.yaml"},
+		{name: "rules disabled", published: published, rules: "-"},
+		{name: "neither", rules: "/nonexistent/rules.yaml", wantErr: "rules file to mount at /etc/kl/rules.yaml"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t, "")
+			if tt.published != nil {
+				cfg.PublishedRules = tt.published(t)
+			}
+			if tt.rules != "" {
+				cfg.Rules = tt.rules
+			}
+			var logs strings.Builder
+			m, ok, err := RulesMount(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("RulesMount = %v, want error %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !ok {
+				if tt.wantDst != "" {
+					t.Fatalf("no mount, want one at %s", tt.wantDst)
+				}
+				return
+			}
+			if m.Destination != tt.wantDst || m.Type != "bind" || !slices.Equal(m.Options, []string{"rbind", "ro", "nosuid", "nodev", "noexec"}) {
+				t.Errorf("mount = %+v, want %s", m, tt.wantDst)
+			}
+			wantSrc, wantReplace := cfg.Rules, "/etc/kl"
+			if tt.wantDst == "/etc/kl" {
+				wantSrc, wantReplace = cfg.PublishedRules, "/etc/kl/rules.yaml"
+			}
+			if m.Source != wantSrc || !slices.Equal(m.Replace, []string{wantReplace}) {
+				t.Errorf("mount = %+v, want source %s replacing %s", m, wantSrc, wantReplace)
+			}
+			if tt.wantLog == "" && logs.Len() > 0 {
+				t.Errorf("unexpected log: %s", logs.String())
+			}
+			if tt.wantLog != "" && (!strings.Contains(logs.String(), tt.wantLog) || !strings.Contains(logs.String(), "level=WARN")) {
+				t.Errorf("log %q lacks a warning with %q", logs.String(), tt.wantLog)
 			}
 		})
 	}
