@@ -52,7 +52,8 @@ var ErrForeign = errors.New("not a published-rules directory")
 
 // Publisher writes one published-rules directory.
 type Publisher struct {
-	// Dir is the directory; created (0755) when missing.
+	// Dir is the directory; created when missing, and always made 0755. It must outlive
+	// the daemon (containers mount this very directory: a new one is not seen by them).
 	Dir string
 	// Grace is how long a superseded generation is kept; 0 removes it at once.
 	Grace time.Duration
@@ -81,6 +82,11 @@ func (p *Publisher) Publish(src []byte) error {
 		return fmt.Errorf("publish rules: %w", err)
 	}
 	defer d.Close()
+	// The daemon runs with a strict umask (the systemd unit's 0077), but the directory
+	// is the root of /etc/kl in containers that run as any user: it must be 0755.
+	if err := d.Chmod(0o755); err != nil {
+		return fmt.Errorf("publish rules: %w", err)
+	}
 	if err := flock(d); err != nil {
 		return fmt.Errorf("publish rules: lock %s: %w", p.Dir, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -65,6 +66,27 @@ func TestPublishLayout(t *testing.T) {
 	slices.Sort(names)
 	if want := []string{data, DataLink, FileName}; !slices.Equal(names, want) {
 		t.Errorf("entries %q, want %q", names, want)
+	}
+}
+
+// TestPublishUmask: under kl-relayd's systemd umask (0077) every entry containers
+// traverse is still readable by any user.
+func TestPublishUmask(t *testing.T) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	dir := filepath.Join(t.TempDir(), "rules")
+	if err := Publish(dir, []byte("default: direct\n")); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]os.FileMode{
+		dir:                          0o755,
+		filepath.Join(dir, DataLink): 0o755, // the generation it points at
+		filepath.Join(dir, FileName): 0o644,
+	} {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, %v; want %v", p, fi.Mode(), err, want)
+		}
 	}
 }
 

@@ -29,6 +29,10 @@ func klEnv(t *testing.T, dir, extra string) (env []string, relay *fakeRelay) {
 	if !strings.Contains(extra, "dockerSocket:") {
 		extra += "dockerSocket: \"-\"\n"
 	}
+	if !strings.Contains(extra, "publishedRules:") {
+		// Hermetic: never the node's own /run/kl/rules; these tests mount the file.
+		extra += "publishedRules: " + filepath.Join(dir, "no-published-rules") + "\n"
+	}
 	cfg := writeConfig(t, dir, fmt.Sprintf("rules: %s\nhook: %s\nrelaySocket: %s\nrelayTimeout: 2s\nlogFile: %s\nlogLevel: debug\nnoProxy: [corp.example, 10.0.0.0/8]\n%s",
 		rules, filepath.Join(bins(t), "kl-hook"), relay.Socket, filepath.Join(dir, "kl.log"), extra))
 	return []string{"KL_RUNTIME_CONFIG=" + cfg}, relay
