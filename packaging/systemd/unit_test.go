@@ -104,6 +104,7 @@ func TestUnitSettings(t *testing.T) {
 		{"LimitCORE", "0"},
 		{"LimitNOFILE", "1048576"},
 		{"RuntimeDirectory", "kl"},
+		{"RuntimeDirectoryPreserve", "yes"}, // containers mount /run/kl/rules (relayd/publish)
 		{"StateDirectory", "kl"},
 		{"LogsDirectory", "kl"},
 		{"Restart", "always"},
