@@ -277,6 +277,36 @@ func TestUpstreams(t *testing.T) {
 		if !strings.Contains(status, " 200") || !strings.HasPrefix(line, squidAddr+":") {
 			t.Errorf("CONNECT app.example via squid: %q, destination saw %q", status, line)
 		}
+		if exit, dim, _ := last(t); exit != "proxy" || dim != "domain" {
+			t.Errorf("CONNECT app.example decision %s/%s, want proxy/domain", exit, dim)
+		}
+		// SOCKS5 with a domain address: port 8082 alone would pick dante; the domain
+		// rule (a higher tier) sends it to squid.
+		t.Run("socks5 domain", func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := netns.Dial(ctx, p.ns.Path, 0, "tcp", "127.0.0.1:15081")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			name := "app.example"
+			req := append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len(name))}, name...)
+			req = append(req, 8082>>8, 8082&0xff)
+			c.Write(req)
+			rep := make([]byte, 2+10)
+			if _, err := io.ReadFull(c, rep); err != nil || rep[1] != 0 || rep[3] != 0 {
+				t.Fatalf("SOCKS5 replies %v: %v", rep, err)
+			}
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			if !strings.HasPrefix(line, squidAddr+":") {
+				t.Errorf("destination saw %q, want squid %s", line, squidAddr)
+			}
+			if exit, dim, _ := last(t); exit != "proxy" || dim != "domain" {
+				t.Errorf("decision %s/%s, want proxy/domain", exit, dim)
+			}
+		})
 		// The metadata guard sends 169.254.169.254 direct even under default: proxy.
 		status, line = connect(t, "169.254.169.254:8080")
 		if !strings.Contains(status, " 200") || !strings.HasPrefix(line, p.v4.String()+":") {
