@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -873,5 +874,45 @@ func TestAbort(t *testing.T) {
 			t.Fatalf("flow still active: %+v", c.Stats())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPeerReset: a destination that resets the connection on the attach side makes the
+// daemon's side of the flow fail with ECONNRESET (the relay then resets the workload's
+// connection), not end cleanly.
+func TestPeerReset(t *testing.T) {
+	f := newFixture(t, clientAll)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		c.Write([]byte("hi\n"))
+		time.Sleep(100 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	}()
+	f.attach(ClientOptions{Token: testToken}, payWorkload)
+	dst := ln.Addr().(*net.TCPAddr).AddrPort()
+	conn, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "hi\n" {
+		t.Fatalf("greeting %q, %v", buf, err)
+	}
+	// The relay's copy keeps moving its read deadline; a reset must win anyway.
+	conn.SetReadDeadline(time.Now().Add(time.Minute))
+	_, err = conn.Read(buf)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after the destination reset = %v, want ECONNRESET", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -107,6 +108,7 @@ type Client struct {
 	byCode    map[string]uint64
 	pols      *policies
 	live      map[flowKey]func() // aborts of the flows being carried
+	ctrl      *ctrlStream        // the live session's control stream
 	narrow    Selector           // the session's own --selector, checked again on every flow
 }
 
@@ -287,10 +289,11 @@ func (c *Client) Run(ctx context.Context) (err error) {
 	c.sessions.Add(1)
 	c.mu.Lock()
 	c.connected, c.session, c.scope, c.since = true, w.Session, w.Scope, time.Now()
+	c.ctrl = &ctrlStream{session: w.Session, st: ctrl}
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		c.connected = false
+		c.connected, c.ctrl = false, nil
 		c.mu.Unlock()
 	}()
 	c.o.Log.Info("attach session started", "session", w.Session, "credential", w.Credential, "scope", w.Scope, "policy", pm.Hash)
@@ -427,8 +430,14 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		st.Close()
 	})()
 	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
-	out, in := c.pipe(st, br, up)
+	out, in := c.pipe(sess, h.Flow, st, br, up)
 	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via, BytesOut: out, BytesIn: in})
+}
+
+type ctrlStream struct {
+	session string
+	mu      sync.Mutex
+	st      *yamux.Stream
 }
 
 type flowKey struct {
@@ -447,6 +456,21 @@ func (c *Client) track(sess string, id uint64, abort func()) func() {
 		delete(c.live, k)
 		c.mu.Unlock()
 	}
+}
+
+// sendAbort tells the daemon that the destination reset flow id.
+func (c *Client) sendAbort(sess string, id uint64) bool {
+	c.mu.Lock()
+	ctl := c.ctrl
+	c.mu.Unlock()
+	if ctl == nil || ctl.session != sess {
+		return false
+	}
+	ctl.mu.Lock()
+	defer ctl.mu.Unlock()
+	ctl.st.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	defer ctl.st.SetWriteDeadline(time.Time{})
+	return writeFrame(ctl.st, Control{Abort: id}) == nil
 }
 
 func (c *Client) abort(sess string, id uint64) {
@@ -486,7 +510,7 @@ func short(h string) string {
 
 // pipe copies both ways between the stream and the destination until both directions
 // end, passing half-closes on, and counts the bytes.
-func (c *Client) pipe(st *yamux.Stream, br *bufio.Reader, up net.Conn) (out, in uint64) {
+func (c *Client) pipe(sess string, id uint64, st *yamux.Stream, br *bufio.Reader, up net.Conn) (out, in uint64) {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -503,8 +527,15 @@ func (c *Client) pipe(st *yamux.Stream, br *bufio.Reader, up net.Conn) (out, in 
 	}()
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
-	n, _ := io.CopyBuffer(countWriter{st, &c.bytesIn}, struct{ io.Reader }{up}, *bp)
+	n, err := io.CopyBuffer(countWriter{st, &c.bytesIn}, struct{ io.Reader }{up}, *bp)
 	in = uint64(n)
+	if errors.Is(err, syscall.ECONNRESET) && c.sendAbort(sess, id) {
+		// The destination reset the connection: the daemon resets the workload's too
+		// (it answers with its own abort, which closes the stream here), rather than a
+		// clean end of stream.
+		wg.Wait()
+		return out, in
+	}
 	st.Close()
 	wg.Wait()
 	return out, in

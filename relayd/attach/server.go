@@ -17,6 +17,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -90,6 +91,28 @@ type session struct {
 
 	flows   atomic.Uint64
 	refused atomic.Uint64
+
+	liveMu sync.Mutex
+	live   map[uint64]*flowConn // flows being carried, by id
+}
+
+func (se *session) track(c *flowConn) *flowConn {
+	se.liveMu.Lock()
+	se.live[c.id] = c
+	se.liveMu.Unlock()
+	return c
+}
+
+// reset ends a flow the attach side saw reset by its destination: the relay's read
+// fails with ECONNRESET, so the workload's connection is reset too.
+func (se *session) reset(id uint64) {
+	se.liveMu.Lock()
+	c := se.live[id]
+	se.liveMu.Unlock()
+	if c != nil {
+		c.peerReset.Store(true)
+		c.Stream.SetReadDeadline(time.Now())
+	}
 }
 
 // SessionInfo describes a live session for status output.
@@ -266,7 +289,7 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 	}
 	c.SetDeadline(time.Time{})
 	done()
-	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), ctrl: ctrl}
+	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), ctrl: ctrl, live: map[uint64]*flowConn{}}
 	if err := writeFrame(ctrl, Welcome{Version: Version, Session: se.id, Credential: cred.Name, Scope: sc.String()}); err != nil {
 		return
 	}
@@ -281,7 +304,18 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 	// The attach side sends nothing more on the control stream: EOF or an error there,
 	// or the session dying, ends the session.
 	eof := make(chan struct{})
-	go func() { io.Copy(io.Discard, br); close(eof) }()
+	go func() {
+		defer close(eof)
+		for {
+			var m Control
+			if err := readFrame(br, maxSmallFrame, &m); err != nil {
+				return
+			}
+			if m.Abort != 0 {
+				se.reset(m.Abort)
+			}
+		}
+	}()
 	select {
 	case <-eof:
 	case <-mux.CloseChan():
@@ -504,9 +538,9 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	if br.Buffered() > 0 {
 		// The attach side sends nothing after its verdict until the flow's own bytes, which
 		// the reader may already hold: keep them.
-		return &flowConn{Stream: st, pre: br, se: se, id: f.ID}, nil
+		return se.track(&flowConn{Stream: st, pre: br, se: se, id: f.ID}), nil
 	}
-	return &flowConn{Stream: st, se: se, id: f.ID}, nil
+	return se.track(&flowConn{Stream: st, se: se, id: f.ID}), nil
 }
 
 // flowConn is a flow stream as a net.Conn for the relay's copy: half-close is the
@@ -518,11 +552,22 @@ type flowConn struct {
 	se  *session
 	id  uint64
 
-	readEOF, wroteEOF atomic.Bool
-	closeOnce         sync.Once
+	readEOF, wroteEOF, peerReset atomic.Bool
+	closeOnce                    sync.Once
+}
+
+// SetReadDeadline keeps a reset flow's deadline in the past, whatever the copy sets.
+func (c *flowConn) SetReadDeadline(t time.Time) error {
+	if c.peerReset.Load() {
+		t = time.Now()
+	}
+	return c.Stream.SetReadDeadline(t)
 }
 
 func (c *flowConn) Read(b []byte) (int, error) {
+	if c.peerReset.Load() {
+		return 0, &net.OpError{Op: "read", Net: "attach", Err: syscall.ECONNRESET}
+	}
 	var n int
 	var err error
 	if c.pre != nil && c.pre.Buffered() > 0 {
@@ -532,6 +577,9 @@ func (c *flowConn) Read(b []byte) (int, error) {
 	}
 	if err == io.EOF {
 		c.readEOF.Store(true)
+	}
+	if err != nil && c.peerReset.Load() {
+		return n, &net.OpError{Op: "read", Net: "attach", Err: syscall.ECONNRESET}
 	}
 	return n, deadlineErr(err)
 }
@@ -558,6 +606,9 @@ func (c *flowConn) Close() error {
 		if !c.readEOF.Load() || !c.wroteEOF.Load() {
 			c.se.abort(c.id)
 		}
+		c.se.liveMu.Lock()
+		delete(c.se.live, c.id)
+		c.se.liveMu.Unlock()
 	})
 	return c.Stream.Close()
 }
