@@ -51,10 +51,12 @@ type PolicyMsg struct {
 	Source []byte `json:"source"`
 }
 
-// Control is one message of the daemon on the control stream: a policy (at session
-// start and after every reload) or the abort of a flow the daemon ended abnormally (the
-// workload reset it, it idled out): yamux has no reset of its own, and without it the
-// attach side would keep pushing the destination's bytes into a stream nobody reads.
+// Control is one message on the control stream. From the daemon: a policy (at session
+// start and after every reload) or the abort of a flow it ended abnormally (the workload
+// reset it, it idled out), without which the attach side would keep pushing the
+// destination's bytes into a stream nobody reads. From the attach side: the abort of a
+// flow whose destination reset the connection, so the workload's is reset too. yamux
+// has no stream reset of its own.
 type Control struct {
 	Policy *PolicyMsg `json:"policy,omitempty"`
 	Abort  uint64     `json:"abort,omitempty"`
