@@ -2,11 +2,14 @@ package relay
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -191,4 +194,50 @@ func TestProcessProxyMode(t *testing.T) {
 		_, f := owners.calls()
 		t.Errorf("forgotten %+v after Close, want the open connection too", f)
 	}
+}
+
+// TestLogsKeepDestinationsOut: a failed exit is logged with its cause, never the
+// destination (debug off).
+func TestLogsKeepDestinationsOut(t *testing.T) {
+	dst := netip.MustParseAddrPort("203.0.113.7:4")
+	var logs lockedLog
+	exits := map[string]DialFunc{"proxy": func(context.Context, *api.Workload, Dest) (net.Conn, error) {
+		return nil, fmt.Errorf("upstream http://127.0.0.9:3128: %w", &net.OpError{Op: "dial", Net: "tcp", Addr: net.TCPAddrFromAddrPort(dst), Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)})
+	}}
+	h := newHarnessWith(t, fakeDecider{4: "proxy"}, time.Minute, exits, func(o *Options) {
+		o.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	h.setDst(dst)
+	if _, err := h.r.Open(workload("a")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+	if err == nil {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.ReadAll(c)
+		c.Close()
+	}
+	if !waitFor(func() bool { return strings.Contains(logs.String(), "connection refused") }) {
+		t.Fatalf("log lacks the cause:\n%s", logs.String())
+	}
+	if s := logs.String(); strings.Contains(s, "203.0.113") || !strings.Contains(s, "127.0.0.9:3128") {
+		t.Errorf("log names the destination or lost the upstream:\n%s", s)
+	}
+}
+
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

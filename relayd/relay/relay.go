@@ -515,16 +515,13 @@ func (r *Relay) dialDirect(ctx context.Context, w *api.Workload, dst Dest) (net.
 }
 
 // redact keeps destinations out of the log unless debugging is on (SPEC §5): dial and
-// socket errors name the address they failed on.
+// socket errors name the address they failed on. It is the audit record's reason text
+// (audit.Reason), which keeps the cause and the upstream's own address.
 func (r *Relay) redact(err error) any {
 	if r.o.Debug {
 		return err
 	}
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Err != nil {
-		return oe.Err.Error()
-	}
-	return "(details hidden; enable debug)"
+	return audit.Reason(err)
 }
 
 // record writes the decision's audit record; reason says why the flow did not go out.
