@@ -14,6 +14,28 @@ type Status struct {
 	Goroutines int         `json:"goroutines"`
 	Hits       []RuleHit   `json:"hits,omitempty"`   // decisions per rule (rule 0: per dimension default/guard/script)
 	Recent     []Decision  `json:"recent,omitempty"` // the most recent decision records, oldest first
+	// FastPath says whether the kernel fast path is on; Kernel is its state per
+	// transparent workload, by id; KernelHits counts the flows it decided per rule (they
+	// are in Hits too).
+	FastPath   bool           `json:"fastPath"`
+	Kernel     []KernelStatus `json:"kernel,omitempty"`
+	KernelHits []RuleHit      `json:"kernelHits,omitempty"`
+}
+
+// KernelStatus is how much of one workload's policy its own nftables table decides (the
+// kernel fast path): flows those entries match are decided, and audited, without the relay.
+type KernelStatus struct {
+	ID            string   `json:"id"`
+	Share         float64  `json:"kernelShare"`   // fraction of the plan's entries the kernel decides
+	Entries       int      `json:"entries"`       // plan entries (the metadata guard excluded)
+	KernelEntries int      `json:"kernelEntries"` // of which the kernel decides
+	AllKernel     bool     `json:"allKernel"`     // no flow of the workload reaches the relay
+	Flows         uint64   `json:"kernelFlows"`   // kernel-decided flows recorded
+	Lost          uint64   `json:"lostEvents"`    // conntrack events lost (those flows have no record)
+	Generation    uint8    `json:"generation"`
+	Policy        string   `json:"policy"`          // hash of the rules the installed plan came from
+	Error         string   `json:"error,omitempty"` // the last install's failure (the previous table stays)
+	Plan          []string `json:"plan,omitempty"`  // the entries in words (small plans only)
 }
 
 // RuleHit counts the decisions one rule made.

@@ -64,6 +64,10 @@ type Config struct {
 	Docker   string `yaml:"docker"`
 	Debug    bool   `yaml:"debug"` // log destinations (off by default: SPEC §5)
 	Detached bool   `yaml:"detached"`
+	// NoFastPath turns the kernel fast path off: every transparent flow is redirected to
+	// the relay (by default flows the kernel can decide alike are decided in the pod's
+	// nftables table and audited from conntrack).
+	NoFastPath bool `yaml:"noFastPath"`
 
 	// Gateway is not read from the file: it is the operator's KL_EGRESS_GATEWAY=1 opt-in,
 	// set by the caller from the environment.

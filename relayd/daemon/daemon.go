@@ -29,6 +29,7 @@ import (
 	"github.com/kl-egress/kl/relayd/attach"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/fastpath"
 	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
@@ -142,6 +143,7 @@ type Daemon struct {
 	store   *registry.Store
 	relay   *relay.Relay
 	audit   *audit.Log
+	fast    *fastpath.Manager // nil when the kernel fast path is off
 	metrics *metrics.Metrics
 	metReg  *prometheus.Registry // nil when metrics are off
 	ready   atomic.Bool
@@ -179,6 +181,9 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	}
 	if d.audit, err = audit.New(cfg.Audit.Path, cfg.Audit.MaxBytes, cfg.Audit.Keep, cfg.Audit.Ring); err != nil {
 		return nil, err
+	}
+	if !cfg.NoFastPath {
+		d.fast = fastpath.New(fastpath.Options{Sink: d.audit, Log: log, RedirectPort: cfg.RedirectPort})
 	}
 	d.relay = relay.New(relay.Options{
 		RedirectPort:   cfg.RedirectPort,
@@ -281,6 +286,7 @@ wait:
 	_ = srv.Shutdown(sctx)
 	_ = d.relay.Shutdown(sctx)
 	os.Remove(d.cfg.Socket)
+	d.fastClose()
 	if err := d.audit.Close(); err != nil {
 		d.log.Warn("audit log", "err", err)
 	}
@@ -329,6 +335,7 @@ func (d *Daemon) restore() {
 			continue
 		}
 		d.regs[w.ID] = e
+		d.fastRegister(w)
 		kept++
 	}
 	if len(entries) > 0 {
@@ -354,9 +361,11 @@ func (d *Daemon) reap(ctx context.Context) {
 			}
 			d.log.Info("dropping registration: its netns is gone", "workload", id)
 			d.relay.Close(id)
+			d.fastRemove(id)
 			d.store.Delete(id)
 			delete(d.regs, id)
 		}
+		d.fastVerify()
 		d.mu.Unlock()
 	}
 }

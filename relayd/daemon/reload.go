@@ -42,5 +42,6 @@ func (d *Daemon) Reload() error {
 	}
 	d.log.Info("rules loaded", "path", d.cfg.Rules, "hash", p.Hash())
 	d.attachReload()
+	d.fastReload()
 	return nil
 }

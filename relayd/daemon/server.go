@@ -123,6 +123,7 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 		return api.Registration{}, err
 	}
 	d.regs[wl.ID] = e
+	d.fastRegister(wl)
 	d.log.Info("registered", "workload", wl.ID, "mode", wl.Mode, "source", wl.Source, "pod", wl.Namespace+"/"+wl.Name, "took", time.Since(start))
 	return e.Registration, nil
 }
@@ -136,6 +137,7 @@ func (d *Daemon) Deregister(id string) error {
 	defer d.mu.Unlock()
 	_, known := d.regs[id]
 	d.relay.Close(id)
+	d.fastRemove(id)
 	delete(d.regs, id)
 	if err := d.store.Delete(id); err != nil {
 		return err
@@ -216,7 +218,7 @@ func (d *Daemon) Status() api.Status {
 		recent = append(recent, api.Decision{At: r.At, Rule: r.Rule, Priority: r.Priority, Dimension: r.Dimension,
 			Exit: r.Exit, Note: r.Note, Reason: r.Reason, Path: r.Path})
 	}
-	return api.Status{
+	s := api.Status{
 		Ready:      d.ready.Load(),
 		StartedAt:  d.started.UTC(),
 		Rules:      rs,
@@ -228,6 +230,8 @@ func (d *Daemon) Status() api.Status {
 		Hits:       hits,
 		Recent:     recent,
 	}
+	d.fastStatus(&s)
+	return s
 }
 
 func (d *Daemon) handleStatus(w http.ResponseWriter, _ *http.Request) {

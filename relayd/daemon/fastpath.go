@@ -1,0 +1,99 @@
+package daemon
+
+import (
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/fastpath"
+)
+
+// The kernel fast path (package fastpath) of transparent workloads: on registration (and
+// restore) the pod's table gets the kernel-decidable part of its policy, a reload swaps
+// every pod's table, the reap loop puts back decisions a plain capture reinstall removed.
+// A failure is logged only: the pod keeps its plain capture and the relay decides every
+// flow, as without the fast path. Callers hold d.mu, so a registration and a reload never
+// install plans of different policies out of order.
+
+// fastAdd installs w's kernel decisions under the live policy (w exactly as the relay
+// hands it to Decide: labels and image after enrichment).
+func (d *Daemon) fastAdd(w api.Workload) error {
+	if d.fast == nil {
+		return nil
+	}
+	if w.Mode != api.ModeTransparent {
+		d.fast.Remove(w.ID) // a refresh into proxy mode
+		return nil
+	}
+	return d.fast.Add(fastpath.Pod{ID: w.ID, Netns: w.Netns, Labels: w.Labels, Image: w.Image}, d.policy.Load())
+}
+
+// fastRegister is fastAdd on the registration path: an error is logged, never returned.
+func (d *Daemon) fastRegister(w api.Workload) {
+	if err := d.fastAdd(w); err != nil {
+		d.log.Warn("kernel fast path not installed; the relay decides every flow of the workload", "workload", w.ID, "err", err)
+	}
+}
+
+func (d *Daemon) fastRemove(id string) {
+	if d.fast != nil {
+		d.fast.Remove(id)
+	}
+}
+
+// fastReload swaps every registered pod's table to the live policy.
+func (d *Daemon) fastReload() {
+	if d.fast == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.fast.Reload(d.policy.Load()); err != nil {
+		d.log.Error("kernel fast path reload: the previous tables stay for these workloads", "err", err)
+	}
+}
+
+// fastVerify checks every transparent workload's table (d.mu held) and installs the
+// kernel decisions again where they are missing or changed: a kl-cni ADD or CHECK, or an
+// OCI hook that installed the capture after registering, left the plain capture.
+func (d *Daemon) fastVerify() {
+	if d.fast == nil {
+		return
+	}
+	for id, e := range d.regs {
+		w := e.Registration.Workload
+		if w.Mode != api.ModeTransparent {
+			continue
+		}
+		err := d.fast.Verify(id)
+		if err == nil {
+			continue
+		}
+		d.log.Debug("kernel decisions missing or changed; installing them again", "workload", id, "err", err)
+		if err := d.fastAdd(w); err != nil {
+			d.log.Debug("kernel fast path not installed", "workload", id, "err", err)
+		} else {
+			d.log.Info("kernel decisions installed again", "workload", id)
+		}
+	}
+}
+
+func (d *Daemon) fastClose() {
+	if d.fast != nil {
+		_ = d.fast.Close()
+	}
+}
+
+// fastStatus is the fast path's part of Status.
+func (d *Daemon) fastStatus(s *api.Status) {
+	if d.fast == nil {
+		return
+	}
+	s.FastPath = true
+	for _, p := range d.fast.Status() {
+		s.Kernel = append(s.Kernel, api.KernelStatus{
+			ID: p.ID, Share: p.Share, Entries: p.Entries, KernelEntries: p.Kernel, AllKernel: p.AllKernel,
+			Flows: p.Flows, Lost: p.Lost, Generation: p.Generation, Policy: p.Policy, Error: p.Error, Plan: p.Plan,
+		})
+	}
+	for _, h := range d.fast.Hits() {
+		s.KernelHits = append(s.KernelHits, api.RuleHit{Rule: h.Rule, Dimension: h.Dimension, Count: h.Count})
+	}
+}
