@@ -20,6 +20,11 @@ import (
 // no such session the flow is refused, never sent another way.
 func (s *Server) Exit() relay.DialFunc {
 	return func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+		if f, d, ok := relay.FlowFrom(ctx); ok {
+			// The relay's own flow and decision: the attach side re-decides exactly what
+			// the relay decided, same timestamp and id.
+			return s.Dial(ctx, w, f, &d)
+		}
 		f := rules.Flow{Labels: w.Labels, Image: w.Image, Host: dst.Host, Dst: dst.Addr}
 		if !dst.Addr.IsValid() {
 			f.Dst = netip.AddrPortFrom(netip.Addr{}, dst.Port)

@@ -237,7 +237,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		dctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 		defer cancel()
 		dialStart := time.Now()
-		c, err := dial(dctx, w, Dest{Addr: dst, Host: t.Host, Port: port})
+		c, err := dial(withFlow(dctx, &f, &d), w, Dest{Addr: dst, Host: t.Host, Port: port})
 		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
 			r.record(d, f.At, audit.Reason(err))

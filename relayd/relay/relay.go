@@ -475,7 +475,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(ctx, w, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
+	up, err := dial(withFlow(ctx, &f, &d), w, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
@@ -538,4 +538,25 @@ func (r *Relay) record(d rules.Decision, at time.Time, reason string) {
 
 func unavailable(exit string) string {
 	return "exit " + exit + " is not available in this relay"
+}
+
+type flowKey struct{}
+
+type flowInfo struct {
+	f rules.Flow
+	d rules.Decision
+}
+
+func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision) context.Context {
+	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d})
+}
+
+// FlowFrom returns, inside an exit's DialFunc, the flow the relay decided (with its
+// timestamp and id) and the decision, so a next hop can take the same decision again.
+func FlowFrom(ctx context.Context) (rules.Flow, rules.Decision, bool) {
+	fi, ok := ctx.Value(flowKey{}).(*flowInfo)
+	if !ok {
+		return rules.Flow{}, rules.Decision{}, false
+	}
+	return fi.f, fi.d, true
 }

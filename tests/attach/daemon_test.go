@@ -153,3 +153,32 @@ script: |
 		t.Errorf("%d audit records of client flows refused for want of a session, want 2: %+v", n, st.Recent)
 	}
 }
+// TestRandomScript: a script routing corp flows to the client by Math.random and Date;
+// every flow the relay routed client is carried (the attach side drew the same number
+// from the same flow id), every other one was denied.
+func TestRandomScript(t *testing.T) {
+	tp := newTopo(t, `default: direct
+script: |
+  function FindProxyForURL(url, host) {
+    if (!isInNet(host, "203.0.113.0", "255.255.255.0")) return "DIRECT";
+    var d = new Date();
+    return (Math.random() < 0.5 || d.getUTCMilliseconds() % 3 == 0) ? "CLIENT" : "DENY";
+  }
+`)
+	a := tp.addPod("pod-a", 1, nil)
+	tp.klctl(nil, "attach", "--server", attachAddr, "--ca", tp.pki.CAFile, "--token-file", tp.tokenFile, "--quiet")
+	tp.waitLive(&a.w, true)
+	carried := 0
+	for range 30 {
+		if _, err := visit(a, corpAddr); err == nil {
+			carried++
+		}
+	}
+	st := tp.rel.Stats()
+	if uint64(carried) != st.ByExit[rules.ExitClient] || carried == 0 || carried == 30 {
+		t.Errorf("%d flows carried, relay routed %d to the client (%v)", carried, st.ByExit[rules.ExitClient], st.ByExit)
+	}
+	if strings.Contains(tp.log.String(), "E_ROUTE_MISMATCH") || strings.Contains(tp.log.String(), "does not route this flow") {
+		t.Errorf("a hop disagreed with the relay:\n%s", tp.log.String())
+	}
+}
