@@ -45,7 +45,15 @@ type Finder struct {
 
 	mu    sync.Mutex
 	cache map[Key]result
+	hints map[uint64][]int // per netns inode: pids that owned its sockets lately
 }
+
+// Hints bound the per-netns memory of recent owners: a workload's connections mostly
+// come from the same few processes, which are checked before a full /proc scan.
+const (
+	maxHintPids   = 8
+	maxHintNetnss = 4096
+)
 
 type result struct {
 	p   rules.Process
@@ -116,38 +124,68 @@ func (f *Finder) lookup(k Key) (rules.Process, error) {
 }
 
 // Owner returns the pid of a process in the netns with inode nsIno that holds the
-// socket with inode sockIno (the lowest such pid).
+// socket with inode sockIno: one of the netns's recent owners when one holds it,
+// otherwise the lowest such pid of a full scan.
 func (f *Finder) Owner(nsIno, sockIno uint64) (int, error) {
+	wantNS := "net:[" + strconv.FormatUint(nsIno, 10) + "]"
+	wantSock := "socket:[" + strconv.FormatUint(sockIno, 10) + "]"
+	f.mu.Lock()
+	hinted := append([]int(nil), f.hints[nsIno]...)
+	f.mu.Unlock()
+	for _, pid := range hinted {
+		if f.holds(strconv.Itoa(pid), wantNS, wantSock) {
+			return pid, nil
+		}
+	}
 	ents, err := fs.ReadDir(f.Proc, ".")
 	if err != nil {
 		return 0, fmt.Errorf("read proc: %w", err)
 	}
-	wantNS := "net:[" + strconv.FormatUint(nsIno, 10) + "]"
-	wantSock := "socket:[" + strconv.FormatUint(sockIno, 10) + "]"
 	best := 0
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 || (best != 0 && pid > best) {
 			continue
 		}
-		if l, err := fs.ReadLink(f.Proc, e.Name()+"/ns/net"); err != nil || l != wantNS {
-			continue
-		}
-		fds, err := fs.ReadDir(f.Proc, e.Name()+"/fd")
-		if err != nil {
-			continue // exited, or not ours to read
-		}
-		for _, fd := range fds {
-			if l, err := fs.ReadLink(f.Proc, e.Name()+"/fd/"+fd.Name()); err == nil && l == wantSock {
-				best = pid
-				break
-			}
+		if f.holds(e.Name(), wantNS, wantSock) {
+			best = pid
 		}
 	}
 	if best == 0 {
 		return 0, ErrNotFound
 	}
+	f.hint(nsIno, best)
 	return best, nil
+}
+
+// holds reports whether process dir is in the netns wantNS and has wantSock open.
+func (f *Finder) holds(dir, wantNS, wantSock string) bool {
+	if l, err := fs.ReadLink(f.Proc, dir+"/ns/net"); err != nil || l != wantNS {
+		return false
+	}
+	fds, err := fs.ReadDir(f.Proc, dir+"/fd")
+	if err != nil {
+		return false // exited, or not ours to read
+	}
+	for _, fd := range fds {
+		if l, err := fs.ReadLink(f.Proc, dir+"/fd/"+fd.Name()); err == nil && l == wantSock {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *Finder) hint(nsIno uint64, pid int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.hints == nil || len(f.hints) >= maxHintNetnss {
+		f.hints = map[uint64][]int{}
+	}
+	h := f.hints[nsIno]
+	if len(h) >= maxHintPids {
+		h = h[1:]
+	}
+	f.hints[nsIno] = append(h, pid)
 }
 
 // Describe reads the identity of process pid: comm, executable basename and argv[0]

@@ -50,3 +50,26 @@ func netipMustPort(t *testing.T, s string) netip.AddrPort {
 	}
 	return ap
 }
+
+// BenchmarkRealLookup: one uncached owner lookup of a loopback connection on this
+// machine's /proc (the cost a flow pays once when the rules have process rules).
+func BenchmarkRealLookup(b *testing.B) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	f := New()
+	k := Key{Netns: "/proc/self/ns/net", Src: c.LocalAddr().(*net.TCPAddr).AddrPort(), Dst: c.RemoteAddr().(*net.TCPAddr).AddrPort()}
+	for b.Loop() {
+		if _, err := f.Lookup(k); err != nil {
+			b.Fatal(err)
+		}
+		f.Forget(k)
+	}
+}

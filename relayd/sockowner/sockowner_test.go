@@ -128,3 +128,26 @@ func TestUnsupportedIsUnknown(t *testing.T) {
 		t.Errorf("zero Finder: %+v, %v", p, err)
 	}
 }
+
+func TestOwnerHints(t *testing.T) {
+	proc := procFS()
+	f := &Finder{Proc: proc}
+	if pid, err := f.Owner(4001, 901); pid != 11 || err != nil {
+		t.Fatalf("Owner = %d, %v; want 11", pid, err)
+	}
+	// A lower pid of the netns now holds it too: the recent owner is checked first.
+	proc["5/ns/net"] = link("net:[4001]")
+	proc["5/fd/9"] = link("socket:[901]")
+	if pid, _ := f.Owner(4001, 901); pid != 11 {
+		t.Errorf("Owner = %d, want the hinted 11", pid)
+	}
+	// The hinted process let go of it: the full scan finds the other holder.
+	delete(proc, "11/fd/5")
+	if pid, _ := f.Owner(4001, 901); pid != 5 {
+		t.Errorf("Owner = %d, want 5 from the scan", pid)
+	}
+	// Hints are per netns: another netns does not see them.
+	if _, err := f.Owner(4999, 902); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Owner in another netns: %v, want ErrNotFound", err)
+	}
+}
