@@ -109,7 +109,7 @@ func (p *Publisher) Publish(src []byte) error {
 		same = err == nil && bytes.Equal(cur, src)
 	}
 	if !same {
-		gen, err := p.writeGeneration(src)
+		gen, err := p.writeGeneration(src, names)
 		if err != nil {
 			return err
 		}
@@ -125,15 +125,24 @@ func (p *Publisher) Publish(src []byte) error {
 	return p.prune(names, live)
 }
 
-// writeGeneration writes src into a fresh generation directory and returns its name.
+// writeGeneration writes src into a fresh generation directory and returns its name. Names
+// only ever grow, even when the clock went back, so they sort in creation order (prune
+// relies on it); after a clock jump back, old generations just wait out the jump.
 // Nothing is fsynced: the directory lives on tmpfs (/run) and the daemon publishes again
 // after every start, so a crash can at worst leave a generation the next start replaces.
-func (p *Publisher) writeGeneration(src []byte) (string, error) {
+func (p *Publisher) writeGeneration(src []byte, existing []string) (string, error) {
 	now := time.Now
 	if p.now != nil {
 		now = p.now
 	}
 	t := now().UTC()
+	for _, n := range existing {
+		if isGeneration(n) {
+			if nt, _ := time.Parse(genLayout, n); !nt.Before(t) {
+				t = nt.Add(time.Nanosecond)
+			}
+		}
+	}
 	var gen string
 	for i := 0; ; i++ {
 		gen = t.Add(time.Duration(i)).Format(genLayout)
@@ -200,7 +209,7 @@ func ensureFileLink(dir string) error {
 
 // prune removes generations that are out of service for longer than the grace period. A
 // generation leaves service when its successor is created; the successor's creation time
-// is read from its name.
+// is read from its name (the names sort chronologically).
 func (p *Publisher) prune(names []string, live string) error {
 	gens := []string{}
 	for _, n := range names {

@@ -165,6 +165,28 @@ func TestPrune(t *testing.T) {
 	}
 }
 
+// TestClockBack: after the clock went back, a new generation is still named after the
+// live one, so it sorts as the newest and the live link and pruning stay right.
+func TestClockBack(t *testing.T) {
+	dir := t.TempDir()
+	clock := time.Date(2026, 11, 30, 5, 40, 0, 0, time.UTC)
+	p := &Publisher{Dir: dir, now: func() time.Time { return clock }}
+	for i, step := range []time.Duration{0, -time.Hour, time.Second} {
+		clock = clock.Add(step)
+		if err := p.Publish(fmt.Appendf(nil, "# %d\n", i)); err != nil {
+			t.Fatal(err)
+		}
+		gens := generations(t, dir)
+		live, _ := os.Readlink(filepath.Join(dir, DataLink))
+		if len(gens) != 1 || gens[0] != live {
+			t.Fatalf("publish %d: generations %q, live %s; want only the live one", i, gens, live)
+		}
+	}
+	if got, _ := Read(dir); string(got) != "# 2\n" {
+		t.Fatalf("Read = %q", got)
+	}
+}
+
 func TestForeignDirectory(t *testing.T) {
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "relayd.yaml")
