@@ -75,4 +75,28 @@ rules:
 	if r := n.lastRecord(t); r.Exit != "direct" || r.Dimension != "default" {
 		t.Errorf("busybox's decision = %+v, want direct by default", r)
 	}
+
+	// Proxy mode: the owner of the client connection to the pod's HTTP proxy.
+	t.Run("proxy mode", func(t *testing.T) {
+		p := n.newPodAnnotated("procp", `{"kl.egress.mode":"proxy"}`)
+		if out, err := n.add(p); err != nil {
+			t.Fatalf("ADD: %v\n%s", err, out)
+		}
+		out, err := p.ns.Command("curl", "-sS", "-m", "5", "-x", "http://127.0.0.1:15080", "-o", "/dev/null", "-w", "%{http_code}", url).CombinedOutput()
+		if strings.TrimSpace(string(out)) != "403" {
+			t.Errorf("curl through the proxy: %q %v, want 403", out, err)
+		}
+		if r := n.lastRecord(t); r.Exit != "deny" || r.Dimension != "process" {
+			t.Errorf("curl's decision = %+v, want deny by the process rule", r)
+		}
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", p.ns.Name, "busybox", "wget", "-q", "-O", "-", url)
+		cmd.Env = append(os.Environ(), "http_proxy=http://127.0.0.1:15080")
+		out, err = cmd.CombinedOutput()
+		if err != nil || string(out) != "ok /x" {
+			t.Errorf("busybox wget through the proxy: %v %q", err, out)
+		}
+		if r := n.lastRecord(t); r.Exit != "direct" || r.Dimension != "default" {
+			t.Errorf("busybox's decision = %+v, want direct by default", r)
+		}
+	})
 }
