@@ -54,7 +54,7 @@ type Config struct {
 	// user set them.
 	Force []string `yaml:"force"`
 	// PublishedRules is the directory kl-relayd publishes its last good rules into
-	// (relayd/publish). When it holds them, it is mounted read-only at /etc/kl, so a
+	// (relayd/publish; default: "rules" beside RelaySocket, /run/kl/rules). When it holds them, it is mounted read-only at /etc/kl, so a
 	// rules change reaches running containers; otherwise Rules is mounted as a single
 	// file (which pins the file as it was at container start). "-" never mounts it.
 	PublishedRules string `yaml:"publishedRules"`
@@ -204,12 +204,6 @@ func (c *Config) Default() error {
 	if c.Rules != "-" && !filepath.IsAbs(c.Rules) {
 		return fmt.Errorf("%w: rules %q must be an absolute path", ErrConfig, c.Rules)
 	}
-	if c.PublishedRules == "" {
-		c.PublishedRules = publish.DefaultDir
-	}
-	if c.PublishedRules != "-" && !filepath.IsAbs(c.PublishedRules) {
-		return fmt.Errorf("%w: publishedRules %q must be an absolute path", ErrConfig, c.PublishedRules)
-	}
 	if c.Hook == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -228,6 +222,13 @@ func (c *Config) Default() error {
 	}
 	if c.RelaySocket == "" {
 		c.RelaySocket = api.DefaultSocket
+	}
+	if c.PublishedRules == "" {
+		// Beside the relay's socket, where kl-relayd publishes by default too.
+		c.PublishedRules = PublishedRulesFor(c.RelaySocket)
+	}
+	if c.PublishedRules != "-" && !filepath.IsAbs(c.PublishedRules) {
+		return fmt.Errorf("%w: publishedRules %q must be an absolute path", ErrConfig, c.PublishedRules)
 	}
 	if c.RelayTimeout <= 0 {
 		c.RelayTimeout = 10 * time.Second
@@ -259,6 +260,13 @@ func (c *Config) Default() error {
 		return fmt.Errorf("%w: logLevel %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
 	}
 	return nil
+}
+
+// PublishedRulesFor is the default published-rules directory for a relay socket: "rules"
+// beside it (publish.DefaultDir for the default socket). kl-relayd derives its default the
+// same way, so moving the socket moves both.
+func PublishedRulesFor(socket string) string {
+	return filepath.Join(filepath.Dir(socket), filepath.Base(publish.DefaultDir))
 }
 
 // ValidMode reports whether m is an egress mode.

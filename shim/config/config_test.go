@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/publish"
 )
 
 func TestExample(t *testing.T) {
@@ -31,6 +32,27 @@ func TestDefaults(t *testing.T) {
 	if c.Runtime != "runc" || c.Mode != api.ModeTransparent || c.Proxy.HTTPPort != 15080 || c.Proxy.SOCKSPort != 15081 || !*c.Proxy.AllProxy ||
 		c.Rules != api.DefaultRulesPath || c.PublishedRules != "/run/kl/rules" || c.RelaySocket != api.DefaultSocket || c.Hook != filepath.Join(filepath.Dir(exe), "kl-hook") || c.HookTimeout != 30 {
 		t.Errorf("defaults = %+v", c)
+	}
+}
+
+func TestPublishedRulesDefault(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"", "/run/kl/rules"},
+		{"relaySocket: /var/lib/kl-test/relay.sock\n", "/var/lib/kl-test/rules"},
+		{"relaySocket: /var/lib/kl-test/relay.sock\npublishedRules: /srv/rules\n", "/srv/rules"},
+		{"publishedRules: \"-\"\n", "-"},
+	}
+	for _, tt := range tests {
+		c, err := Parse("runtime.yaml", []byte(tt.in))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", tt.in, err)
+		}
+		if c.PublishedRules != tt.want {
+			t.Errorf("Parse(%q).PublishedRules = %q, want %q", tt.in, c.PublishedRules, tt.want)
+		}
+	}
+	if PublishedRulesFor(api.DefaultSocket) != publish.DefaultDir {
+		t.Errorf("the default socket does not give publish.DefaultDir")
 	}
 }
 
