@@ -3,14 +3,24 @@ package rules
 import "math/bits"
 
 // globSet holds globs bucketed by their whole literal prefix (the text before the
-// first wildcard). A lookup probes only the prefix lengths that occur, each through a
-// key filter first, so it costs a few hashes however many globs there are. Globs with
-// a literal prefix of 64 bytes or more go to a trie.
+// first wildcard). A lookup considers only the prefix lengths that occur; for each it
+// first tests three bytes of the value's prefix (first, middle, last) against a small
+// per-length set of the same bytes of the stored prefixes, which rules out most
+// lengths without hashing anything, then a key filter, then the bucket. Globs with a
+// literal prefix of 64 bytes or more go to a trie.
 type globSet struct {
 	buckets map[string][]globRule
-	lengths uint64 // bit L set: some glob has a literal prefix of L bytes
+	lengths uint64        // bit L set: some glob has a literal prefix of L bytes
+	sample  [64][4]uint64 // per length L: a 256-bit set of sampleKey of those prefixes
 	filter  keyFilter
 	long    globTree
+}
+
+// sampleKey mixes the first, middle and last byte of a non-empty prefix into 8 bits.
+func sampleKey(p string) uint8 {
+	n := len(p)
+	x := uint32(p[0]) | uint32(p[n/2])<<8 | uint32(p[n-1])<<16
+	return uint8((x * 0x9e3779b1) >> 24)
 }
 
 func (x *globSet) add(glob string, idx int32) {
@@ -24,33 +34,29 @@ func (x *globSet) add(glob string, idx int32) {
 	}
 	x.buckets[lp] = append(x.buckets[lp], globRule{glob, idx})
 	x.lengths |= 1 << len(lp)
+	if lp != "" {
+		k := sampleKey(lp)
+		x.sample[len(lp)][k>>6] |= 1 << (k & 63)
+	}
 }
 
 func (x *globSet) seal() {
-	x.filter = newKeyFilter(len(x.buckets))
-	for k := range x.buckets {
-		x.filter.addH(prefixHash(k))
-	}
+	x.filter = filterKeys(x.buckets)
 }
 
 // first returns the lowest index below best of a glob matching s.
 func (x *globSet) first(s string, best int32) int32 {
-	// One pass over s hashes every prefix whose length occurs (prefixHash), instead
-	// of hashing each of them from its start.
-	h, done := prefixSeed, 0
 	for l := x.lengths; l != 0; l &= l - 1 {
 		n := bits.TrailingZeros64(l)
 		if n > len(s) {
 			break
 		}
-		maybe := true
-		if x.filter.bits != nil {
-			for ; done < n; done++ {
-				h = prefixStep(h, s[done])
+		if n > 0 {
+			if k := sampleKey(s[:n]); x.sample[n][k>>6]&(1<<(k&63)) == 0 {
+				continue
 			}
-			maybe = x.filter.maybeH(prefixFinish(h))
 		}
-		if maybe {
+		if x.filter.maybe(s[:n]) {
 			if b := x.buckets[s[:n]]; b != nil {
 				best = firstGlob(b, s, best)
 			}
