@@ -131,7 +131,20 @@ user.unprivileged: nobody
 client pass { from: 0/0 to: 0/0 }
 socks pass { from: 0/0 to: 0/0 command: connect }
 `, danteAddr, danteV6)), 0o644))
-	ns.Start(t, "danted", "-f", conf, "-p", filepath.Join(n.dir, "danted.pid"))
+	cmd := ns.Start(t, "danted", "-f", conf, "-p", filepath.Join(n.dir, "danted.pid"))
+	// Runs before Start's kill: on SIGTERM dante's main process ends and reaps its
+	// workers (killed outright they would be left to init as zombies).
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		stat := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
+		for range 40 { // until it has exited (a zombie until Start's cleanup waits for it)
+			b, err := os.ReadFile(stat)
+			if f := strings.Fields(string(b)); err != nil || len(f) > 2 && f[2] == "Z" {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	})
 	ns.WaitPort(t, "tcp", danteAddr+":1080", 30*time.Second)
 }
 
