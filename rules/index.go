@@ -214,9 +214,15 @@ func (x *processIndex) lookup(p *Process) int32 {
 type domainIndex struct {
 	exact    map[string]int32
 	suffixes map[string]*domainSuffix
-	filter   keyFilter // over the keys of both maps
+	xfilter  keyFilter // over the keys of exact
+	filter   keyFilter // over the keys of suffixes, by suffixHash
+	depths   uint64    // bit d set: some suffix key has d labels (d capped at 63)
+	maxLen   int       // the longest suffix key
 	rest     globSet
 }
+
+// labelCount is the number of dot-separated labels of a name, capped at 63.
+func labelCount(s string) int { return min(strings.Count(s, ".")+1, 63) }
 
 type domainSuffix struct {
 	wild  int32      // lowest rule with `*.suffix`; none when there is none
@@ -258,10 +264,8 @@ func (x *domainIndex) lookup(host string) int32 {
 	if x.exact == nil || host == "" {
 		return 0
 	}
-	// One pass from the end hashes every suffix after a dot and then the whole name
-	// (suffixHash), each probed through the filter.
 	best := none
-	if x.filter.bits == nil {
+	if x.filter.bits == nil && x.xfilter.bits == nil {
 		// A small index: no filter, nothing to hash.
 		if i, ok := x.exact[host]; ok {
 			best = i
@@ -280,21 +284,28 @@ func (x *domainIndex) lookup(host string) int32 {
 		}
 		return found(x.rest.first(host, best))
 	}
-	h := prefixSeed
-	for j := len(host) - 1; j >= 0; j-- {
-		if host[j] == '.' && len(x.suffixes) > 0 && x.filter.maybeH(prefixFinish(h)) {
-			if e := x.suffixes[host[j+1:]]; e != nil {
-				best = lower(best, e.wild)
-				if e.globs != nil {
-					best = firstGlob(e.globs, host, best)
-				}
-			}
-		}
-		h = prefixStep(h, host[j])
-	}
-	if x.filter.maybeH(prefixFinish(h)) {
+	if x.xfilter.maybe(host) {
 		if i, ok := x.exact[host]; ok {
-			best = lower(best, i)
+			best = i
+		}
+	}
+	// One pass from the end hashes the suffixes after a dot (suffixHash), probing
+	// only those with a label count that some key has, and stops past the longest key.
+	if len(x.suffixes) > 0 {
+		h, labels := prefixSeed, 1
+		for j := len(host) - 1; j >= 0 && len(host)-j <= x.maxLen+1; j-- {
+			if host[j] == '.' {
+				if x.depths&(1<<labels) != 0 && x.filter.maybeH(prefixFinish(h)) {
+					if e := x.suffixes[host[j+1:]]; e != nil {
+						best = lower(best, e.wild)
+						if e.globs != nil {
+							best = firstGlob(e.globs, host, best)
+						}
+					}
+				}
+				labels = min(labels+1, 63)
+			}
+			h = prefixStep(h, host[j])
 		}
 	}
 	return found(x.rest.first(host, best))
@@ -393,11 +404,13 @@ func (x *imageIndex) seal()   { x.filter = filterKeys(x.exact); x.globs.seal() }
 func (x *processIndex) seal() { x.filter = filterKeys(x.exact); x.globs.seal() }
 func (x *domainIndex) seal() {
 	x.rest.seal()
-	x.filter = newKeyFilter(len(x.exact) + len(x.suffixes))
-	for k := range x.exact {
-		x.filter.addH(suffixHash(k))
-	}
+	x.xfilter = filterKeys(x.exact)
+	x.filter = newKeyFilter(len(x.suffixes))
+	x.depths, x.maxLen = 0, 0
 	for k := range x.suffixes {
 		x.filter.addH(suffixHash(k))
+		x.depths |= 1 << labelCount(k)
+		x.maxLen = max(x.maxLen, len(k))
 	}
+
 }
