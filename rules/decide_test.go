@@ -210,3 +210,42 @@ rules:
 		}
 	}
 }
+
+// TestCIDRBlockBitmap checks the /16-block shortcut of the CIDR index against the walk
+// for prefixes shorter than, equal to and longer than /16, at and around their edges.
+func TestCIDRBlockBitmap(t *testing.T) {
+	p := mustParse(t, `default: deny
+rules:
+  - cidr: "172.16.0.0/12"
+    action: proxy
+  - cidr: "100.64.0.0/15"
+    action: direct
+  - cidr: "198.18.0.0/16"
+    action: proxy
+  - cidr: "203.0.113.128/25"
+    action: direct
+  - cidr: "0.0.0.0/1"
+    action: deny
+`, LoadOptions{})
+	addrs := []string{
+		"172.15.255.255", "172.16.0.0", "172.31.255.255", "172.32.0.0",
+		"100.63.255.255", "100.64.0.1", "100.65.255.255", "100.66.0.0",
+		"198.17.255.255", "198.18.0.0", "198.18.255.255", "198.19.0.0",
+		"203.0.113.127", "203.0.113.128", "203.0.113.255", "203.0.114.0",
+		"127.255.255.255", "128.0.0.0", "1.2.3.4", "255.255.255.255",
+	}
+	hits := 0
+	for _, a := range addrs {
+		f := Flow{Dst: ap(a + ":80")}
+		d := p.Decide(&f)
+		if w := p.walk(&f); d != w {
+			t.Errorf("%s: Decide = %+v, walk = %+v", a, d, w)
+		}
+		if d.Dimension == DimCIDR {
+			hits++
+		}
+	}
+	if hits < 10 || hits == len(addrs) {
+		t.Errorf("%d of %d addresses hit a cidr rule; the cases do not cover both sides", hits, len(addrs))
+	}
+}
