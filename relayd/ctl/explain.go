@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kl-egress/kl/relayd/fastpath"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -77,11 +78,30 @@ func explain(ctx context.Context, env *Env, args []string) error {
 		return err
 	}
 	d := p.Decide(&f)
+	path, why := where(p, &f)
 	if *asJSON {
-		return writeDecisionJSON(env.Stdout, d)
+		return writeDecisionJSON(env.Stdout, d, path)
 	}
 	explainWords(env.Stdout, p, &f, d, pf.rules)
+	fmt.Fprintf(env.Stdout, "\npath:   %s: %s\n", path, why)
 	return nil
+}
+
+// where says where a transparent workload's flow is decided: "kernel" (the pod's
+// nftables table accepts it; the relay never sees it, the conntrack watcher audits it)
+// or "relay", and why. A flow known only by its hostname is the relay's.
+func where(p *rules.Policy, f *rules.Flow) (string, string) {
+	if !f.Dst.Addr().IsValid() {
+		return "relay", "without a destination address (--ip) only the relay can decide it (the kernel sees addresses and ports)"
+	}
+	path, e := fastpath.Where(p, f.Labels, f.Image, f.Dst)
+	switch {
+	case e == nil:
+		return path, "no kernel plan entry matches"
+	case path == "kernel":
+		return path, "a transparent pod's nftables table accepts it (" + e.String() + "); the relay never sees it, conntrack audits it"
+	}
+	return path, "the kernel plan sends it to the relay (" + e.String() + ")"
 }
 
 // decisionJSON is explain's --json contract: exit, rule, priority, dimension, note,
@@ -95,10 +115,12 @@ type decisionJSON struct {
 	Directive *string         `json:"directive,omitempty"`
 	Proxy     *string         `json:"proxy,omitempty"`
 	Reason    string          `json:"reason,omitempty"`
+	// Path is where a transparent workload's flow is decided: "kernel" or "relay".
+	Path string `json:"path"`
 }
 
-func writeDecisionJSON(w io.Writer, d rules.Decision) error {
-	out := decisionJSON{Exit: d.Exit, Rule: d.Rule, Priority: d.Priority, Dimension: d.Dimension, Note: d.Note}
+func writeDecisionJSON(w io.Writer, d rules.Decision, path string) error {
+	out := decisionJSON{Exit: d.Exit, Rule: d.Rule, Priority: d.Priority, Dimension: d.Dimension, Note: d.Note, Path: path}
 	if d.Dimension == rules.DimScript {
 		out.Directive, out.Proxy, out.Reason = &d.Directive, &d.Proxy, d.Reason
 	}

@@ -138,6 +138,8 @@ func printStatus(w io.Writer, socket string, st api.Status, regs []api.Registrat
 		tw.Flush()
 	}
 
+	printKernel(w, st)
+
 	fmt.Fprintln(w, "\nhits per rule (rule 0: the default, the guard or a script)")
 	if len(st.Hits) == 0 {
 		fmt.Fprintln(w, "  none yet")
@@ -174,6 +176,33 @@ func printStatus(w io.Writer, socket string, st api.Status, regs []api.Registrat
 		}
 		tw.Flush()
 	}
+}
+
+// printKernel shows, per transparent workload, how much of its policy the kernel fast
+// path decides (flows it matches never reach the relay and are audited from conntrack).
+func printKernel(w io.Writer, st api.Status) {
+	if !st.FastPath {
+		return // fast path off, or a daemon that predates it
+	}
+	fmt.Fprintf(w, "\nkernel fast path: %s (the share of each policy decided in the pod's nftables table)\n", plural(len(st.Kernel), "transparent workload"))
+	if len(st.Kernel) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, k := range st.Kernel {
+		line := fmt.Sprintf("kernel: %.0f%% of policy, %s", 100*k.Share, plural(int(k.Flows), "flow"))
+		if k.AllKernel {
+			line += " (every flow: no redirect)"
+		}
+		if k.Lost > 0 {
+			line += fmt.Sprintf(", %d lost events", k.Lost)
+		}
+		if k.Error != "" {
+			line += "; last install FAILED: " + k.Error
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", shortID(k.ID), line)
+	}
+	tw.Flush()
 }
 
 func listeners(l api.Listeners) string {

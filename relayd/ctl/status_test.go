@@ -79,6 +79,13 @@ func sampleStatus() (api.Status, []api.Registration) {
 			{At: t0.Add(-500 * time.Millisecond), Rule: 1, Priority: 10, Dimension: "image", Exit: "deny", Note: "no builder egress", Reason: "E_UPSTREAM_DOWN", Path: "relay"},
 		},
 	}
+	st.FastPath = true
+	st.Kernel = []api.KernelStatus{
+		{ID: "4f1c2b3a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a", Share: 0.75, Entries: 4, KernelEntries: 3, Flows: 1100, Lost: 2, Generation: 3, Policy: st.Rules.Hash},
+		{ID: "web", Share: 1, Entries: 1, KernelEntries: 1, AllKernel: true, Flows: 1, Generation: 1, Policy: st.Rules.Hash},
+		{ID: "stale", Error: "install nftables table inet kl: no such file or directory"},
+	}
+	st.KernelHits = []api.RuleHit{{Rule: 3, Dimension: "cidr", Count: 1100}}
 	regs := []api.Registration{
 		{Workload: api.Workload{ID: "4f1c2b3a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a", Netns: "/var/run/netns/cni-1234", Mode: "transparent", Source: "cni", Namespace: "ci", Name: "builder-7", Addrs: []netip.Addr{netip.MustParseAddr("10.244.1.7")}},
 			Listeners: api.Listeners{Redirect: 15001}, Since: t0.Add(-time.Hour)},
