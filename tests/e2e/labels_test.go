@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kl-egress/kl/relayd/api"
 )
 
 // fakeDockerEngine answers the Docker Engine container list (the call kl-relayd makes to
@@ -87,7 +89,7 @@ rules:
 			if denied := errors.Is(err, syscall.ECONNRESET); denied != (tc.exit == "deny") || (!denied && err != nil) {
 				t.Errorf("visit: %v, want exit %s", err, tc.exit)
 			}
-			if r := n.lastRecord(t); r.Dimension != tc.dim || r.Exit != tc.exit {
+			if r := n.waitRecord(t, func(r api.Decision) bool { return r.Dimension == tc.dim && r.Exit == tc.exit }); r.Dimension != tc.dim || r.Exit != tc.exit {
 				t.Errorf("decision %+v, want %s/%s", r, tc.exit, tc.dim)
 			}
 		})

@@ -37,6 +37,20 @@ func (n *node) lastRecord(t *testing.T) api.Decision {
 	return st.Recent[len(st.Recent)-1] // oldest first
 }
 
+// waitRecord waits (bounded) until the most recent decision record satisfies ok and
+// returns it, or the last one seen. Flows the kernel fast path decides are recorded when
+// their connection ends (from conntrack), a moment after the client is done.
+func (n *node) waitRecord(t *testing.T, ok func(api.Decision) bool) api.Decision {
+	t.Helper()
+	var r api.Decision
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if r = n.lastRecord(t); ok(r) {
+			break
+		}
+	}
+	return r
+}
+
 // TestProcessRule tells curl from busybox wget in one pod: the relay finds the program
 // behind each captured connection (sock_diag in the pod netns, /proc) and the process
 // rule denies curl while busybox goes out by the default.
