@@ -48,8 +48,10 @@ type daemonNode struct {
 	pod, host *testutil.Netns
 	dir       string
 	rules     string
+	sock      string
 	client    *api.Client
 	logs      *lockedBuf
+	stop      func()
 }
 
 type lockedBuf struct {
@@ -98,17 +100,27 @@ func newDaemonNode(t *testing.T) *daemonNode {
 
 	n.rules = filepath.Join(n.dir, "rules.yaml")
 	must(t, os.WriteFile(n.rules, []byte(daemonRulesA), 0o644))
-	sock := filepath.Join(n.dir, "relayd.sock")
+	n.sock = filepath.Join(n.dir, "relayd.sock")
+	sock := n.sock
 	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nrulesPoll: 1h\nconnectTimeout: 3s\naudit: {path: %s}\nproxy: {url: 'http://203.0.113.254:%d'}\n",
 		sock, filepath.Join(n.dir, "state"), n.rules, filepath.Join(n.dir, "audit.jsonl"), proxyPort)
 	must(t, os.WriteFile(filepath.Join(n.dir, "relayd.yaml"), []byte(settings), 0o600))
+	n.client = api.NewClient(sock, 3*time.Second)
+	n.start(t, bin)
+	return n
+}
+
+// start runs kl-relayd (again) and waits until it answers.
+func (n *daemonNode) start(t *testing.T, bin string) {
+	t.Helper()
 	cmd := n.host.Command(bin, "--settings", filepath.Join(n.dir, "relayd.yaml"))
 	cmd.Stdout, cmd.Stderr = n.logs, n.logs
 	must(t, cmd.Start())
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() { stopDaemon(cmd, done) })
-	n.client = api.NewClient(sock, 3*time.Second)
+	var once sync.Once
+	n.stop = func() { once.Do(func() { stopDaemon(cmd, done) }) }
+	t.Cleanup(n.stop)
 	deadline := time.Now().Add(10 * time.Second)
 	for n.client.Ping(context.Background()) != nil {
 		if time.Now().After(deadline) {
@@ -116,7 +128,6 @@ func newDaemonNode(t *testing.T) *daemonNode {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return n
 }
 
 func stopDaemon(cmd *exec.Cmd, done chan struct{}) {
@@ -339,6 +350,35 @@ func TestDaemonFastPath(t *testing.T) {
 	}
 	if c := strings.Count(string(b), `"path":"kernel"`); c != perDst*len(direct)+1 {
 		t.Errorf("audit log holds %d kernel records, want %d", c, perDst*len(direct)+1)
+	}
+
+	// kl-ctl status shows the share; kl-ctl explain says where a flow is decided.
+	ctl := testutil.Bin(t, "kl-ctl")
+	out, err := exec.Command(ctl, "status", "--socket", n.sock).CombinedOutput()
+	if wantLine := fmt.Sprintf("kernel: 100%% of policy, %d flows (every flow: no redirect)", perDst*len(direct)+1); err != nil || !strings.Contains(string(out), wantLine) {
+		t.Errorf("kl-ctl status (%v) lacks %q:\n%s", err, wantLine, out)
+	}
+	for rulesSrc, want := range map[string]string{daemonRulesA: `"path":"relay"`, daemonRulesB: `"path":"kernel"`} {
+		f := filepath.Join(n.dir, "explain.yaml")
+		must(t, os.WriteFile(f, []byte(rulesSrc), 0o644))
+		out, err := exec.Command(ctl, "explain", "--rules", f, "--ip", "198.51.100.7", "--port", "443", "--json").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Errorf("kl-ctl explain (%v) = %s, want %s", err, out, want)
+		}
+	}
+
+	// A daemon restart restores the registration and installs its kernel decisions again.
+	n.stop()
+	n.start(t, testutil.Bin(t, "kl-relayd"))
+	st = n.status(t)
+	if len(st.Kernel) != 1 || st.Kernel[0].ID != id || !st.Kernel[0].AllKernel || st.Kernel[0].Policy != pB.Hash() {
+		t.Fatalf("kernel status after a restart = %+v\n%s", st.Kernel, n.logs.String())
+	}
+	if who := n.connect(t, direct[0]); who != "host" {
+		t.Fatalf("after a restart %s answered by %s, want the host directly", direct[0], who)
+	}
+	if got := n.kernelRecords(t, 1); len(got) != 1 || key(got[0]) != key(recordOf(pB.Plan(nil, "").Lookup(direct[0]).Decision)) {
+		t.Errorf("kernel records after a restart = %v", got)
 	}
 
 	must(t, n.client.Deregister(ctx, id))
