@@ -153,6 +153,8 @@ type Daemon struct {
 
 	mu   sync.Mutex // serialises registration changes
 	regs map[string]registry.Entry
+
+	fastClosed bool // under mu: late fast path retries stop after shutdown
 }
 
 // New loads the rules and opens the state directory; nothing listens yet.

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"time"
+
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/fastpath"
 )
@@ -25,11 +27,29 @@ func (d *Daemon) fastAdd(w api.Workload) error {
 	return d.fast.Add(fastpath.Pod{ID: w.ID, Netns: w.Netns, Labels: w.Labels, Image: w.Image}, d.policy.Load())
 }
 
+// fastRetry is when a registration whose kernel decisions could not be installed is
+// tried once more: the OCI hook registers before it installs the capture, so the first
+// attempt finds no table. The reap loop's check tries again after that.
+var fastRetry = time.Second
+
 // fastRegister is fastAdd on the registration path: an error is logged, never returned.
 func (d *Daemon) fastRegister(w api.Workload) {
-	if err := d.fastAdd(w); err != nil {
-		d.log.Warn("kernel fast path not installed; the relay decides every flow of the workload", "workload", w.ID, "err", err)
+	err := d.fastAdd(w)
+	if err == nil {
+		return
 	}
+	d.log.Info("kernel fast path not installed yet; the relay decides every flow of the workload", "workload", w.ID, "err", err)
+	time.AfterFunc(fastRetry, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		e, ok := d.regs[w.ID]
+		if d.fastClosed || !ok || e.Registration.Workload.Netns != w.Netns || e.Registration.Workload.Mode != api.ModeTransparent || d.fast.Verify(w.ID) == nil {
+			return
+		}
+		if err := d.fastAdd(e.Registration.Workload); err != nil {
+			d.log.Warn("kernel fast path not installed; the relay decides every flow of the workload", "workload", w.ID, "err", err)
+		}
+	})
 }
 
 func (d *Daemon) fastRemove(id string) {
@@ -77,6 +97,9 @@ func (d *Daemon) fastVerify() {
 
 func (d *Daemon) fastClose() {
 	if d.fast != nil {
+		d.mu.Lock()
+		d.fastClosed = true
+		d.mu.Unlock()
 		_ = d.fast.Close()
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
@@ -82,6 +83,28 @@ func TestFastPathVerifyReinstalls(t *testing.T) {
 	}
 	if k := kernel(); len(k) != 0 {
 		t.Errorf("kernel status after deregistration = %+v", k)
+	}
+
+	// The OCI hook registers first and installs the capture after: the first attempt
+	// finds no table, the retry installs the decisions.
+	defer func(r time.Duration) { fastRetry = r }(fastRetry)
+	fastRetry = 100 * time.Millisecond
+	if err := netns.Remove(ns.Path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Register(w); err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Install(ns.Path, plain); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(3 * time.Second); !strings.Contains(table(), "ct mark set"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kernel decisions not installed by the retry:\n%s\n%s", table(), logs.String())
+		}
+	}
+	if err := d.Deregister("fp"); err != nil {
+		t.Fatal(err)
 	}
 
 	// noFastPath: the table stays the plain capture and status says off.
