@@ -7,10 +7,16 @@ import "hash/maphash"
 // one hash and one bit test instead of a hash-table probe into memory that a large
 // policy has long evicted from the CPU caches. It has false positives, never false
 // negatives: a "maybe" goes on to the real table.
+//
+// It also keeps the set of key lengths (capped at 63): a string of a length no key has
+// is refused by maybe without hashing. The zero keyFilter says "maybe" to all.
 type keyFilter struct {
-	bits []uint64
-	mask uint64
+	bits  []uint64
+	mask  uint64
+	nlens uint64 // bit L set: no key has length L (lengths of 63 and more share bit 63)
 }
+
+func lenBit(s string) uint64 { return 1 << min(len(s), 63) }
 
 var filterSeed = maphash.MakeSeed()
 
@@ -22,13 +28,13 @@ const filterMinKeys = 512
 // fewer than filterMinKeys keys it returns an empty filter, which says "maybe" to all.
 func newKeyFilter(n int) keyFilter {
 	if n < filterMinKeys {
-		return keyFilter{}
+		return keyFilter{nlens: ^uint64(0)}
 	}
 	size := uint64(1024)
 	for size < uint64(n)*16 {
 		size <<= 1
 	}
-	return keyFilter{bits: make([]uint64, size/64), mask: size - 1}
+	return keyFilter{bits: make([]uint64, size/64), mask: size - 1, nlens: ^uint64(0)}
 }
 
 // word picks a key's 64-bit word and its two bits in it: both probes of a key land in
@@ -42,7 +48,8 @@ func (f *keyFilter) wordH(h uint64) (w *uint64, m uint64) {
 }
 
 // addH and maybeH are add and maybe for a filter whose keys are hashed by the caller
-// (globSet hashes every prefix of a value in one pass with prefixHash).
+// (domainIndex hashes every suffix of a name in one pass with suffixHash); they do not
+// track lengths.
 func (f *keyFilter) addH(h uint64) {
 	if f.bits == nil {
 		return
@@ -85,6 +92,7 @@ func prefixHash(s string) uint64 {
 }
 
 func (f *keyFilter) add(s string) {
+	f.nlens &^= lenBit(s)
 	if f.bits == nil {
 		return
 	}
@@ -92,8 +100,11 @@ func (f *keyFilter) add(s string) {
 	*w |= m
 }
 
-// maybe reports whether s may be a key. An empty filter (no bits) says yes.
+// maybe reports whether s may be a key. A filter without bits only checks the length.
 func (f *keyFilter) maybe(s string) bool {
+	if f.nlens&lenBit(s) != 0 {
+		return false
+	}
 	if f.bits == nil {
 		return true
 	}

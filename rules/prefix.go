@@ -4,23 +4,24 @@ import "math/bits"
 
 // globSet holds globs bucketed by their whole literal prefix (the text before the
 // first wildcard). A lookup considers only the prefix lengths that occur; for each it
-// first tests three bytes of the value's prefix (first, middle, last) against a small
+// first tests four bytes of the value's prefix (first, middle, the last two) against a small
 // per-length set of the same bytes of the stored prefixes, which rules out most
 // lengths without hashing anything, then a key filter, then the bucket. Globs with a
 // literal prefix of 64 bytes or more go to a trie.
 type globSet struct {
 	buckets map[string][]globRule
-	lengths uint64        // bit L set: some glob has a literal prefix of L bytes
-	sample  [64][4]uint64 // per length L: a 256-bit set of sampleKey of those prefixes
+	lengths uint64         // bit L set: some glob has a literal prefix of L bytes
+	sample  [64][16]uint64 // per length L: a 1024-bit set of sampleKey of those prefixes
 	filter  keyFilter
 	long    globTree
 }
 
-// sampleKey mixes the first, middle and last byte of a non-empty prefix into 8 bits.
-func sampleKey(p string) uint8 {
+// sampleKey mixes the first, middle, next to last and last byte of a non-empty prefix
+// into 10 bits.
+func sampleKey(p string) uint32 {
 	n := len(p)
-	x := uint32(p[0]) | uint32(p[n/2])<<8 | uint32(p[n-1])<<16
-	return uint8((x * 0x9e3779b1) >> 24)
+	x := uint32(p[0]) | uint32(p[n/2])<<8 | uint32(p[max(n-2, 0)])<<16 | uint32(p[n-1])<<24
+	return (x * 0x9e3779b1) >> 22
 }
 
 func (x *globSet) add(glob string, idx int32) {

@@ -128,32 +128,25 @@ func IsNormal(ref string) bool {
 	if len(ref) == len(imageIDPrefix)+64 && ref[:len(imageIDPrefix)] == imageIDPrefix && isHex(ref[len(imageIDPrefix):], 64) {
 		return true
 	}
-	// One pass: the first slash, whether the first component names a registry, a
-	// second slash, and the last ':' and '/' before any '@'.
-	slash, dotted, deep := -1, false, false
-	lastColon, lastSlash := -1, -1
-	for i := 0; i < len(ref); i++ {
-		switch ref[i] {
-		case '/':
-			if slash < 0 {
-				slash = i
-			} else {
-				deep = true
-			}
-			lastSlash = i
-		case '.', ':':
-			if slash < 0 {
-				dotted = true
-			}
-			if ref[i] == ':' {
-				lastColon = i
-			}
-		case '@':
-			// A digest: normal when the name before it is.
-			return slash >= 0 && normalHost(ref[:slash], dotted, deep)
-		}
+	// The name before any '@' has a registry host (its first component), maybe a
+	// deeper path, and, without a digest, a tag after its last slash. IndexByte and
+	// friends scan with vector instructions.
+	name := ref
+	at := strings.IndexByte(ref, '@')
+	if at >= 0 {
+		name = ref[:at]
 	}
-	return slash >= 0 && normalHost(ref[:slash], dotted, deep) && lastColon > lastSlash
+	slash := strings.IndexByte(name, '/')
+	if slash < 0 {
+		return false
+	}
+	first := name[:slash]
+	dotted := strings.IndexByte(first, '.') >= 0 || strings.IndexByte(first, ':') >= 0
+	lastSlash := strings.LastIndexByte(name, '/')
+	if !normalHost(first, dotted, lastSlash > slash) {
+		return false
+	}
+	return at >= 0 || strings.LastIndexByte(ref, ':') > lastSlash
 }
 
 // normalHost: a registry host that Append keeps as it is (with a path below docker.io
