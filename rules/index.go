@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/gaissmai/bart"
+
+	"github.com/kl-egress/kl/rules/imageref"
 )
 
 // The per-dimension indexes built when a policy loads. Each answers "the lowest rule
@@ -149,13 +151,21 @@ func (x *imageIndex) lookup(image string) int32 {
 	if x.exact == nil || image == "" {
 		return 0
 	}
-	var buf [maxImageLen]byte
-	norm := normalizeImage(image, &buf)
 	best := x.find(image)
-	if norm != image {
-		best = lower(best, x.find(norm))
+	if !imageref.IsNormal(image) {
+		best = x.findNorm(image, best)
 	}
 	return found(best)
+}
+
+// findNorm looks up the normalized form of a reference that is not in it. Its buffer
+// is zeroed only on this path.
+func (x *imageIndex) findNorm(image string, best int32) int32 {
+	var buf [maxImageLen]byte
+	if norm := normalizeImage(image, &buf); norm != image {
+		best = lower(best, x.find(norm))
+	}
+	return best
 }
 
 func (x *imageIndex) find(s string) int32 {
@@ -377,9 +387,11 @@ func (x *cidrIndex) lookup(a netip.Addr) int32 {
 	return i
 }
 
-// portIndex maps every port to the lowest rule index that lists it.
+// portIndex maps every port to the lowest rule index that lists it. The map is 256 KiB;
+// the 8 KiB bitmap of ports with a rule answers most misses from cache.
 type portIndex struct {
 	first *[65536]int32
+	some  *[1024]uint64
 }
 
 func (x *portIndex) build(rs []rule) {
@@ -408,10 +420,16 @@ func (x *portIndex) build(rs []rule) {
 			}
 		}
 	}
+	x.some = new([1024]uint64)
+	for p, i := range x.first {
+		if i != 0 {
+			x.some[p/64] |= 1 << (p % 64)
+		}
+	}
 }
 
 func (x *portIndex) lookup(port uint16) int32 {
-	if x.first == nil {
+	if x.first == nil || x.some[port/64]&(1<<(port%64)) == 0 {
 		return 0
 	}
 	return x.first[port]
