@@ -25,6 +25,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -44,9 +45,13 @@ const (
 
 // Config is the daemon's settings. Zero values mean "the default".
 type Config struct {
-	Socket         string              `yaml:"socket"`         // unix socket of the API (api.DefaultSocket)
-	StateDir       string              `yaml:"stateDir"`       // persisted registrations (api.DefaultStateDir)
-	Rules          string              `yaml:"rules"`          // the rules file (api.DefaultRulesPath)
+	Socket   string `yaml:"socket"`   // unix socket of the API (api.DefaultSocket)
+	StateDir string `yaml:"stateDir"` // persisted registrations (api.DefaultStateDir)
+	Rules    string `yaml:"rules"`    // the rules file (api.DefaultRulesPath)
+	// PublishedRules is the directory every successfully loaded rules file is published
+	// into (relayd/publish; default "rules" beside Socket: /run/kl/rules); kl-runtime
+	// mounts it at /etc/kl in containers so reloads reach them. "-" disables publishing.
+	PublishedRules string              `yaml:"publishedRules"`
 	RulesPoll      time.Duration       `yaml:"rulesPoll"`      // how often the rules file's content is compared (change notifications come on top)
 	RedirectPort   uint16              `yaml:"redirectPort"`   // transparent capture port in each pod netns
 	HTTPPort       uint16              `yaml:"httpPort"`       // proxy mode: HTTP proxy on the pod's loopback
@@ -158,6 +163,12 @@ func (c *Config) Fill() error {
 	if c.Rules == "" {
 		c.Rules = api.DefaultRulesPath
 	}
+	if c.PublishedRules == "" {
+		// "rules" beside the API socket (publish.DefaultDir for the default socket), where
+		// kl-runtime looks by default: moving the socket moves both, and a test daemon
+		// with its socket in a temp dir publishes there, never into the node's /run/kl.
+		c.PublishedRules = filepath.Join(filepath.Dir(c.Socket), filepath.Base(publish.DefaultDir))
+	}
 	if c.RedirectPort == 0 {
 		c.RedirectPort = api.DefaultRedirectPort
 	}
@@ -195,8 +206,8 @@ func (c *Config) Fill() error {
 		c.Audit.Ring = DefaultAuditRing
 	}
 	var errs []error
-	for _, p := range []struct{ what, path string }{{"socket", c.Socket}, {"stateDir", c.StateDir}, {"rules", c.Rules}} {
-		if !filepath.IsAbs(p.path) {
+	for _, p := range []struct{ what, path string }{{"socket", c.Socket}, {"stateDir", c.StateDir}, {"rules", c.Rules}, {"publishedRules", c.PublishedRules}} {
+		if !filepath.IsAbs(p.path) && !(p.what == "publishedRules" && p.path == "-") {
 			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", p.what, p.path))
 		}
 	}

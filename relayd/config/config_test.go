@@ -52,6 +52,17 @@ exits:
 		}},
 		{name: "unknown key", in: "sockt: /x\n", wantErr: "field sockt not found"},
 		{name: "relative socket", in: "socket: x.sock\n", wantErr: "socket: \"x.sock\" is not an absolute path"},
+		{name: "published rules beside the socket", in: "socket: /run/x/relayd.sock\n", check: func(t *testing.T, c *Config) {
+			if c.PublishedRules != "/run/x/rules" {
+				t.Errorf("publishedRules = %q, want /run/x/rules", c.PublishedRules)
+			}
+		}},
+		{name: "published rules off", in: "publishedRules: \"-\"\n", check: func(t *testing.T, c *Config) {
+			if c.PublishedRules != "-" {
+				t.Errorf("publishedRules = %q, want -", c.PublishedRules)
+			}
+		}},
+		{name: "relative published rules", in: "publishedRules: rules\n", wantErr: "publishedRules: \"rules\" is not an absolute path"},
 		{name: "port clash", in: "redirectPort: 15080\n", wantErr: "port 15080 is also redirectPort"},
 		{name: "short idle", in: "idleTimeout: 10ms\n", wantErr: "idleTimeout"},
 		{name: "builtin exit", in: "exits: {direct: {url: 'http://a:1'}}\n", wantErr: `"direct" is a built-in exit`},

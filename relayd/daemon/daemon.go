@@ -165,6 +165,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.policy.Store(p)
+	d.publishRules(p)
 	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
 	exits, err := buildExits(cfg)
 	if err != nil {

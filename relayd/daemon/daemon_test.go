@@ -19,6 +19,7 @@ import (
 
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
 )
@@ -312,6 +313,19 @@ func TestReload(t *testing.T) {
 		return st
 	}
 	first := status().Rules
+	published := func() string {
+		b, err := publish.Read(cfg.PublishedRules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if want := filepath.Join(filepath.Dir(cfg.Socket), "rules"); cfg.PublishedRules != want {
+		t.Fatalf("publishedRules default %s, want %s (beside the socket)", cfg.PublishedRules, want)
+	}
+	if got := published(); got != "default: direct\n" {
+		t.Fatalf("published at start: %q", got)
+	}
 
 	// A bad file keeps the live rules and reports why.
 	os.WriteFile(cfg.Rules, []byte("default: sideways\n"), 0o644)
@@ -322,6 +336,9 @@ func TestReload(t *testing.T) {
 	bad := status().Rules
 	if bad.Hash != first.Hash || bad.LastErrorCode != "E_BAD_ACTION" || bad.LastError == "" || bad.LastErrorAt.IsZero() {
 		t.Errorf("status after a bad reload = %+v", bad)
+	}
+	if got := published(); got != "default: direct\n" {
+		t.Errorf("a file that failed to load was published: %q", got)
 	}
 
 	// A good file, delivered by SIGHUP, replaces them and clears the error.
@@ -335,6 +352,9 @@ func TestReload(t *testing.T) {
 		if r.Hash != first.Hash {
 			if r.LastError != "" || r.LastErrorCode != "" {
 				t.Errorf("error not cleared by a good reload: %+v", r)
+			}
+			if got := published(); got != "default: deny\n" {
+				t.Errorf("published after a good reload: %q", got)
 			}
 			break
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -35,6 +36,7 @@ func (d *Daemon) Reload() error {
 		return err
 	}
 	old := d.policy.Swap(p)
+	d.publishRules(p)
 	d.metrics.Reloaded(now, "")
 	d.rules = api.RulesStatus{Path: d.cfg.Rules, Hash: p.Hash(), LoadedAt: now}
 	if old != nil && old.Hash() == p.Hash() {
@@ -44,4 +46,17 @@ func (d *Daemon) Reload() error {
 	d.attachReload()
 	d.fastReload()
 	return nil
+}
+
+// publishRules hands rules that loaded successfully to running containers (relayd/publish:
+// kl-runtime mounts the directory at /etc/kl). Publishing identical content changes
+// nothing; a failure is logged and the load stands: containers keep the last published
+// rules, never a file that failed to load.
+func (d *Daemon) publishRules(p *rules.Policy) {
+	if d.cfg.PublishedRules == "-" {
+		return
+	}
+	if err := publish.Publish(d.cfg.PublishedRules, p.Source()); err != nil {
+		d.log.Error("rules not published for containers; they keep the previous rules", "dir", d.cfg.PublishedRules, "err", err)
+	}
 }
