@@ -254,9 +254,11 @@ func TestDaemonFastPath(t *testing.T) {
 	pA, pB := mustPolicy(t, daemonRulesA), mustPolicy(t, daemonRulesB)
 	ctx := context.Background()
 	id := testutil.Name("fpd")
+	begin := time.Now()
 	if _, err := n.client.Register(ctx, api.Workload{ID: id, Netns: n.pod.Path, Mode: api.ModeTransparent, Source: "test"}); err != nil {
 		t.Fatalf("register: %v\n%s", err, n.logs.String())
 	}
+	t.Logf("registration with the kernel fast path: %v", time.Since(begin))
 
 	table := n.pod.Exec(t, "nft", "list", "table", "inet", "kl")
 	if !strings.Contains(table, "ct mark set") || !strings.Contains(table, fmt.Sprintf("redirect to :%d", api.DefaultRedirectPort)) {
