@@ -77,6 +77,20 @@ type Config struct {
 	// Gateway is not read from the file: it is the operator's KL_EGRESS_GATEWAY=1 opt-in,
 	// set by the caller from the environment.
 	Gateway bool `yaml:"-"`
+
+	// Routes, RouteDefault and PAC are not read from the file either: they are kl-relayd's
+	// --egress-route (repeatable), --egress-default and --egress-pac flags, a policy given
+	// on the command line instead of the rules file (seed 000). With PAC, Rules is the
+	// script's path (so it is watched and reloaded); with Routes there is nothing to watch.
+	Routes       []string `yaml:"-"`
+	RouteDefault string   `yaml:"-"`
+	PAC          string   `yaml:"-"`
+}
+
+// FlagRoutes reports whether the policy is --egress-route/--egress-default flags rather
+// than a file (rules file or --egress-pac script).
+func (c *Config) FlagRoutes() bool {
+	return c.PAC == "" && (len(c.Routes) > 0 || c.RouteDefault != "")
 }
 
 // Upstream is one proxy the relay can hand flows to.

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rulesPath := fs.String("config", "", "the rules file (default: the settings' rules, "+api.DefaultRulesPath+")")
 	debug := fs.Bool("debug", false, "debug logging, including flow destinations")
 	attachPath := fs.String("attach", attach.DefaultSettingsPath, "the attach listener's settings (root only; a missing default file = no listener)")
+	var routes routeFlags
+	fs.Var(&routes, "egress-route", "a pattern-form rule `PATTERN=ROUTE` instead of the rules file (repeatable, first match)")
+	routeDefault := fs.String("egress-default", "", "the default `ROUTE` of --egress-route or --egress-pac (cluster when absent)")
+	pacPath := fs.String("egress-pac", "", "a PAC script `FILE` (FindProxyForURL) instead of the rules file; reloaded when it changes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -71,8 +76,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *rulesPath != "" && (*pacPath != "" || len(routes) > 0 || *routeDefault != "") {
+		return fmt.Errorf("--config and --egress-route/--egress-default/--egress-pac are two ways to give a policy; use one")
+	}
+	if *pacPath != "" && len(routes) > 0 {
+		return fmt.Errorf("--egress-pac and --egress-route are two ways to give a policy; use one")
+	}
 	if *rulesPath != "" {
 		cfg.Rules = *rulesPath
+	}
+	cfg.Routes, cfg.RouteDefault, cfg.PAC = routes, *routeDefault, *pacPath
+	switch {
+	case cfg.PAC != "":
+		cfg.Rules = cfg.PAC
+	case cfg.FlagRoutes():
+		cfg.Rules = "--egress-route"
 	}
 	if *debug {
 		cfg.Debug = true
@@ -122,7 +140,22 @@ func Check(cfg *config.Config, out io.Writer) error {
 }
 
 func loadRules(cfg *config.Config) (*rules.Policy, error) {
-	p, err := rules.Load(cfg.Rules, rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached})
+	o := rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached}
+	var p *rules.Policy
+	var err error
+	switch {
+	case cfg.PAC != "":
+		var src []byte
+		if src, err = os.ReadFile(cfg.PAC); err != nil {
+			err = &rules.Error{Code: rules.CodeUnreadable, Msg: err.Error()}
+		} else {
+			p, err = rules.FromScript(cfg.PAC, src, cfg.RouteDefault, o)
+		}
+	case cfg.FlagRoutes():
+		p, err = rules.FromRoutes(cfg.Routes, cfg.RouteDefault, o)
+	default:
+		p, err = rules.Load(cfg.Rules, o)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("load rules %s: %w", cfg.Rules, err)
 	}
@@ -265,7 +298,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	go d.watchRules(wctx)
+	if !d.cfg.FlagRoutes() {
+		go d.watchRules(wctx) // flags never change under a running daemon
+	}
 	hup := notifyHUP()
 	defer stopHUP(hup)
 
@@ -400,3 +435,9 @@ func listenUnix(path string) (net.Listener, error) {
 	}
 	return ln, nil
 }
+
+// routeFlags collects repeated --egress-route flags.
+type routeFlags []string
+
+func (r *routeFlags) String() string     { return strings.Join(*r, " ") }
+func (r *routeFlags) Set(v string) error { *r = append(*r, v); return nil }

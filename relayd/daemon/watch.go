@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/kl-egress/kl/rules"
 )
 
 // watchRules reloads the rules when the file's content changes. It polls the content at
@@ -40,6 +42,9 @@ func (d *Daemon) watchRules(ctx context.Context) {
 	check := func() {
 		data, err := os.ReadFile(d.cfg.Rules)
 		sum := ""
+		if err == nil && d.cfg.PAC != "" {
+			data = rules.ScriptSource(data, d.cfg.RouteDefault) // what the live policy's hash covers
+		}
 		if err == nil {
 			h := sha256.Sum256(data)
 			sum = hex.EncodeToString(h[:])
