@@ -32,6 +32,8 @@ func TestCLI(t *testing.T) {
 		{"explain-routes-json", nil, []string{"explain", "--egress-route", "*.corp.example=client", "--egress-route", "10.0.0.0/8=cluster", "--egress-default", "deny", "--host", "x.corp.example", "--json"}},
 		{"explain-routes-default", nil, []string{"explain", "--egress-route", "*.corp.example=client", "--egress-default", "deny", "--ip", "192.0.2.1", "--port", "443"}},
 		{"explain-routes-bad", nil, []string{"explain", "--egress-route", "10.0.0.0/8:http=cluster", "--ip", "10.0.0.1"}},
+		{"explain-pac-json", nil, []string{"explain", "--egress-pac", "testdata/egress.pac", "--host", "git.corp.example", "--port", "443", "--at", "2026-11-30T06:00:00Z", "--json"}},
+		{"explain-pac-and-routes", nil, []string{"explain", "--egress-pac", "testdata/egress.pac", "--egress-route", "*=deny", "--host", "a.example"}},
 		{"explain-invalid-file", nil, []string{"explain", "--rules", "testdata/bad.yaml", "--host", "a.example.com", "--json"}},
 		{"explain-missing-file", nil, []string{"explain", "--rules", "testdata/nope.yaml", "--host", "a.example.com"}},
 		{"explain-gateway-off", nil, []string{"explain", "--rules", "testdata/gateway.yaml", "--host", "api.example.com", "--port", "443"}},

@@ -4,18 +4,20 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/rules/pac"
 )
 
-// policyFlags are the ways explain and lint name a policy: a rules file, or the
-// pattern form from flags.
+// policyFlags are the ways explain and lint name a policy: a rules file, the pattern
+// form from flags, or a PAC script file.
 type policyFlags struct {
 	rules    string
 	routes   multiFlag
 	def      string
+	pac      string
 	detached bool
 	deadline time.Duration
 }
@@ -25,7 +27,8 @@ func (pf *policyFlags) register(fs *flag.FlagSet, withRules bool) {
 		fs.StringVar(&pf.rules, "rules", "", "the rules `FILE` (as the daemon's --config)")
 	}
 	fs.Var(&pf.routes, "egress-route", "a pattern-form rule `PATTERN=ROUTE` (repeatable; instead of a file)")
-	fs.StringVar(&pf.def, "egress-default", "", "the pattern form's default `ROUTE` (cluster when absent)")
+	fs.StringVar(&pf.def, "egress-default", "", "the default `ROUTE` of --egress-route or --egress-pac (cluster when absent)")
+	fs.StringVar(&pf.pac, "egress-pac", "", "a PAC script `FILE` (FindProxyForURL) as the policy (as the daemon's --egress-pac)")
 	fs.BoolVar(&pf.detached, "detached", false, "the policy is for detached use (no attach session): client is refused")
 	fs.DurationVar(&pf.deadline, "script-deadline", pac.DefaultDeadline, "a PAC script's time `LIMIT` per call (the daemon's default)")
 }
@@ -42,8 +45,20 @@ func (pf *policyFlags) options(env *Env, detached bool) rules.LoadOptions {
 
 func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.Policy, error) {
 	switch {
-	case pf.rules != "" && (len(pf.routes) > 0 || pf.def != ""):
-		return nil, usageError(env, cmd, "--rules and --egress-route/--egress-default are two ways to give a policy; use one")
+	case pf.rules != "" && (len(pf.routes) > 0 || pf.def != "" || pf.pac != ""):
+		return nil, usageError(env, cmd, "--rules and --egress-route/--egress-default/--egress-pac are two ways to give a policy; use one")
+	case pf.pac != "" && len(pf.routes) > 0:
+		return nil, usageError(env, cmd, "--egress-pac and --egress-route are two ways to give a policy; use one")
+	case pf.pac != "":
+		src, err := os.ReadFile(pf.pac)
+		if err != nil {
+			return nil, policyError(env, &rules.Error{Code: rules.CodeUnreadable, Msg: err.Error()})
+		}
+		p, err := rules.FromScript(pf.pac, src, pf.def, o)
+		if err != nil {
+			return nil, policyError(env, err)
+		}
+		return p, nil
 	case pf.rules != "":
 		p, err := rules.Load(pf.rules, o)
 		if err != nil {
@@ -57,7 +72,7 @@ func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.P
 		}
 		return p, nil
 	}
-	return nil, usageError(env, cmd, "no policy: give a rules file or --egress-route PATTERN=ROUTE")
+	return nil, usageError(env, cmd, "no policy: give a rules file, --egress-route PATTERN=ROUTE or --egress-pac FILE")
 }
 
 // policyError prints a refused policy as `CODE: message (line N)` and ends with status 2.
