@@ -1,7 +1,9 @@
 package rules
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -214,6 +216,17 @@ rules:
 // TestCIDRBlockBitmap checks the /16-block shortcut of the CIDR index against the walk
 // for prefixes shorter than, equal to and longer than /16, at and around their edges.
 func TestCIDRBlockBitmap(t *testing.T) {
+	// Padded with many /32s in 10/8, the bitmap's blocks shrink from /12 to /20.
+	for _, pad := range []int{0, 9_000} {
+		var b strings.Builder
+		for k := 0; k < pad; k++ {
+			fmt.Fprintf(&b, "  - cidr: \"10.%d.%d.1/32\"\n    action: proxy\n", k>>8&255, k&255)
+		}
+		t.Run(fmt.Sprint("pad=", pad), func(t *testing.T) { testCIDRBlocks(t, b.String()) })
+	}
+}
+
+func testCIDRBlocks(t *testing.T, pad string) {
 	p := mustParse(t, `default: deny
 rules:
   - cidr: "172.16.0.0/12"
@@ -226,7 +239,7 @@ rules:
     action: direct
   - cidr: "0.0.0.0/1"
     action: deny
-`, LoadOptions{})
+`+pad, LoadOptions{})
 	addrs := []string{
 		"172.15.255.255", "172.16.0.0", "172.31.255.255", "172.32.0.0",
 		"100.63.255.255", "100.64.0.1", "100.65.255.255", "100.66.0.0",

@@ -1,7 +1,9 @@
 package rules
 
 import (
+	"encoding/binary"
 	"math"
+	"math/bits"
 	"net/netip"
 	"strings"
 
@@ -325,12 +327,15 @@ func (x *domainIndex) lookup(host string) int32 {
 // among itself and every stored prefix containing it, so the longest-prefix match of an
 // address yields the lowest rule index of all the prefixes that contain it.
 //
-// v4blocks has bit k set when some IPv4 prefix overlaps the /16 block k: an IPv4
-// address whose block has no bit cannot match, and one bit test (8 KiB, cache
-// resident) answers most misses without walking the table.
+// v4blocks has bit k set when some IPv4 prefix overlaps block k, the addresses that
+// share their top v4bits bits: an IPv4 address whose block has no bit cannot match, and
+// one bit test answers most misses without walking the table. The block size follows
+// the number of prefixes (from /12 for a few to /20, 128 KiB, for tens of thousands)
+// so that the bitmap stays sparse and small enough for the caches.
 type cidrIndex struct {
 	t        *bart.Table[int32]
-	v4blocks *[1024]uint64
+	v4blocks []uint64
+	v4bits   int
 }
 
 func (x *cidrIndex) build(prefixes map[netip.Prefix]int32) {
@@ -338,15 +343,16 @@ func (x *cidrIndex) build(prefixes map[netip.Prefix]int32) {
 		return
 	}
 	x.t = new(bart.Table[int32])
-	x.v4blocks = new([1024]uint64)
+	x.v4bits = min(max(bits.Len(uint(len(prefixes)))+6, 12), 20)
+	x.v4blocks = make([]uint64, 1<<x.v4bits/64)
 	for p, i := range prefixes {
 		x.t.Insert(p, i)
 		if p.Addr().Is4() {
 			b := p.Addr().As4()
-			lo := uint32(b[0])<<8 | uint32(b[1])
+			lo := binary.BigEndian.Uint32(b[:]) >> (32 - x.v4bits)
 			n := uint32(1)
-			if p.Bits() < 16 {
-				n = 1 << (16 - p.Bits())
+			if p.Bits() < x.v4bits {
+				n = 1 << (x.v4bits - p.Bits())
 				lo &^= n - 1
 			}
 			for k := lo; k < lo+n; k++ {
@@ -379,7 +385,7 @@ func (x *cidrIndex) lookup(a netip.Addr) int32 {
 	}
 	if a.Is4() {
 		b := a.As4()
-		if k := uint32(b[0])<<8 | uint32(b[1]); x.v4blocks[k/64]&(1<<(k%64)) == 0 {
+		if k := binary.BigEndian.Uint32(b[:]) >> (32 - x.v4bits); x.v4blocks[k/64]&(1<<(k%64)) == 0 {
 			return 0
 		}
 	}
