@@ -66,9 +66,10 @@ func (f *keyFilter) maybeH(h uint64) bool {
 	return *w&m == m
 }
 
-// prefixHash is an incremental hash of a string's prefixes: start with prefixSeed,
-// step once per byte, and finish gives the prefix's hash. Stepping is FNV-1a; finish
-// mixes the bits so that the filter's word and bit choices are independent.
+// prefixSeed, prefixStep and prefixFinish make an incremental hash: start with
+// prefixSeed, step once per byte, and finish gives the hash of the bytes so far.
+// Stepping is FNV-1a; finish mixes the bits so that the filter's word and bit choices
+// are independent.
 const prefixPrime = 1099511628211
 
 var prefixSeed = uint64(14695981039346656037) ^ maphash.Comparable(filterSeed, 0)
@@ -121,8 +122,8 @@ func filterKeys[V any](m map[string]V) keyFilter {
 	return f
 }
 
-// suffixHash is prefixHash of s read backwards: a walk from the end of a name hashes
-// each of its suffixes in one pass.
+// suffixHash is the incremental hash of s read backwards: a walk from the end of a
+// name hashes each of its suffixes in one pass.
 func suffixHash(s string) uint64 {
 	h := prefixSeed
 	for i := len(s) - 1; i >= 0; i-- {
