@@ -203,9 +203,8 @@ func testDockerTraffic(t *testing.T, dir, cfgPath string, d *dockerd) {
 	if l := rl.decision(labelled); !strings.Contains(l, "exit=proxy") || !strings.Contains(l, "dimension=label") {
 		t.Errorf("labelled flow's decision = %q, want exit proxy by dimension label", l)
 	}
-	if l := rl.decision(plain); !strings.Contains(l, "exit=direct") || !strings.Contains(l, "dimension=default") {
-		t.Errorf("plain flow's decision = %q, want direct by default", l)
-	}
+	// The plain flow is direct by default: the kernel fast path may decide it (no relay log
+	// line then), so its audit record is what proves the decision.
 	if !rl.recorded(t, "label", "proxy") || !rl.recorded(t, "default", "direct") {
 		t.Errorf("relay status lacks the label/proxy and default/direct audit records: %+v", rl.status(t).Recent)
 	}
