@@ -41,6 +41,17 @@ type Policy struct {
 	pats    patternIndex
 	patIdx  bool    // the pattern form is indexed (few distinct port specs)
 	tiered  []*rule // all rules in tier order, then file order (the walk's list)
+
+	// What a rule decides, for the indexed path: outID[i] picks rule i+1's entry in
+	// outs, the few distinct (exit, note, dimension) of the file, so that a decision
+	// reads 4 bytes of a dense array instead of a rule far out in a large file.
+	outs  []ruleOut
+	outID []uint32
+}
+
+type ruleOut struct {
+	exit, note string
+	dim        Dimension
 }
 
 // metadata is the cloud instance metadata range of the guard (SPEC §4.4).
@@ -105,6 +116,19 @@ func (p *Policy) compile() error {
 	p.domain.seal()
 	p.cidr.build(cidrs)
 	p.port.build(ports)
+	seen := map[ruleOut]uint32{}
+	p.outID = make([]uint32, len(p.rules))
+	for i := range p.rules {
+		r := &p.rules[i]
+		o := ruleOut{r.exit, r.note, r.dim}
+		id, ok := seen[o]
+		if !ok {
+			id = uint32(len(p.outs))
+			p.outs = append(p.outs, o)
+			seen[o] = id
+		}
+		p.outID[i] = id
+	}
 	p.tiered = make([]*rule, 0, len(p.rules))
 	for i := range p.rules {
 		p.tiered = append(p.tiered, &p.rules[i])
@@ -174,8 +198,8 @@ func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 
 // tierDecision is ruleDecision for a rule of a tier the caller knows.
 func (p *Policy) tierDecision(idx int32, prio int) Decision {
-	r := &p.rules[idx-1]
-	return Decision{Exit: r.exit, Rule: r.idx, Priority: prio, Dimension: r.dim, Note: r.note}
+	o := &p.outs[p.outID[idx-1]]
+	return Decision{Exit: o.exit, Rule: int(idx), Priority: prio, Dimension: o.dim, Note: o.note}
 }
 
 var guardDecision = Decision{Exit: ExitDirect, Dimension: DimGuard, Note: "metadata guard: 169.254.0.0/16 always goes direct"}
