@@ -20,6 +20,23 @@ type Status struct {
 	FastPath   bool           `json:"fastPath"`
 	Kernel     []KernelStatus `json:"kernel,omitempty"`
 	KernelHits []RuleHit      `json:"kernelHits,omitempty"`
+	// Attach lists the live `kl-ctl attach` sessions that carry `client` flows; nil when
+	// the attach listener is off.
+	Attach []AttachSession `json:"attach,omitempty"`
+}
+
+// AttachSession is one live attach session: who holds it, for which workloads, and what
+// it has carried.
+type AttachSession struct {
+	ID         string    `json:"id"`
+	Credential string    `json:"credential"`       // the credential's name in the daemon's attach settings
+	Client     string    `json:"client,omitempty"` // what the client says it is (kl-ctl version, host)
+	Remote     string    `json:"remote"`           // the session's remote address
+	Scope      string    `json:"scope"`            // the workloads it may carry
+	Since      time.Time `json:"since"`
+	Policy     string    `json:"policy"` // hash of the policy it holds
+	Flows      uint64    `json:"flows"`
+	Refused    uint64    `json:"refused"`
 }
 
 // KernelStatus is how much of one workload's policy its own nftables table decides (the

@@ -139,6 +139,7 @@ func printStatus(w io.Writer, socket string, st api.Status, regs []api.Registrat
 	}
 
 	printKernel(w, st)
+	printAttach(w, st)
 
 	fmt.Fprintln(w, "\nhits per rule (rule 0: the default, the guard or a script)")
 	if len(st.Hits) == 0 {
@@ -201,6 +202,21 @@ func printKernel(w io.Writer, st api.Status) {
 			line += "; last install FAILED: " + k.Error
 		}
 		fmt.Fprintf(tw, "  %s\t%s\n", shortID(k.ID), line)
+	}
+	tw.Flush()
+}
+
+// printAttach lists the live attach sessions, which carry the workloads' `client` flows.
+func printAttach(w io.Writer, st api.Status) {
+	if len(st.Attach) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nattach sessions: %d live (the client exit)\n", len(st.Attach))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  ID\tCREDENTIAL\tREMOTE\tSCOPE\tSINCE\tFLOWS\tREFUSED")
+	for _, a := range st.Attach {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%d\n", shortID(a.ID), a.Credential, a.Remote, orDash(a.Scope),
+			a.Since.UTC().Format(time.RFC3339), a.Flows, a.Refused)
 	}
 	tw.Flush()
 }

@@ -74,9 +74,9 @@ func sampleStatus() (api.Status, []api.Registration) {
 			{Rule: 0, Dimension: "cidr", Count: 1},
 		},
 		Recent: []api.Decision{
-			{At: t0.Add(-2 * time.Second), Rule: 3, Priority: 30, Dimension: "cidr", Exit: "direct", Note: "cluster ranges", Path: "kernel"},
+			{At: t0.Add(-2 * time.Second), Rule: 3, Priority: 500, Dimension: "cidr", Exit: "direct", Note: "cluster ranges", Path: "kernel"},
 			{At: t0.Add(-time.Second), Rule: 0, Dimension: "default", Exit: "proxy", Path: "relay"},
-			{At: t0.Add(-500 * time.Millisecond), Rule: 1, Priority: 10, Dimension: "image", Exit: "deny", Note: "no builder egress", Reason: "E_UPSTREAM_DOWN", Path: "relay"},
+			{At: t0.Add(-500 * time.Millisecond), Rule: 1, Priority: 200, Dimension: "image", Exit: "deny", Note: "no builder egress", Reason: "E_UPSTREAM_DOWN", Path: "relay"},
 		},
 	}
 	st.FastPath = true
@@ -86,6 +86,8 @@ func sampleStatus() (api.Status, []api.Registration) {
 		{ID: "stale", Error: "install nftables table inet kl: no such file or directory"},
 	}
 	st.KernelHits = []api.RuleHit{{Rule: 3, Dimension: "cidr", Count: 1100}}
+	st.Attach = []api.AttachSession{{ID: "s-7f3a", Credential: "alice", Remote: "198.51.100.7:51234", Scope: "kl.route=client",
+		Since: t0.Add(-10 * time.Minute), Policy: st.Rules.Hash, Flows: 42, Refused: 1}}
 	regs := []api.Registration{
 		{Workload: api.Workload{ID: "4f1c2b3a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a", Netns: "/var/run/netns/cni-1234", Mode: "transparent", Source: "cni", Namespace: "ci", Name: "builder-7", Addrs: []netip.Addr{netip.MustParseAddr("10.244.1.7")}},
 			Listeners: api.Listeners{Redirect: 15001}, Since: t0.Add(-time.Hour)},
@@ -103,7 +105,7 @@ func TestStatus(t *testing.T) {
 	ok, regs := sampleStatus()
 	refused := ok
 	refused.Rules.LastError = "rules.yaml:12: rule 4: exit \"gateway\" needs KL_EGRESS_GATEWAY=1"
-	refused.Rules.LastErrorCode = "E_GATEWAY_OFF"
+	refused.Rules.LastErrorCode = "E_GATEWAY_DISABLED"
 	refused.Rules.LastErrorAt = t0.Add(-10 * time.Minute)
 	notReady := api.Status{StartedAt: t0.Add(-2 * time.Second), Rules: api.RulesStatus{Path: "/etc/kl/rules.yaml"}, FDs: 9, FDLimit: 1024, Goroutines: 8}
 	empty := api.Status{Ready: true, StartedAt: t0.Add(-time.Minute), Rules: api.RulesStatus{Path: "/etc/kl/rules.yaml", Hash: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", LoadedAt: t0.Add(-time.Minute)}, FDs: 12, FDLimit: 1024, Goroutines: 10}

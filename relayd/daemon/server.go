@@ -231,6 +231,12 @@ func (d *Daemon) Status() api.Status {
 		Recent:     recent,
 	}
 	d.fastStatus(&s)
+	if srv := d.attach.Load(); srv != nil {
+		for _, se := range srv.Sessions() {
+			s.Attach = append(s.Attach, api.AttachSession{ID: se.ID, Credential: se.Credential, Client: se.Client,
+				Remote: se.Remote, Scope: se.Scope, Since: se.Since, Policy: se.Policy, Flows: se.Flows, Refused: se.Refused})
+		}
+	}
 	return s
 }
 

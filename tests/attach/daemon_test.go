@@ -104,6 +104,12 @@ credentials:
 	if seen, err := visit(p, gwHostAddr); err != nil || seen != nodeGwSide {
 		t.Fatalf("gateway route through kl-relayd: seen %s, %v", seen, err)
 	}
+	// The live session shows in the daemon's status (kl-ctl status lists it).
+	var live api.Status
+	must(t, client.Call(context.Background(), "GET", "/v1/status", nil, &live))
+	if len(live.Attach) != 1 || live.Attach[0].Flows < 1 || live.Attach[0].Policy != live.Rules.Hash {
+		t.Errorf("status attach sessions = %+v, want one live session that carried a flow with the live policy %s", live.Attach, live.Rules.Hash)
+	}
 	// A reload hands the session the new rules: a PAC sending the corp network through
 	// the laptop's squid.
 	squidLog := startSquid(t, tp)
@@ -153,6 +159,7 @@ script: |
 		t.Errorf("%d audit records of client flows refused for want of a session, want 2: %+v", n, st.Recent)
 	}
 }
+
 // TestRandomScript: a script routing corp flows to the client by Math.random and Date;
 // every flow the relay routed client is carried (the attach side drew the same number
 // from the same flow id), every other one was denied.
