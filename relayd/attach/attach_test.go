@@ -27,6 +27,7 @@ import (
 	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 const testToken = "alice-token-0123456789"
@@ -51,7 +52,7 @@ func (l *logBuf) String() string {
 
 type fixture struct {
 	t      *testing.T
-	pki    *testPKI
+	pki    *testutil.PKI
 	srv    *Server
 	addr   string
 	policy atomic.Pointer[rules.Policy]
@@ -70,7 +71,7 @@ func mustPolicy(t testing.TB, src string) *rules.Policy {
 
 func newFixture(t *testing.T, policy string, creds ...Credential) *fixture {
 	t.Helper()
-	f := &fixture{t: t, pki: newPKI(t), log: &logBuf{}}
+	f := &fixture{t: t, pki: testutil.NewPKI(t), log: &logBuf{}}
 	f.policy.Store(mustPolicy(t, policy))
 	if len(creds) == 0 {
 		creds = []Credential{{Name: "alice", Token: testToken, Selector: "team=pay"}}
@@ -203,7 +204,7 @@ func TestCredentials(t *testing.T) {
 		Credential{Name: "bob", Subject: "bob@laptop", Workloads: []string{"pod-pay"}})
 	bobCert, bobKey := f.pki.Issue("bob@laptop", false)
 	eveCert, eveKey := f.pki.Issue("eve@laptop", false)
-	other := newPKI(t)
+	other := testutil.NewPKI(t)
 	strayCert, strayKey := other.Issue("bob@laptop", false)
 	tests := []struct {
 		name    string

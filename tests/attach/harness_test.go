@@ -66,7 +66,7 @@ type topo struct {
 	t                      testing.TB
 	dir                    string
 	node, laptop, corp, gw *testutil.Netns
-	pki                    *testPKI
+	pki                    *testutil.PKI
 	policy                 atomic.Pointer[rules.Policy]
 	srv                    *attach.Server
 	rel                    *relay.Relay
@@ -125,7 +125,7 @@ func newTopo(t testing.TB, policy string) *topo {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(tp.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	tp.pki = newPKI(t)
+	tp.pki = testutil.NewPKI(t)
 	tp.pki.Cert, tp.pki.Key = tp.pki.Issue("kl-relayd", true, "198.51.100.1")
 	tp.tokenFile = filepath.Join(tp.dir, "token")
 	must(t, os.WriteFile(tp.tokenFile, []byte(token+"\n"), 0o600))

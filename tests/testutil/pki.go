@@ -1,4 +1,4 @@
-package attach
+package testutil
 
 import (
 	"crypto/ecdsa"
@@ -15,9 +15,9 @@ import (
 	"time"
 )
 
-// testPKI is a throwaway CA with a server certificate for 127.0.0.1/localhost and
+// PKI is a throwaway CA with a server certificate for 127.0.0.1/localhost and
 // client certificates on demand, written as PEM files.
-type testPKI struct {
+type PKI struct {
 	t      testing.TB
 	dir    string
 	ca     *x509.Certificate
@@ -27,9 +27,11 @@ type testPKI struct {
 	Key    string
 }
 
-func newPKI(t testing.TB) *testPKI {
+// NewPKI makes a CA and a server certificate (kl-relayd, localhost, 127.0.0.1, ::1) in a
+// temporary directory of the test.
+func NewPKI(t testing.TB) *PKI {
 	t.Helper()
-	k := &testPKI{t: t, dir: t.TempDir()}
+	k := &PKI{t: t, dir: t.TempDir()}
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kl test CA"},
@@ -47,7 +49,7 @@ func newPKI(t testing.TB) *testPKI {
 	return k
 }
 
-func (k *testPKI) write(name, typ string, der []byte) string {
+func (k *PKI) write(name, typ string, der []byte) string {
 	p := filepath.Join(k.dir, name)
 	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
 		k.t.Fatal(err)
@@ -57,7 +59,7 @@ func (k *testPKI) write(name, typ string, der []byte) string {
 
 // Issue signs a certificate for cn (server or client use) with the given names and
 // returns the certificate and key files.
-func (k *testPKI) Issue(cn string, server bool, names ...string) (cert, key string) {
+func (k *PKI) Issue(cn string, server bool, names ...string) (cert, key string) {
 	priv, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: cn},
