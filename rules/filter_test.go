@@ -70,11 +70,21 @@ func TestGlobSetFirst(t *testing.T) {
 		}
 		return b.String()
 	}
-	for _, n := range []int{5, 300, 3_000} {
+	for _, tc := range []struct {
+		n   int
+		two bool // every literal prefix and value starts with one of a few two-byte leads
+	}{{5, false}, {300, false}, {3_000, false}, {300, true}, {3_000, true}} {
+		n := tc.n
+		lead := func(opts ...string) string {
+			if !tc.two {
+				return ""
+			}
+			return opts[r.IntN(len(opts))]
+		}
 		var sealed, open globSet
 		var all []globRule
 		for i := 1; i <= n; i++ {
-			g := word() + []string{"*", "?", "*-builder:*", "*x"}[r.IntN(4)]
+			g := lead("re", "to", "gh") + word() + []string{"*", "?", "*-builder:*", "*x"}[r.IntN(4)]
 			if r.IntN(20) == 0 {
 				g = strings.Repeat("long/", 14) + g // a literal prefix of 64 bytes or more
 			}
@@ -85,23 +95,23 @@ func TestGlobSetFirst(t *testing.T) {
 		sealed.seal()
 		hits := 0
 		for k := 0; k < 3_000; k++ {
-			s := word() + word()
+			s := lead("re", "pr", "to", "sh") + word() + word()
 			if r.IntN(20) == 0 {
 				s = strings.Repeat("long/", 14) + s
 			}
 			want := firstGlob(all, s, none)
 			if got := sealed.first(s, none); got != want {
-				t.Fatalf("%d globs: sealed first(%q) = %d, want %d", n, s, got, want)
+				t.Fatalf("%+v: sealed first(%q) = %d, want %d", tc, s, got, want)
 			}
 			if got := open.first(s, none); got != want {
-				t.Fatalf("%d globs: unsealed first(%q) = %d, want %d", n, s, got, want)
+				t.Fatalf("%+v: unsealed first(%q) = %d, want %d", tc, s, got, want)
 			}
 			if want != none {
 				hits++
 			}
 		}
 		if hits == 0 {
-			t.Errorf("%d globs: no value matched a glob; the comparison proves nothing", n)
+			t.Errorf("%+v: no value matched a glob; the comparison proves nothing", tc)
 		}
 	}
 }
