@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -114,11 +115,18 @@ func (rl *relayd) recorded(t *testing.T, dimension, exit string) bool {
 	return false
 }
 
+// status is what `kl-ctl status --json` shows for the relay: the decisions a test checks
+// are the ones an operator sees.
 func (rl *relayd) status(t *testing.T) api.Status {
 	t.Helper()
 	var st api.Status
-	if err := rl.client.Call(context.Background(), "GET", "/v1/status", nil, &st); err != nil {
-		t.Errorf("relay status: %v", err)
+	r := run(t, nil, testutil.Bin(t, "kl-ctl"), "status", "--json", "--socket", rl.Socket)
+	if r.code != 0 {
+		t.Errorf("kl-ctl status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		return st
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Errorf("kl-ctl status --json: %v\n%s", err, r.stdout)
 	}
 	return st
 }
