@@ -48,7 +48,7 @@ func FuzzAppendJSON(f *testing.F) {
 		r := Record{At: time.Unix(0, nanos).UTC(), Rule: rule, Priority: prio, Dimension: dim, Exit: exit, Note: note, Reason: reason, Path: path}
 		want, err := json.Marshal(r)
 		if err != nil {
-			t.Skip() // a time encoding/json refuses; appendJSON is never given one by the relay
+			return // a time encoding/json refuses; appendJSON is never given one by the relay
 		}
 		if got := appendJSON(nil, &r); string(got) != string(want)+"\n" {
 			t.Fatalf("appendJSON(%+v)\n got %s\nwant %s", r, got, want)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -22,18 +21,7 @@ func requireDemo(t *testing.T) {
 	t.Helper()
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "ss", "curl", "squid", "containerd", "ctr", "containerd-shim-runc-v2", "runc", "busybox", "nsenter")
-	dir := os.Getenv("KL_CNI_BIN")
-	if dir == "" {
-		dir = filepath.Join(testutil.ModuleRoot(t), ".build", "cni")
-	}
-	for _, p := range []string{"bridge", "host-local", "loopback", "cnitool"} {
-		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
-			if testutil.InCI() {
-				t.Fatalf("CNI plugin %s missing in %s (run tests/deps.sh): %v", p, dir, err)
-			}
-			t.Skipf("CNI plugin %s missing in %s: run tests/deps.sh (set KL_E2E=1 to make this a failure)", p, dir)
-		}
-	}
+	testutil.CNIPlugins(t, "bridge", "host-local", "loopback", "cnitool")
 }
 
 var (

@@ -27,19 +27,7 @@ import (
 // cniBin is where tests/deps.sh puts the CNI reference plugins and cnitool.
 func cniBin(t testing.TB) string {
 	t.Helper()
-	dir := os.Getenv("KL_CNI_BIN")
-	if dir == "" {
-		dir = filepath.Join(testutil.ModuleRoot(t), ".build", "cni")
-	}
-	for _, p := range []string{"bridge", "host-local", "loopback", "portmap", "cnitool"} {
-		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
-			if testutil.InCI() {
-				t.Fatalf("CNI plugin %s missing in %s (run tests/deps.sh): %v", p, dir, err)
-			}
-			t.Skipf("CNI plugin %s missing in %s: run tests/deps.sh (set KL_E2E=1 to make this a failure)", p, dir)
-		}
-	}
-	return dir
+	return testutil.CNIPlugins(t, "bridge", "host-local", "loopback", "portmap", "cnitool")
 }
 
 // node is a CNI node inside its own netns ("node"): the bridge, the veths' host ends and

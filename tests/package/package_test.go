@@ -69,9 +69,7 @@ func run(t *testing.T, env []string, name string, args ...string) string {
 }
 
 func TestDebianPackage(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the whole package (static binaries and nfpm): not a -short test")
-	}
+	testutil.SkipShort(t, "builds the whole package (static binaries and nfpm)")
 	testutil.RequirePrivileged(t) // dpkg --root installs as root, with root-owned files
 	testutil.RequireTool(t, "dpkg", "dpkg-deb", "go")
 	mod := testutil.ModuleRoot(t)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +20,9 @@ import (
 // InCI reports whether privileged tests are mandatory (KL_E2E=1).
 func InCI() bool { return os.Getenv("KL_E2E") == "1" }
 
-func unavailable(t testing.TB, why string) {
+// Unavailable skips the test with why, or fails it in CI (KL_E2E=1): the one way a test
+// gives up on a missing part of its environment.
+func Unavailable(t testing.TB, why string) {
 	t.Helper()
 	if InCI() {
 		t.Fatalf("KL_E2E=1 but this test cannot run: %s", why)
@@ -32,15 +35,15 @@ func unavailable(t testing.TB, why string) {
 func RequirePrivileged(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		unavailable(t, "not root")
+		Unavailable(t, "not root")
 		return
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		unavailable(t, "iproute2 (ip) is not installed")
+		Unavailable(t, "iproute2 (ip) is not installed")
 		return
 	}
 	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
-		unavailable(t, "no network namespaces: "+err.Error())
+		Unavailable(t, "no network namespaces: "+err.Error())
 	}
 }
 
@@ -49,7 +52,7 @@ func RequireTool(t testing.TB, names ...string) {
 	t.Helper()
 	for _, n := range names {
 		if _, err := exec.LookPath(n); err != nil {
-			unavailable(t, n+" is not installed (make deps installs it)")
+			Unavailable(t, n+" is not installed (make deps installs it)")
 		}
 	}
 }
@@ -246,4 +249,30 @@ func moduleRoot() (string, error) {
 		return "", fmt.Errorf("go env GOMOD: %w", err)
 	}
 	return strings.TrimSuffix(strings.TrimSpace(string(out)), "/go.mod"), nil
+}
+
+// SkipShort skips a test that is too long for `go test -short` (never in CI, which does
+// not pass -short).
+func SkipShort(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(why + ": not a -short test")
+	}
+}
+
+// CNIPlugins returns the directory of the CNI reference plugins and cnitool that
+// tests/deps.sh builds ($KL_CNI_BIN, else .build/cni of the module), after checking that
+// each named one is there.
+func CNIPlugins(t testing.TB, names ...string) string {
+	t.Helper()
+	dir := os.Getenv("KL_CNI_BIN")
+	if dir == "" {
+		dir = filepath.Join(ModuleRoot(t), ".build", "cni")
+	}
+	for _, p := range names {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			Unavailable(t, fmt.Sprintf("CNI plugin %s missing in %s (run tests/deps.sh): %v", p, dir, err))
+		}
+	}
+	return dir
 }
