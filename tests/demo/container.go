@@ -3,21 +3,17 @@
 package main
 
 import (
-	"archive/tar"
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // builderRef is the CI builder image: the seed's builder repository. The demo builds a
@@ -84,7 +80,7 @@ func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
 // (the node default of the demo's runtime.yaml), and registers its removal.
 func (d *demo) runBuilder(ctx context.Context, c *containerd, id string) (pid int, err error) {
 	img := filepath.Join(d.dir, "builder-image.tar")
-	if err := buildImage(img, builderRef); err != nil {
+	if err := testutil.BusyboxImage(img, testutil.Image{Ref: builderRef, Apps: []string{"sh", "cat", "echo", "sleep", "nc", "printf", "true"}}); err != nil {
 		return 0, fmt.Errorf("build the builder image: %w", err)
 	}
 	if _, err := c.ctr(ctx, "images", "import", "--snapshotter", "native", img); err != nil {
@@ -174,76 +170,4 @@ func unescapeMount(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
-}
-
-// buildImage writes a one-layer busybox-static image (OCI layout) that `ctr images
-// import` loads under ref.
-func buildImage(path, ref string) error {
-	bbPath, err := exec.LookPath("busybox")
-	if err != nil {
-		return err
-	}
-	bb, err := os.ReadFile(bbPath)
-	if err != nil {
-		return err
-	}
-	mtime := time.Unix(1700000000, 0)
-	var layer bytes.Buffer
-	lw := tar.NewWriter(&layer)
-	for _, d := range []string{"bin/", "etc/", "tmp/", "proc/", "dev/", "sys/"} {
-		lw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	}
-	lw.WriteHeader(&tar.Header{Name: "bin/busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb)), ModTime: mtime})
-	lw.Write(bb)
-	for _, app := range []string{"sh", "cat", "echo", "sleep", "nc", "printf", "true"} {
-		lw.WriteHeader(&tar.Header{Name: "bin/" + app, Typeflag: tar.TypeSymlink, Linkname: "busybox", Mode: 0o777, ModTime: mtime})
-	}
-	if err := lw.Close(); err != nil {
-		return err
-	}
-	blobs := map[string][]byte{}
-	put := func(b []byte) (string, int) {
-		sum := sha256.Sum256(b)
-		d := hex.EncodeToString(sum[:])
-		blobs[d] = b
-		return "sha256:" + d, len(b)
-	}
-	layerDigest, layerSize := put(layer.Bytes())
-	cfg, _ := json.Marshal(map[string]any{
-		"architecture": "amd64", "os": "linux", "created": mtime.UTC().Format(time.RFC3339),
-		"config": map[string]any{"Env": []string{"PATH=/bin"}, "Cmd": []string{"sh"}},
-		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{layerDigest}},
-	})
-	cfgDigest, cfgSize := put(cfg)
-	manifest, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        map[string]any{"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfgDigest, "size": cfgSize},
-		"layers":        []any{map[string]any{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layerDigest, "size": layerSize}},
-	})
-	mDigest, mSize := put(manifest)
-	index, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"manifests": []any{map[string]any{
-			"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mDigest, "size": mSize,
-			"annotations": map[string]string{"io.containerd.image.name": ref},
-		}},
-	})
-	var out bytes.Buffer
-	w := tar.NewWriter(&out)
-	file := func(name string, b []byte) {
-		w.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(b)), ModTime: mtime})
-		w.Write(b)
-	}
-	w.WriteHeader(&tar.Header{Name: "blobs/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	w.WriteHeader(&tar.Header{Name: "blobs/sha256/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: mtime})
-	for d, b := range blobs {
-		file("blobs/sha256/"+d, b)
-	}
-	file("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`))
-	file("index.json", index)
-	if err := w.Close(); err != nil {
-		return err
-	}
-	return os.WriteFile(path, out.Bytes(), 0o644)
 }
