@@ -3,14 +3,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/kl-egress/kl/tests/testutil"
@@ -54,8 +52,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 		return nil, err
 	}
 	// Undo order (LIFO): unmount what is left under dir, after the shims and containerd.
-	d.undo.push("unmount under "+dir, func() error { unmountUnder(dir); return nil })
-	d.undo.push("stop containerd shims", func() error { killShims(c.address); return nil })
+	d.undo.push("unmount under "+dir, func() error { testutil.UnmountUnder(dir); return nil })
+	d.undo.push("stop containerd shims", func() error { testutil.KillShims(c.address); return nil })
 	p, err := d.start(nil, filepath.Join(dir, "containerd.log"), env, 10*time.Second, "containerd", "--config", cfgPath)
 	if err != nil {
 		return nil, err
@@ -113,61 +111,4 @@ func (d *demo) runBuilder(ctx context.Context, c *containerd, id string) (pid in
 		}
 	}
 	return 0, fmt.Errorf("no task %s in:\n%s", id, out)
-}
-
-// killShims ends containerd-shim processes serving the containerd at address (they
-// outlive containerd by design), by PID.
-func killShims(address string) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		args := strings.Split(string(cmdline), "\x00")
-		if len(args) == 0 || !strings.Contains(args[0], "containerd-shim") {
-			continue
-		}
-		for i, a := range args {
-			if a == "-address" && i+1 < len(args) && args[i+1] == address {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
-}
-
-// unmountUnder lazily unmounts everything mounted below dir, deepest first.
-func unmountUnder(dir string) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	var mps []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && strings.HasPrefix(unescapeMount(fields[4]), dir+"/") {
-			mps = append(mps, unescapeMount(fields[4]))
-		}
-	}
-	for i := len(mps) - 1; i >= 0; i-- {
-		_ = syscall.Unmount(mps[i], syscall.MNT_DETACH)
-	}
-}
-
-func unescapeMount(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -97,28 +96,6 @@ func (d *daemon) tail() string {
 	return string(data)
 }
 
-// killShims ends containerd-shim processes serving the containerd at address (they
-// outlive containerd by design), by PID.
-func killShims(address string) {
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		args := strings.Split(string(cmdline), "\x00")
-		if len(args) == 0 || !strings.Contains(args[0], "containerd-shim") {
-			continue
-		}
-		for i, a := range args {
-			if a == "-address" && i+1 < len(args) && args[i+1] == address {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
-}
-
 // containerd is a containerd started for one test.
 type containerd struct {
 	*daemon
@@ -168,8 +145,10 @@ imports = [%q]
 			}
 		}
 		c.stop(10 * time.Second)
-		killShims(c.Address)
-		unmountUnder(t, dir)
+		testutil.KillShims(c.Address)
+		for _, err := range testutil.UnmountUnder(dir) {
+			t.Log(err)
+		}
 	})
 	if !waitFor(20*time.Second, func() bool {
 		_, err := testutil.Output("ctr", "-a", c.Address, "version")

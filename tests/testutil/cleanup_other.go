@@ -1,0 +1,9 @@
+//go:build !linux
+
+package testutil
+
+// KillShims has nothing to do where containerd cannot run.
+func KillShims(address string) {}
+
+// UnmountUnder has nothing to do where the tests mount nothing.
+func UnmountUnder(dir string) []error { return nil }
