@@ -2,7 +2,6 @@ package attach
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -15,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,31 +30,13 @@ import (
 
 const testToken = "alice-token-0123456789"
 
-// logBuf is a goroutine-safe log sink.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 type fixture struct {
 	t      *testing.T
 	pki    *testutil.PKI
 	srv    *Server
 	addr   string
 	policy atomic.Pointer[rules.Policy]
-	log    *logBuf
+	log    *testutil.Buffer
 	audit  *audit.Log
 }
 
@@ -71,7 +51,7 @@ func mustPolicy(t testing.TB, src string) *rules.Policy {
 
 func newFixture(t *testing.T, policy string, creds ...Credential) *fixture {
 	t.Helper()
-	f := &fixture{t: t, pki: testutil.NewPKI(t), log: &logBuf{}}
+	f := &fixture{t: t, pki: testutil.NewPKI(t), log: &testutil.Buffer{}}
 	f.policy.Store(mustPolicy(t, policy))
 	if len(creds) == 0 {
 		creds = []Credential{{Name: "alice", Token: testToken, Selector: "team=pay"}}

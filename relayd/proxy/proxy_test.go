@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/relayd/upstream"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // world is a test's set of loopback origins reachable by name, and the dial function
@@ -27,27 +28,10 @@ type world struct {
 	mu    sync.Mutex
 	names map[string]string // host name -> 127.0.0.1:port
 	dials []string
-	logs  *syncBuffer
+	logs  *testutil.Buffer
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func newWorld() *world { return &world{names: map[string]string{}, logs: &syncBuffer{}} }
+func newWorld() *world { return &world{names: map[string]string{}, logs: &testutil.Buffer{}} }
 
 func (w *world) dial(ctx context.Context, t upstream.Target) (net.Conn, error) {
 	w.mu.Lock()

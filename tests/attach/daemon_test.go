@@ -50,7 +50,7 @@ credentials:
 	if out, err := check.CombinedOutput(); err != nil || !strings.Contains(string(out), "attach ok: listen "+attachAddr+", 1 credentials") {
 		t.Errorf("kl-relayd check: %v\n%s", err, out)
 	}
-	logs := &lockedBuf{}
+	logs := &testutil.Buffer{}
 	cmd := tp.node.Command(bin(t, "kl-relayd"), "--settings", settings, "--attach", attachSettings)
 	cmd.Env = append(os.Environ(), "KL_EGRESS_GATEWAY=1")
 	cmd.Stdout, cmd.Stderr = logs, logs

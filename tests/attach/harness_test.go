@@ -6,7 +6,6 @@ package attach
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -42,23 +41,6 @@ const (
 	token      = "alice-e2e-token-0123456789"
 )
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // topo is the whole topology. The node's relay and attach listener run in this test
 // process with their sockets inside the node and pod namespaces (package netns), the
 // way kl-relayd opens them; kl-ctl runs as a real process in the laptop's namespace.
@@ -70,7 +52,7 @@ type topo struct {
 	policy                 atomic.Pointer[rules.Policy]
 	srv                    *attach.Server
 	rel                    *relay.Relay
-	log                    *lockedBuf
+	log                    *testutil.Buffer
 	audit                  *audit.Log
 	tokenFile              string
 	stopAttach             func()
@@ -106,7 +88,7 @@ func newTopo(t testing.TB, policy string) *topo {
 	t.Helper()
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "nft", "ss")
-	tp := &topo{t: t, dir: t.TempDir(), log: &lockedBuf{}}
+	tp := &topo{t: t, dir: t.TempDir(), log: &testutil.Buffer{}}
 	tp.policy.Store(mustPolicy(t, policy, true))
 	tp.node = testutil.NewNetns(t, "kan")
 	tp.laptop = testutil.NewNetns(t, "kal")
@@ -290,14 +272,14 @@ func bin(t testing.TB, name string) string {
 // klctl is one kl-ctl process in the laptop's namespace.
 type klctl struct {
 	cmd  *exec.Cmd
-	out  *lockedBuf
+	out  *testutil.Buffer
 	done chan error
 }
 
 func (tp *topo) klctl(env []string, args ...string) *klctl {
 	t := tp.t
 	t.Helper()
-	k := &klctl{out: &lockedBuf{}, done: make(chan error, 1)}
+	k := &klctl{out: &testutil.Buffer{}, done: make(chan error, 1)}
 	k.cmd = tp.laptop.Command(bin(t, "kl-ctl"), args...)
 	// The laptop's proxy environment is the test's to set: none unless env says so.
 	k.cmd.Env = append(os.Environ(), "HOME="+tp.dir, "XDG_RUNTIME_DIR=")

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha512"
 	"fmt"
@@ -45,24 +44,7 @@ type node struct {
 	rules   string
 	relay   *exec.Cmd
 	relayWG sync.WaitGroup
-	logs    *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs    *testutil.Buffer
 }
 
 const rulesYAML = `default: direct
@@ -79,7 +61,7 @@ func newNode(t testing.TB, ipv6 bool) *node {
 	t.Helper()
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "nft", "ss")
-	n := &node{t: t, dir: t.TempDir(), logs: &lockedBuffer{}}
+	n := &node{t: t, dir: t.TempDir(), logs: &testutil.Buffer{}}
 	n.cniPath = filepath.Dir(testutil.Bin(t, "kl-cni")) + ":" + cniBin(t)
 	testutil.Bin(t, "kl-relayd")
 	n.ns = testutil.NewNetns(t, "kln")

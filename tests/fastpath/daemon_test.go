@@ -50,25 +50,8 @@ type daemonNode struct {
 	rules     string
 	sock      string
 	client    *api.Client
-	logs      *lockedBuf
+	logs      *testutil.Buffer
 	stop      func()
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func newDaemonNode(t *testing.T) *daemonNode {
@@ -76,7 +59,7 @@ func newDaemonNode(t *testing.T) *daemonNode {
 	testutil.RequirePrivileged(t)
 	testutil.RequireTool(t, "nft", "ip")
 	bin := testutil.Bin(t, "kl-relayd")
-	n := &daemonNode{pod: testutil.NewNetns(t, "klfdp"), host: testutil.NewNetns(t, "klfdh"), dir: t.TempDir(), logs: &lockedBuf{}}
+	n := &daemonNode{pod: testutil.NewNetns(t, "klfdp"), host: testutil.NewNetns(t, "klfdh"), dir: t.TempDir(), logs: &testutil.Buffer{}}
 	testutil.Link(t, n.pod, []string{"203.0.113.1/24", "fdff::1/64"}, n.host, []string{"203.0.113.254/24", "fdff::fe/64"})
 	n.pod.Exec(t, "ip", "route", "add", "default", "via", "203.0.113.254")
 	n.pod.Exec(t, "ip", "-6", "route", "add", "default", "via", "fdff::fe")

@@ -276,3 +276,22 @@ func CNIPlugins(t testing.TB, names ...string) string {
 	}
 	return dir
 }
+
+// Buffer is a bytes.Buffer safe for one writer (a daemon's output, a logger) and a
+// reading test at once.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
