@@ -429,7 +429,8 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		reset(c)
 		return
 	}
-	f := rules.Flow{Labels: w.Labels, Image: w.Image, Dst: dst, Src: addrPort(c.RemoteAddr()).Addr(), At: time.Now(), ID: id}
+	src := addrPort(c.RemoteAddr())
+	f := rules.Flow{Labels: w.Labels, Image: w.Image, Dst: dst, Src: src.Addr(), At: time.Now(), ID: id}
 	pol := r.o.Policy()
 	if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, dst.Port()) {
 		// The peek consumes nothing: the bytes still reach the destination.
@@ -443,7 +444,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		f.Host = host
 	}
 	if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
-		k := sockowner.Key{Netns: w.Netns, Src: addrPort(c.RemoteAddr()), Dst: dst}
+		k := sockowner.Key{Netns: w.Netns, Src: src, Dst: dst}
 		f.Process = r.owner(k, w.ID, id)
 		defer r.o.Owners.Forget(k)
 	}
