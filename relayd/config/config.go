@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/containerd"
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/rules"
 )
@@ -66,9 +68,12 @@ type Config struct {
 	Metrics        string              `yaml:"metrics"` // host:port for Prometheus metrics; "" = off
 	// Docker is the Docker Engine socket the daemon asks for a registered container's
 	// labels and image when the registration lacks them ("" = no enrichment).
-	Docker   string `yaml:"docker"`
-	Debug    bool   `yaml:"debug"` // log destinations (off by default: SPEC §5)
-	Detached bool   `yaml:"detached"`
+	Docker string `yaml:"docker"`
+	// Containerd is the containerd the daemon asks the same, by container id ("" socket =
+	// no lookup); both may be set, Docker is asked first.
+	Containerd Containerd `yaml:"containerd"`
+	Debug      bool       `yaml:"debug"` // log destinations (off by default: SPEC §5)
+	Detached   bool       `yaml:"detached"`
 	// NoFastPath turns the kernel fast path off: every transparent flow is redirected to
 	// the relay (by default flows the kernel can decide alike are decided in the pod's
 	// nftables table and audited from conntrack).
@@ -97,6 +102,14 @@ func (c *Config) FlagRoutes() bool {
 type Upstream struct {
 	URL            string        `yaml:"url"`            // http://[user:pass@]host:port (CONNECT) or socks5://[user:pass@]host:port
 	ConnectTimeout time.Duration `yaml:"connectTimeout"` // default: Config.ConnectTimeout
+}
+
+// Containerd says which containerd socket and namespaces registrations are enriched from.
+type Containerd struct {
+	Socket string `yaml:"socket"` // e.g. /run/containerd/containerd.sock; "" = off
+	// Namespaces are asked in order (default k8s.io, the CRI plugin's, then default,
+	// ctr's; Docker's containers are in moby).
+	Namespaces []string `yaml:"namespaces"`
 }
 
 // Sniff bounds the hostname peek of transparent flows (done only when the rules have
@@ -267,6 +280,21 @@ func (c *Config) Fill() error {
 	}
 	if c.Audit.Path != "" && !filepath.IsAbs(c.Audit.Path) {
 		errs = append(errs, fmt.Errorf("audit: path %q is not absolute", c.Audit.Path))
+	}
+	if c.Containerd.Socket != "" {
+		if len(c.Containerd.Namespaces) == 0 {
+			c.Containerd.Namespaces = slices.Clone(containerd.DefaultNamespaces)
+		}
+		if !filepath.IsAbs(c.Containerd.Socket) {
+			errs = append(errs, fmt.Errorf("containerd: socket %q is not an absolute path", c.Containerd.Socket))
+		}
+		for _, ns := range c.Containerd.Namespaces {
+			if err := containerd.CheckNamespace(ns); err != nil {
+				errs = append(errs, fmt.Errorf("containerd: %w", err))
+			}
+		}
+	} else if len(c.Containerd.Namespaces) > 0 {
+		errs = append(errs, errors.New("containerd: namespaces without a socket"))
 	}
 	if c.Metrics != "" {
 		if _, _, err := net.SplitHostPort(c.Metrics); err != nil {

@@ -72,6 +72,24 @@ exits:
 		{name: "missing url", in: "exits: {b: {}}\n", wantErr: "exits: b: url is missing"},
 		{name: "metrics", in: "metrics: nonsense\n", wantErr: "metrics"},
 		{name: "sniff wait", in: "sniff: {wait: 1m}\n", wantErr: "sniff: wait"},
+		{name: "containerd default namespaces", in: "containerd: {socket: /run/containerd/containerd.sock}\n", check: func(t *testing.T, c *Config) {
+			if got := strings.Join(c.Containerd.Namespaces, ","); got != "k8s.io,default" {
+				t.Errorf("containerd namespaces = %q, want k8s.io,default", got)
+			}
+		}},
+		{name: "containerd namespaces", in: "containerd: {socket: /c.sock, namespaces: [moby]}\n", check: func(t *testing.T, c *Config) {
+			if got := strings.Join(c.Containerd.Namespaces, ","); got != "moby" {
+				t.Errorf("containerd namespaces = %q, want moby", got)
+			}
+		}},
+		{name: "containerd off", in: "", check: func(t *testing.T, c *Config) {
+			if c.Containerd.Socket != "" || c.Containerd.Namespaces != nil {
+				t.Errorf("containerd = %+v, want off", c.Containerd)
+			}
+		}},
+		{name: "containerd relative socket", in: "containerd: {socket: c.sock}\n", wantErr: `containerd: socket "c.sock" is not an absolute path`},
+		{name: "containerd bad namespace", in: "containerd: {socket: /c.sock, namespaces: [k8s.io, 'a/b']}\n", wantErr: `containerd namespace "a/b"`},
+		{name: "containerd namespaces alone", in: "containerd: {namespaces: [default]}\n", wantErr: "containerd: namespaces without a socket"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
