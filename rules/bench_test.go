@@ -16,7 +16,7 @@ var sizes = []int{10, 1_000, 10_000, 100_000}
 // TestDecideAgreesWithWalk checks the compiled indexes against the plain first-match
 // walk over generated files and flows: same decision for every flow.
 func TestDecideAgreesWithWalk(t *testing.T) {
-	for _, n := range []int{10, 300, 2_000} {
+	for _, n := range []int{10, 300, 2_000, 8_000} { // 8k: big enough for every key filter
 		for seed := uint64(1); seed <= 3; seed++ {
 			p, err := rules.Parse("gen", rulegen.File(n, seed), rules.LoadOptions{})
 			if err != nil {

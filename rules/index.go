@@ -296,28 +296,27 @@ func (x *domainIndex) lookup(host string) int32 {
 		}
 		return found(x.rest.first(host, best))
 	}
-	if x.xfilter.maybe(host) {
-		if i, ok := x.exact[host]; ok {
-			best = i
-		}
-	}
-	// One pass from the end hashes the suffixes after a dot (suffixHash), probing
-	// only those with a label count that some key has, and stops past the longest key.
-	if len(x.suffixes) > 0 {
-		h, labels := prefixSeed, 1
-		for j := len(host) - 1; j >= 0 && len(host)-j <= x.maxLen+1; j-- {
-			if host[j] == '.' {
-				if x.depths&(1<<labels) != 0 && x.filter.maybeH(prefixFinish(h)) {
-					if e := x.suffixes[host[j+1:]]; e != nil {
-						best = lower(best, e.wild)
-						if e.globs != nil {
-							best = firstGlob(e.globs, host, best)
-						}
+	// One pass from the end hashes every suffix of the name (suffixHash), probing
+	// the suffixes after a dot that have a label count some key has, and, last, the
+	// whole name against the exact names (their filter is built by suffixHash too).
+	h, labels := prefixSeed, 1
+	for j := len(host) - 1; j >= 0; j-- {
+		if host[j] == '.' && len(host)-j <= x.maxLen+1 {
+			if x.depths&(1<<labels) != 0 && x.filter.maybeH(prefixFinish(h)) {
+				if e := x.suffixes[host[j+1:]]; e != nil {
+					best = lower(best, e.wild)
+					if e.globs != nil {
+						best = firstGlob(e.globs, host, best)
 					}
 				}
-				labels = min(labels+1, 63)
 			}
-			h = prefixStep(h, host[j])
+			labels = min(labels+1, 63)
+		}
+		h = prefixStep(h, host[j])
+	}
+	if x.xfilter.nlens&lenBit(host) == 0 && x.xfilter.maybeH(prefixFinish(h)) {
+		if i, ok := x.exact[host]; ok {
+			best = lower(best, i)
 		}
 	}
 	return found(x.rest.first(host, best))
@@ -452,7 +451,11 @@ func (x *imageIndex) seal()   { x.filter = filterKeys(x.exact); x.globs.seal() }
 func (x *processIndex) seal() { x.filter = filterKeys(x.exact); x.globs.seal() }
 func (x *domainIndex) seal() {
 	x.rest.seal()
-	x.xfilter = filterKeys(x.exact)
+	x.xfilter = newKeyFilter(len(x.exact))
+	for k := range x.exact {
+		x.xfilter.nlens &^= lenBit(k)
+		x.xfilter.addH(suffixHash(k))
+	}
 	x.filter = newKeyFilter(len(x.suffixes))
 	x.depths, x.maxLen = 0, 0
 	for k := range x.suffixes {

@@ -1,27 +1,62 @@
 package rules
 
-import "math/bits"
+import (
+	"encoding/binary"
+	"math/bits"
+)
 
 // globSet holds globs bucketed by their whole literal prefix (the text before the
 // first wildcard). A lookup considers only the prefix lengths that occur; for each it
-// first tests four bytes of the value's prefix (first, middle, the last two) against a small
-// per-length set of the same bytes of the stored prefixes, which rules out most
-// lengths without hashing anything, then a key filter, then the bucket. Globs with a
-// literal prefix of 64 bytes or more go to a trie.
+// first tests a 64-bit sample of the value's prefix (its first and last eight bytes,
+// so every byte of a prefix of up to 16) against a per-length bit set of the same
+// samples of the stored prefixes, sized at about 16 bits per prefix of that length, which
+// rules out most lengths without hashing anything; then a key filter, then the bucket.
+// Globs with a literal prefix of 64 bytes or more go to a trie.
 type globSet struct {
 	buckets map[string][]globRule
-	lengths uint64         // bit L set: some glob has a literal prefix of L bytes
-	sample  [64][16]uint64 // per length L: a 1024-bit set of sampleKey of those prefixes
+	lengths uint64        // bit L set: some glob has a literal prefix of L bytes
+	sample  [64]sampleSet // per length L: the samples of those prefixes
 	filter  keyFilter
 	long    globTree
 }
 
-// sampleKey mixes the first, middle, next to last and last byte of a non-empty prefix
-// into 10 bits.
-func sampleKey(p string) uint32 {
-	n := len(p)
-	x := uint32(p[0]) | uint32(p[n/2])<<8 | uint32(p[max(n-2, 0)])<<16 | uint32(p[n-1])<<24
-	return (x * 0x9e3779b1) >> 22
+// sampleSet is a bit set indexed by the top bits of a sample.
+type sampleSet struct {
+	bits  []uint64
+	shift uint8 // 64 - log2(len(bits)*64)
+}
+
+func (x *sampleSet) init(n int) {
+	size := 1024
+	for size < 16*n {
+		size <<= 1
+	}
+	x.bits, x.shift = make([]uint64, size/64), uint8(64-bits.TrailingZeros(uint(size)))
+}
+
+func (x *sampleSet) add(k uint64) {
+	i := k >> x.shift
+	x.bits[i/64] |= 1 << (i % 64)
+}
+
+func (x *sampleSet) has(k uint64) bool {
+	i := k >> x.shift
+	return x.bits[i/64]&(1<<(i%64)) != 0
+}
+
+// sampleKey mixes the first and the last eight bytes of a non-empty prefix (all of its
+// bytes when it is shorter) into 64 well-spread bits.
+func sampleKey(p string) uint64 {
+	var a, b uint64
+	if n := len(p); n >= 8 {
+		a, b = binary.LittleEndian.Uint64([]byte(p[:8])), binary.LittleEndian.Uint64([]byte(p[n-8:]))
+	} else {
+		for i := 0; i < n; i++ {
+			a = a<<8 | uint64(p[i])
+		}
+		b = uint64(n)
+	}
+	return (a*0x9e3779b97f4a7c15 ^ bits.RotateLeft64(b*0xc2b2ae3d27d4eb4f, 31)) * 0x165667b19e3779f9
 }
 
 func (x *globSet) add(glob string, idx int32) {
@@ -36,13 +71,32 @@ func (x *globSet) add(glob string, idx int32) {
 	x.buckets[lp] = append(x.buckets[lp], globRule{glob, idx})
 	x.lengths |= 1 << len(lp)
 	if lp != "" {
-		k := sampleKey(lp)
-		x.sample[len(lp)][k>>6] |= 1 << (k & 63)
+		if x.sample[len(lp)].bits == nil {
+			x.sample[len(lp)].init(0)
+		}
+		x.sample[len(lp)].add(sampleKey(lp))
 	}
 }
 
+// seal builds the key filter and resizes each length's sample set to the number of
+// prefixes of that length, so that it stays selective in a large set.
 func (x *globSet) seal() {
 	x.filter = filterKeys(x.buckets)
+	var count [64]int
+	for lp := range x.buckets {
+		count[len(lp)]++
+	}
+	for n := 1; n < 64; n++ {
+		if count[n] == 0 {
+			continue
+		}
+		x.sample[n].init(count[n])
+	}
+	for lp := range x.buckets {
+		if lp != "" {
+			x.sample[len(lp)].add(sampleKey(lp))
+		}
+	}
 }
 
 // first returns the lowest index below best of a glob matching s.
@@ -53,7 +107,7 @@ func (x *globSet) first(s string, best int32) int32 {
 			break
 		}
 		if n > 0 {
-			if k := sampleKey(s[:n]); x.sample[n][k>>6]&(1<<(k&63)) == 0 {
+			if !x.sample[n].has(sampleKey(s[:n])) {
 				continue
 			}
 		}
