@@ -262,3 +262,26 @@ rules:
 		t.Errorf("%d of %d addresses hit a cidr rule; the cases do not cover both sides", hits, len(addrs))
 	}
 }
+
+// TestDecideManyOutcomes covers a file with more distinct (exit, note, dimension)
+// outcomes than a byte can number: every rule still decides with its own note.
+func TestDecideManyOutcomes(t *testing.T) {
+	for _, n := range []int{200, 300} {
+		var b strings.Builder
+		b.WriteString("default: direct\nrules:\n")
+		for i := 1; i <= n; i++ {
+			fmt.Fprintf(&b, "  - port: %d\n    action: proxy\n    note: rule %d\n", 1000+i, i)
+		}
+		p, err := Parse("many", []byte(b.String()), LoadOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i <= n; i++ {
+			f := Flow{Dst: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), uint16(1000+i))}
+			d := p.Decide(&f)
+			if d.Rule != i || d.Note != fmt.Sprintf("rule %d", i) || d.Exit != ExitProxy || d != p.walk(&f) {
+				t.Fatalf("%d rules, port %d: %+v (walk %+v)", n, 1000+i, d, p.walk(&f))
+			}
+		}
+	}
+}

@@ -44,9 +44,11 @@ type Policy struct {
 
 	// What a rule decides, for the indexed path: outID[i] picks rule i+1's entry in
 	// outs, the few distinct (exit, note, dimension) of the file, so that a decision
-	// reads 4 bytes of a dense array instead of a rule far out in a large file.
-	outs  []ruleOut
-	outID []uint32
+	// reads one byte of a dense array instead of a rule far out in a large file;
+	// outID32 takes its place in a file with more than 256 distinct outcomes.
+	outs    []ruleOut
+	outID   []uint8
+	outID32 []uint32
 }
 
 type ruleOut struct {
@@ -117,7 +119,7 @@ func (p *Policy) compile() error {
 	p.cidr.build(cidrs)
 	p.port.build(ports)
 	seen := map[ruleOut]uint32{}
-	p.outID = make([]uint32, len(p.rules))
+	ids := make([]uint32, len(p.rules))
 	for i := range p.rules {
 		r := &p.rules[i]
 		o := ruleOut{r.exit, r.note, r.dim}
@@ -127,7 +129,15 @@ func (p *Policy) compile() error {
 			p.outs = append(p.outs, o)
 			seen[o] = id
 		}
-		p.outID[i] = id
+		ids[i] = id
+	}
+	if len(p.outs) <= 256 {
+		p.outID = make([]uint8, len(ids))
+		for i, id := range ids {
+			p.outID[i] = uint8(id)
+		}
+	} else {
+		p.outID32 = ids
 	}
 	p.tiered = make([]*rule, 0, len(p.rules))
 	for i := range p.rules {
@@ -198,7 +208,12 @@ func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 
 // tierDecision is ruleDecision for a rule of a tier the caller knows.
 func (p *Policy) tierDecision(idx int32, prio int) Decision {
-	o := &p.outs[p.outID[idx-1]]
+	var o *ruleOut
+	if p.outID32 == nil {
+		o = &p.outs[p.outID[idx-1]]
+	} else {
+		o = &p.outs[p.outID32[idx-1]]
+	}
 	return Decision{Exit: o.exit, Rule: int(idx), Priority: prio, Dimension: o.dim, Note: o.note}
 }
 
