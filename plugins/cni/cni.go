@@ -5,16 +5,24 @@
 // version, as the reference portmap and bandwidth plugins do. CHECK needs 0.4.0 or
 // later, STATUS and GC 1.1.0 (the skel refuses them below).
 //
-// ADD, in transparent mode, installs the pod's nftables table (package netns) and then
-// registers the sandbox with kl-relayd, returning only once the relay listens inside the
-// pod netns; in proxy mode it only registers; in env mode it does nothing. DEL undoes it,
-// CHECK verifies it, STATUS asks whether the relay is reachable.
+// ADD, in transparent mode, registers the sandbox with kl-relayd together with its
+// capture configuration: the relay installs the pod's nftables table (package netns; in
+// one transaction with its kernel fast path decisions) and then opens its listeners
+// inside the pod netns, and ADD returns only once both exist. The plugin thus costs one
+// round trip on the unix socket; the netns work happens in the relay, a warm process,
+// where it is several times cheaper than in a freshly started plugin (the way
+// istio-cni's plugin hands the pod to its node agent). A relay that does not say it
+// installed the table (an older kl-relayd) gets it installed by the plugin. In proxy
+// mode ADD only registers; in env mode it does nothing. DEL undoes it (the plugin
+// removes the table itself, so DEL works without the relay), CHECK verifies the table
+// and the registration, STATUS asks whether the relay is reachable.
 //
-// Failure is closed: the table is installed before the registration, and when the
-// registration fails ADD fails and leaves the table in place. Until the runtime tears the
-// sandbox down (it calls DEL after a failed ADD) every TCP connection the pod attempts is
-// redirected to a port where nothing listens and is refused: a pod can never run with its
-// egress silently uncaptured, even under a runtime that ignored the error.
+// Failure is closed: when the registration fails, for whatever reason, the plugin
+// installs the capture table itself before it reports the error, and leaves it in
+// place. Until the runtime tears the sandbox down (it calls DEL after a failed ADD) every
+// TCP connection the pod attempts is redirected to a port where nothing listens and is
+// refused: a pod can never run with its egress silently uncaptured, even under a runtime
+// that ignored the error.
 //
 // What is captured: TCP over IPv4 and IPv6 to anything but loopback, 169.254.0.0/16,
 // fe80::/10 and the configured exclusions. Not captured: UDP (DNS passes as before); UDP
@@ -40,20 +48,20 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kl-egress/kl/netns"
-	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/api/wire"
 )
 
 // ErrPluginNotAvailable is the CNI 1.1 STATUS error code for "the plugin cannot serve
 // ADDs now" (here: kl-relayd is unreachable).
 const ErrPluginNotAvailable uint = 50
 
-// Relay is the part of the kl-relayd client the plugin uses (*api.Client).
+// Relay is the part of the kl-relayd client the plugin uses (*wire.Client).
 type Relay interface {
-	Register(ctx context.Context, w api.Workload) (api.Registration, error)
+	Register(ctx context.Context, w wire.Workload) (wire.Registration, error)
 	Deregister(ctx context.Context, id string) error
-	Get(ctx context.Context, id string) (api.Registration, bool, error)
+	Get(ctx context.Context, id string) (wire.Registration, bool, error)
 	Ping(ctx context.Context) error
-	List(ctx context.Context) ([]api.Registration, error)
+	List(ctx context.Context) ([]wire.Registration, error)
 }
 
 // Plugin runs the CNI commands. The zero value is not usable; New returns the real one.
@@ -73,7 +81,7 @@ func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
 	}
 	return &Plugin{
 		Backend:  nil,
-		NewRelay: func(s string, t time.Duration) Relay { return api.NewClient(s, t) },
+		NewRelay: func(s string, t time.Duration) Relay { return &wire.Client{Socket: s, Timeout: t} },
 		Stdout:   stdout,
 		Log:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("plugin", "kl-cni"),
 		Ctx:      ctx,
@@ -152,9 +160,9 @@ func configError(err error) error {
 }
 
 // workload builds the registration for this sandbox.
-func workload(args *skel.CmdArgs, c *Config, mode string) (api.Workload, error) {
+func workload(args *skel.CmdArgs, c *Config, mode string) (wire.Workload, error) {
 	pa := parseArgs(args.Args)
-	w := api.Workload{
+	w := wire.Workload{
 		ID:          args.ContainerID,
 		Netns:       args.Netns,
 		Mode:        mode,
@@ -198,30 +206,42 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return configError(err)
 	}
 	log := p.Log.With("container", args.ContainerID, "mode", mode)
-	if mode != api.ModeEnv {
+	if mode != wire.ModeEnv {
 		w, err := workload(args, c, mode)
 		if err != nil {
 			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 		}
 		start := time.Now()
-		if mode == api.ModeTransparent {
-			if err := p.install(args.Netns, c.capture()); err != nil {
-				return types.NewError(types.ErrInternal, "kl-cni: install capture: "+err.Error(), "")
-			}
+		if mode == wire.ModeTransparent {
+			w.Capture = c.wireCapture()
 		}
-		installed := time.Since(start)
 		ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 		defer cancel()
-		if _, err := p.NewRelay(c.Socket, c.timeout).Register(ctx, w); err != nil {
-			// Fail closed: the table stays (see the package doc); DEL removes it.
-			msg := "kl-cni: register sandbox with kl-relayd: " + err.Error()
-			if errors.Is(err, api.ErrUnreachable) {
-				msg = fmt.Sprintf("kl-cni: kl-relayd is not reachable at %s; egress capture fails closed, the sandbox cannot start: %v", c.Socket, err)
+		reg, err := p.NewRelay(c.Socket, c.timeout).Register(ctx, w)
+		if err != nil {
+			// Fail closed: the table is in place whatever went wrong (see the package doc);
+			// DEL removes it.
+			var also string
+			if mode == wire.ModeTransparent {
+				if ierr := p.install(args.Netns, c.capture()); ierr != nil {
+					also = "; the capture table could not be installed either: " + ierr.Error()
+				}
+			}
+			msg := "kl-cni: register sandbox with kl-relayd: " + err.Error() + also
+			if errors.Is(err, wire.ErrUnreachable) {
+				msg = fmt.Sprintf("kl-cni: kl-relayd is not reachable at %s; egress capture fails closed, the sandbox cannot start: %v%s", c.Socket, err, also)
 				return types.NewError(types.ErrTryAgainLater, msg, "")
 			}
 			return types.NewError(types.ErrInternal, msg, "")
 		}
-		log.Debug("captured", "install", installed, "total", time.Since(start))
+		registered := time.Since(start)
+		if mode == wire.ModeTransparent && !reg.Captured {
+			// A relay that does not install tables: the listeners exist, the table goes in now.
+			if err := p.install(args.Netns, c.capture()); err != nil {
+				return types.NewError(types.ErrInternal, "kl-cni: install capture: "+err.Error(), "")
+			}
+		}
+		log.Debug("captured", "by_relay", reg.Captured, "register", registered, "total", time.Since(start))
 	}
 	return p.print(c)
 }
@@ -253,7 +273,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 	defer cancel()
 	if err := p.NewRelay(c.Socket, c.timeout).Deregister(ctx, args.ContainerID); err != nil {
-		if !errors.Is(err, api.ErrUnreachable) {
+		if !errors.Is(err, wire.ErrUnreachable) {
 			return types.NewError(types.ErrInternal, "kl-cni: deregister sandbox from kl-relayd: "+err.Error(), "")
 		}
 		log.Warn("kl-relayd unreachable at DEL; it drops the registration when the netns is gone", "err", err)
@@ -280,10 +300,10 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	if err != nil {
 		return configError(err)
 	}
-	if mode == api.ModeEnv {
+	if mode == wire.ModeEnv {
 		return nil
 	}
-	if mode == api.ModeTransparent {
+	if mode == wire.ModeTransparent {
 		if err := p.verify(args.Netns, c.capture()); err != nil {
 			return types.NewError(types.ErrInternal, "kl-cni CHECK: "+err.Error(), "")
 		}

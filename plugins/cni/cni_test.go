@@ -18,30 +18,43 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/kl-egress/kl/netns"
-	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/api/wire"
 )
 
-// fakeRelay records calls; down makes every call fail as unreachable.
+// fakeRelay records calls; down makes every call fail as unreachable. With a backend it
+// installs the capture tables registrations ask for, as kl-relayd does; without one it
+// is an older relay that ignores Workload.Capture.
 type fakeRelay struct {
-	down  bool
-	regs  map[string]api.Workload
-	calls []string
+	down    bool
+	backend netns.Backend
+	regs    map[string]wire.Workload
+	calls   []string
 }
 
 func (f *fakeRelay) err() error {
 	if f.down {
-		return fmt.Errorf("%w at /run/x.sock: connection refused", api.ErrUnreachable)
+		return fmt.Errorf("%w at /run/x.sock: connection refused", wire.ErrUnreachable)
 	}
 	return nil
 }
 
-func (f *fakeRelay) Register(_ context.Context, w api.Workload) (api.Registration, error) {
+func (f *fakeRelay) Register(_ context.Context, w wire.Workload) (wire.Registration, error) {
 	f.calls = append(f.calls, "register "+w.ID)
 	if err := f.err(); err != nil {
-		return api.Registration{}, err
+		return wire.Registration{}, err
+	}
+	captured := false
+	if f.backend != nil && w.Capture != nil && w.Mode == wire.ModeTransparent {
+		wc := w.Capture
+		c := netns.Capture{RedirectPort: wc.RedirectPort, Mark: wc.Mark, IPv6: wc.IPv6, RejectQUIC: wc.RejectQUIC,
+			ExcludeCIDRs: wc.ExcludeCIDRs, ExcludePorts: wc.ExcludePorts}
+		if err := netns.InstallWith(f.backend, w.Netns, c); err != nil {
+			return wire.Registration{}, &wire.HTTPError{Status: 500, Msg: "workload " + w.ID + ": " + err.Error()}
+		}
+		captured = true
 	}
 	f.regs[w.ID] = w
-	return api.Registration{Workload: w, Listeners: api.Listeners{Redirect: 15001}}, nil
+	return wire.Registration{Workload: w, Listeners: wire.Listeners{Redirect: 15001}, Captured: captured}, nil
 }
 
 func (f *fakeRelay) Deregister(_ context.Context, id string) error {
@@ -53,30 +66,30 @@ func (f *fakeRelay) Deregister(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeRelay) Get(_ context.Context, id string) (api.Registration, bool, error) {
+func (f *fakeRelay) Get(_ context.Context, id string) (wire.Registration, bool, error) {
 	if err := f.err(); err != nil {
-		return api.Registration{}, false, err
+		return wire.Registration{}, false, err
 	}
 	w, ok := f.regs[id]
-	return api.Registration{Workload: w}, ok, nil
+	return wire.Registration{Workload: w}, ok, nil
 }
 
 func (f *fakeRelay) Ping(context.Context) error { return f.err() }
 
-func (f *fakeRelay) List(context.Context) ([]api.Registration, error) {
+func (f *fakeRelay) List(context.Context) ([]wire.Registration, error) {
 	if err := f.err(); err != nil {
 		return nil, err
 	}
-	var out []api.Registration
+	var out []wire.Registration
 	for _, w := range f.regs {
-		out = append(out, api.Registration{Workload: w})
+		out = append(out, wire.Registration{Workload: w})
 	}
 	return out, nil
 }
 
 func newPlugin() (*Plugin, *fakeRelay, *netns.Fake, *bytes.Buffer) {
-	fr := &fakeRelay{regs: map[string]api.Workload{}}
 	fb := netns.NewFake()
+	fr := &fakeRelay{regs: map[string]wire.Workload{}, backend: fb}
 	out := &bytes.Buffer{}
 	p := &Plugin{
 		Backend:  fb,
@@ -134,10 +147,11 @@ func TestAddTransparent(t *testing.T) {
 	if !strings.Contains(tbl.Render(), "192.0.2.53") {
 		t.Errorf("exclusion missing from table:\n%s", tbl.Render())
 	}
-	want := api.Workload{
+	want := wire.Workload{
 		ID: "abc123", Netns: "/var/run/netns/pod1", Mode: "transparent", Source: "cni", Network: "kl-test", Namespace: "shop", Name: "web-0",
 		Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"team": "a"},
-		Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("fd00:1::10")},
+		Addrs:   []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("fd00:1::10")},
+		Capture: &wire.Capture{RedirectPort: 15001, Mark: 0x4b4c, IPv6: true, RejectQUIC: true, ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("192.0.2.53/32")}},
 	}
 	if got := fr.regs["abc123"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("registered %+v\nwant %+v", got, want)
@@ -195,6 +209,9 @@ func TestAddModes(t *testing.T) {
 			if got := fr.regs["abc123"].Mode; got != tt.wantReg {
 				t.Errorf("registered mode %q, want %q", got, tt.wantReg)
 			}
+			if got := fr.regs["abc123"].Capture; (got != nil) != tt.wantTable {
+				t.Errorf("registration asks for a capture table: %v, want %v", got != nil, tt.wantTable)
+			}
 			if out.Len() == 0 {
 				t.Error("no result printed")
 			}
@@ -236,13 +253,61 @@ func TestAddRelayDownFailsClosed(t *testing.T) {
 }
 
 func TestAddInstallFails(t *testing.T) {
-	p, fr, fb, _ := newPlugin()
+	p, fr, fb, out := newPlugin()
 	fb.ApplyErr = errors.New("netlink: operation not permitted")
-	if err := p.Add(args(conf("", true))); err == nil || !strings.Contains(err.Error(), "operation not permitted") {
+	err := p.Add(args(conf("", true)))
+	if err == nil || cniCode(t, err) != types.ErrInternal || !strings.Contains(err.Error(), "operation not permitted") ||
+		!strings.Contains(err.Error(), "could not be installed either") {
+		t.Fatalf("Add = %v, want the relay's install error and the plugin's own", err)
+	}
+	if len(fr.regs) != 0 {
+		t.Error("registered although the capture was not installed")
+	}
+	if out.Len() != 0 {
+		t.Errorf("stdout on error: %q", out.String())
+	}
+}
+
+// TestAddRefusedFailsClosed: the relay answers but refuses the registration (descriptor
+// budget, a netns another workload holds): the plugin installs the table itself.
+func TestAddRefusedFailsClosed(t *testing.T) {
+	p, fr, fb, _ := newPlugin()
+	fr.backend = nil
+	p.NewRelay = func(string, time.Duration) Relay { return refusingRelay{fr} }
+	err := p.Add(args(conf("", true)))
+	if err == nil || cniCode(t, err) != types.ErrInternal || !strings.Contains(err.Error(), "descriptor budget") {
+		t.Fatalf("Add = %v, want the relay's refusal", err)
+	}
+	if _, ok := fb.Tables["/var/run/netns/pod1"]; !ok {
+		t.Error("no table after a refused registration: capture must fail closed")
+	}
+}
+
+type refusingRelay struct{ *fakeRelay }
+
+func (refusingRelay) Register(context.Context, wire.Workload) (wire.Registration, error) {
+	return wire.Registration{}, &wire.HTTPError{Status: 503, Msg: "descriptor budget exhausted"}
+}
+
+// TestAddOlderRelay: a relay that does not install tables (it ignores Workload.Capture
+// and does not answer Captured) gets the table from the plugin.
+func TestAddOlderRelay(t *testing.T) {
+	p, fr, fb, _ := newPlugin()
+	fr.backend = nil
+	stdin := conf(`,"excludePorts":[53]`, true)
+	if err := p.Add(args(stdin)); err != nil {
 		t.Fatalf("Add = %v", err)
 	}
-	if len(fr.calls) != 0 {
-		t.Error("registered although the capture was not installed")
+	tbl, ok := fb.Tables["/var/run/netns/pod1"]
+	if !ok {
+		t.Fatal("no table installed")
+	}
+	c, _ := parseConfig(stdin)
+	if d := netns.Diff(c.capture().Program(), tbl); len(d) > 0 {
+		t.Errorf("installed table differs: %v", d)
+	}
+	if _, ok := fr.regs["abc123"]; !ok {
+		t.Error("not registered")
 	}
 }
 
@@ -340,10 +405,10 @@ func TestParseArgs(t *testing.T) {
 
 func TestGC(t *testing.T) {
 	p, fr, _, _ := newPlugin()
-	fr.regs["stale"] = api.Workload{ID: "stale", Source: "cni", Network: "kl-test"}
-	fr.regs["live"] = api.Workload{ID: "live", Source: "cni", Network: "kl-test"}
-	fr.regs["other-net"] = api.Workload{ID: "other-net", Source: "cni", Network: "other"}
-	fr.regs["docker"] = api.Workload{ID: "docker", Source: "hook"}
+	fr.regs["stale"] = wire.Workload{ID: "stale", Source: "cni", Network: "kl-test"}
+	fr.regs["live"] = wire.Workload{ID: "live", Source: "cni", Network: "kl-test"}
+	fr.regs["other-net"] = wire.Workload{ID: "other-net", Source: "cni", Network: "other"}
+	fr.regs["docker"] = wire.Workload{ID: "docker", Source: "hook"}
 	stdin := conf(`,"cni.dev/valid-attachments":[{"containerID":"live","ifname":"eth0"}]`, false)
 	if err := p.GC(args(stdin)); err != nil {
 		t.Fatalf("GC = %v", err)

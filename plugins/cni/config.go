@@ -12,7 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/kl-egress/kl/netns"
-	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/api/wire"
 )
 
 // Config is kl-cni's entry in a conflist. Every field is optional.
@@ -23,10 +23,10 @@ import (
 //	 "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
 type Config struct {
 	types.PluginConf
-	Socket       string   `json:"socket,omitempty"`       // kl-relayd's API socket (api.DefaultSocket)
+	Socket       string   `json:"socket,omitempty"`       // kl-relayd's API socket (wire.DefaultSocket)
 	Mode         string   `json:"mode,omitempty"`         // the node's default mode (transparent)
-	RedirectPort uint16   `json:"redirectPort,omitempty"` // must match the daemon's (api.DefaultRedirectPort)
-	Mark         uint32   `json:"mark,omitempty"`         // must match the daemon's (api.DefaultMark)
+	RedirectPort uint16   `json:"redirectPort,omitempty"` // must match the daemon's (wire.DefaultRedirectPort)
+	Mark         uint32   `json:"mark,omitempty"`         // must match the daemon's (wire.DefaultMark)
 	ExcludeCIDRs []string `json:"excludeCIDRs,omitempty"` // destinations never captured
 	ExcludePorts []uint16 `json:"excludePorts,omitempty"` // destination ports never captured
 	IPv6         *bool    `json:"ipv6,omitempty"`         // capture IPv6 TCP (default true; false rejects it)
@@ -60,16 +60,16 @@ func parseConfig(stdin []byte) (*Config, error) {
 		return nil, fmt.Errorf("parse kl-cni config: %w", err)
 	}
 	if c.Socket == "" {
-		c.Socket = api.DefaultSocket
+		c.Socket = wire.DefaultSocket
 	}
 	if c.Mode == "" {
-		c.Mode = api.ModeTransparent
+		c.Mode = wire.ModeTransparent
 	}
 	if c.RedirectPort == 0 {
-		c.RedirectPort = api.DefaultRedirectPort
+		c.RedirectPort = wire.DefaultRedirectPort
 	}
 	if c.Mark == 0 {
-		c.Mark = api.DefaultMark
+		c.Mark = wire.DefaultMark
 	}
 	c.timeout = DefaultTimeout
 	var errs []error
@@ -121,7 +121,7 @@ func parsePrefix(s string) (netip.Prefix, error) {
 
 func checkMode(m string) error {
 	switch m {
-	case api.ModeEnv, api.ModeProxy, api.ModeTransparent:
+	case wire.ModeEnv, wire.ModeProxy, wire.ModeTransparent:
 		return nil
 	}
 	return fmt.Errorf("%q is not env, proxy or transparent", m)
@@ -136,6 +136,19 @@ func (c *Config) capture() netns.Capture {
 		RejectQUIC:   c.RejectQUIC == nil || *c.RejectQUIC,
 		ExcludeCIDRs: c.excludes,
 		ExcludePorts: c.ExcludePorts,
+	}
+}
+
+// wireCapture is capture() as the registration carries it to the relay.
+func (c *Config) wireCapture() *wire.Capture {
+	n := c.capture()
+	return &wire.Capture{
+		RedirectPort: n.RedirectPort,
+		Mark:         n.Mark,
+		IPv6:         n.IPv6,
+		RejectQUIC:   n.RejectQUIC,
+		ExcludeCIDRs: n.ExcludeCIDRs,
+		ExcludePorts: n.ExcludePorts,
 	}
 }
 
@@ -161,9 +174,9 @@ func (c *Config) podMode() (string, error) {
 		what string
 		m    map[string]string
 	}{{"annotation", c.annotations()}, {"label", c.RuntimeConfig.Labels}} {
-		if v, ok := src.m[api.LabelMode]; ok {
+		if v, ok := src.m[wire.LabelMode]; ok {
 			if err := checkMode(v); err != nil {
-				return "", fmt.Errorf("pod %s %s: %w", src.what, api.LabelMode, err)
+				return "", fmt.Errorf("pod %s %s: %w", src.what, wire.LabelMode, err)
 			}
 			return v, nil
 		}

@@ -11,11 +11,13 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/kl-egress/kl/relayd/api/wire"
 )
 
 // ErrUnreachable wraps every failure to reach the daemon at all, so callers that must
 // fail closed (kl-cni ADD, kl-hook) can say so precisely.
-var ErrUnreachable = errors.New("kl-relayd unreachable")
+var ErrUnreachable = wire.ErrUnreachable
 
 // Client talks to kl-relayd over its unix socket.
 type Client struct {
@@ -83,12 +85,7 @@ func (c *Client) Call(ctx context.Context, method, path string, in, out any) err
 }
 
 // HTTPError is a well-formed refusal from the daemon.
-type HTTPError struct {
-	Status int
-	Msg    string
-}
-
-func (e *HTTPError) Error() string { return fmt.Sprintf("kl-relayd: %s (HTTP %d)", e.Msg, e.Status) }
+type HTTPError = wire.HTTPError
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)

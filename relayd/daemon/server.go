@@ -112,18 +112,34 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 			d.relay.Close(wl.ID)
 		}
 	}
+	// kl-cni's capture table first (capture.go): it stays when what follows fails, so
+	// the pod fails closed.
+	fastDone := false
+	if wantsCapture(wl) {
+		if fastDone, err = d.installCapture(wl); err != nil {
+			return api.Registration{}, err
+		}
+	}
 	ls, err := d.relay.Open(wl)
 	if err != nil {
+		if fastDone {
+			d.fastRemove(wl.ID)
+		}
 		return api.Registration{}, err
 	}
-	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since}, NetnsDev: dev, NetnsIno: ino}
+	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since, Captured: wantsCapture(wl)}, NetnsDev: dev, NetnsIno: ino}
 	if err := d.store.Put(e); err != nil {
 		d.relay.Close(wl.ID)
+		if fastDone {
+			d.fastRemove(wl.ID)
+		}
 		delete(d.regs, wl.ID)
 		return api.Registration{}, err
 	}
 	d.regs[wl.ID] = e
-	d.fastRegister(wl)
+	if !fastDone {
+		d.fastRegister(wl)
+	}
 	d.log.Info("registered", "workload", wl.ID, "mode", wl.Mode, "source", wl.Source, "pod", wl.Namespace+"/"+wl.Name, "took", time.Since(start))
 	return e.Registration, nil
 }
