@@ -3,14 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,21 +23,29 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/upstream"
 )
 
 func init() {
 	register(Section{
 		Name: "relay",
 		Doc: "Data path on one netns topology (a pod netns 192.0.2.2 and a server netns 192.0.2.1 " +
-			"joined by a veth), side by side in one run: iperf3 (3 s, one stream) and a " +
-			"short-connection loop (4 workers for 2 s: connect, 1 byte, echo, close), medians of 3 runs, for " +
-			"direct; kl-relayd in transparent mode with the direct exit; kl-relayd to a SOCKS5 " +
-			"(dante) and to a CONNECT (squid) upstream; and redsocks (Debian) to the same " +
-			"upstreams. `setup +p50/p99` is the added connect+echo latency over direct. " +
-			"`idle KiB/conn` is the relaying process's RSS growth (kl-relayd, redsocks) with 1000 " +
-			"relayed connections held open. Targets: transparent >= 0.65x direct throughput and >= 0.45x direct " +
-			"conn/s; via an upstream >= 3x redsocks' throughput and conn/s at least " +
-			"redsocks'; <= 16 KiB per idle relayed connection.",
+			"joined by a veth), side by side in one run: iperf3 (3 s, one stream), a Go stream (3 s, " +
+			"one connection writing 256 KiB blocks to a counting sink) and a short-connection loop " +
+			"(4 workers for 2 s: connect, 1 byte, echo, close), medians of 3 rounds; every round " +
+			"visits every variant in turn, so a load change on the shared machine hits them alike. " +
+			"Variants: direct; kl-relayd in transparent mode with the direct exit; each upstream " +
+			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
+			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
+			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante) and to a CONNECT (squid) " +
+			"upstream; and redsocks (Debian 0.5, splice on, its fastest setting) to the same upstreams. " +
+			"`vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
+			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
+			"both upstreams: an older build measured in the same rounds. `setup +p50/p99` is the added " +
+			"connect+echo latency over direct. `idle KiB/conn` is the relaying process's RSS growth " +
+			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
+			"0.65x direct throughput and >= 0.45x direct conn/s; via an upstream >= 3x redsocks' " +
+			"throughput and conn/s at least redsocks'; <= 16 KiB per idle relayed connection.",
 		Run: runRelay,
 	})
 }
@@ -43,12 +54,15 @@ const (
 	benchPodAddr  = "192.0.2.2"
 	benchSrvAddr  = "192.0.2.1"
 	benchEchoPort = 7
+	benchSinkPort = 9 // counts what it receives, answers the count at the end
 	benchIperf    = 5201
 	benchDante    = 1080
 	benchSquid    = 3128
 	benchRedsocks = 12345
 	benchWorkers  = 4
 	benchLoopFor  = 2 * time.Second
+	benchStream   = 3 * time.Second
+	benchBlock    = 256 << 10
 	benchIdle     = 1000
 	benchRuns     = 3
 )
@@ -133,6 +147,24 @@ func waitTCP(nsPath, addr string, timeout time.Duration) error {
 	}
 }
 
+// relayVariant is one way the pod's traffic reaches the server.
+type relayVariant struct {
+	name  string
+	prep  func() error
+	iperf bool            // iperf3 runs (it cannot speak to a bare upstream)
+	via   upstream.Dialer // the pod's client speaks to this upstream itself (nil: plain TCP)
+	idle  func() int      // the relaying process to weigh with idle connections (nil: none)
+	alone string          // the row of this variant's upstream alone: its ceiling
+	red   string          // the redsocks row to compare with
+}
+
+type relayResult struct {
+	gbps, sgbps, cps []float64
+	p50s, p99s       []time.Duration
+	idleKiB          float64
+	err              error
+}
+
 func runRelay(ctx context.Context) ([]Row, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("needs root (network namespaces, nftables)")
@@ -147,90 +179,139 @@ func runRelay(ctx context.Context) ([]Row, error) {
 	if err := b.setup(); err != nil {
 		return nil, err
 	}
-	type variant struct {
-		name  string
-		prep  func() error
-		relay bool // kl-relayd carries it (RSS measured from it)
+	danteURL := fmt.Sprintf("socks5://%s:%d", benchSrvAddr, benchDante)
+	squidURL := fmt.Sprintf("http://%s:%d", benchSrvAddr, benchSquid)
+	// The bare-upstream client dials from the goroutine's own thread, already in the pod
+	// netns (connLoop and stream run it inside netns.Do): nothing of kl's dial path.
+	danteAlone, err := upstream.New(danteURL, 3*time.Second, nil)
+	if err != nil {
+		return nil, err
 	}
-	noop := func() error { return nil }
-	variants := []variant{
-		{"direct", noop, false},
-		{"redsocks → dante", func() error { return b.redsocks("socks5", benchDante) }, false},
-		{"redsocks → squid", func() error { return b.redsocks("http-connect", benchSquid) }, false},
-		{"kl transparent, direct", func() error { return b.startRelay("") }, true},
-		{"kl → dante (socks5)", func() error { return b.startRelay(fmt.Sprintf("socks5://%s:%d", benchSrvAddr, benchDante)) }, true},
-		{"kl → squid (CONNECT)", func() error { return b.startRelay(fmt.Sprintf("http://%s:%d", benchSrvAddr, benchSquid)) }, true},
+	squidAlone, err := upstream.New(squidURL, 3*time.Second, nil)
+	if err != nil {
+		return nil, err
 	}
-	type result struct {
-		gbps    float64
-		cps     float64
-		p50     time.Duration
-		p99     time.Duration
-		idleKiB float64
-		err     error
+	relayPid := func() int { return b.relay.Process.Pid }
+	variants := []relayVariant{
+		{name: "direct", prep: b.clear, iperf: true},
+		{name: "kl transparent, direct", prep: func() error { return b.startRelayBin(b.bin, "") }, iperf: true, idle: relayPid},
+		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
+		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante) }, iperf: true,
+			idle: func() int { return b.redsocksPid }, alone: "dante alone (no relay)"},
+		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true,
+			alone: "dante alone (no relay)", red: "redsocks → dante"},
+		{name: "squid alone (no relay)", prep: b.clear, via: squidAlone},
+		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid) }, iperf: true,
+			alone: "squid alone (no relay)"},
+		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true,
+			alone: "squid alone (no relay)", red: "redsocks → squid"},
 	}
-	results := make([]result, len(variants))
+	if base := os.Getenv("KL_BENCH_BASE_BIN"); base != "" {
+		if !fileExists(base) {
+			return nil, fmt.Errorf("KL_BENCH_BASE_BIN=%s: no such file", base)
+		}
+		// An older kl-relayd through the same upstreams, in the same rounds: a change's
+		// effect side by side.
+		variants = slices.Insert(variants, 5, relayVariant{name: "kl@base → dante (socks5)",
+			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, alone: "dante alone (no relay)", red: "redsocks → dante"})
+		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
+			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, alone: "squid alone (no relay)", red: "redsocks → squid"})
+	}
+	results := make([]relayResult, len(variants))
+	// Rounds: each visits every variant, so a change of load on the shared machine falls
+	// on all of them instead of on whichever ran at that moment.
+	for range benchRuns {
+		for i, v := range variants {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			r := &results[i]
+			if r.err != nil {
+				continue
+			}
+			if r.err = v.prep(); r.err != nil {
+				continue
+			}
+			if v.iperf {
+				g, err := b.iperf(ctx)
+				if err != nil {
+					r.err = err
+					continue
+				}
+				r.gbps = append(r.gbps, g)
+			}
+			sg, err := b.stream(ctx, v.via)
+			if err != nil {
+				r.err = err
+				continue
+			}
+			c, p50, p99, err := b.connLoopVia(ctx, v.via)
+			if err != nil {
+				r.err = err
+				continue
+			}
+			r.sgbps, r.cps, r.p50s, r.p99s = append(r.sgbps, sg), append(r.cps, c), append(r.p50s, p50), append(r.p99s, p99)
+		}
+	}
 	for i, v := range variants {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
 		r := &results[i]
-		if r.err = v.prep(); r.err != nil {
+		if v.idle == nil || r.err != nil {
 			continue
 		}
-		// Medians of benchRuns runs each: the machine is shared.
-		var gbps, cps []float64
-		var p50s, p99s []time.Duration
-		for range benchRuns {
-			g, err := b.iperf(ctx)
-			if err != nil {
-				r.err = err
-				break
-			}
-			c, p50, p99, err := b.connLoop(ctx)
-			if err != nil {
-				r.err = err
-				break
-			}
-			gbps, cps, p50s, p99s = append(gbps, g), append(cps, c), append(p50s, p50), append(p99s, p99)
-		}
-		if r.err != nil {
-			continue
-		}
-		r.gbps, r.cps, r.p50, r.p99 = median(gbps), median(cps), median(p50s), median(p99s)
-		switch {
-		case v.relay && strings.Contains(v.name, "transparent"):
-			r.idleKiB, r.err = b.idleCost(ctx, b.relay.Process.Pid)
-		case v.name == "redsocks → dante":
-			r.idleKiB, r.err = b.idleCost(ctx, b.redsocksPid)
+		if r.err = v.prep(); r.err == nil {
+			r.idleKiB, r.err = b.idleCost(ctx, v.idle())
 		}
 	}
-	b.stopRelay()
-	d := results[0]
-	var rs [3]result // redsocks dante, redsocks squid for ratios
-	rs[1], rs[2] = results[1], results[2]
+	b.clear()
+
+	type fig struct {
+		gbps, sgbps, cps float64
+		p50, p99         time.Duration
+		ok               bool
+	}
+	figs := map[string]fig{}
+	for i, v := range variants {
+		r := results[i]
+		if r.err != nil || len(r.cps) == 0 {
+			continue
+		}
+		f := fig{sgbps: median(r.sgbps), cps: median(r.cps), p50: median(r.p50s), p99: median(r.p99s), ok: true}
+		if len(r.gbps) > 0 {
+			f.gbps = median(r.gbps)
+		}
+		figs[v.name] = f
+	}
+	d := figs["direct"]
 	var rows []Row
 	for i, v := range variants {
 		r := results[i]
-		if r.err != nil {
-			rows = append(rows, Row{Name: v.name, Cols: []Col{{"throughput", "error: " + firstLine(r.err)}}})
+		f, ok := figs[v.name]
+		if !ok {
+			err := r.err
+			if err == nil {
+				err = errors.New("no result")
+			}
+			rows = append(rows, Row{Name: v.name, Cols: []Col{{"throughput", "error: " + firstLine(err)}}})
 			continue
 		}
-		cols := []Col{
-			{"throughput", fmt.Sprintf("%.2f Gbit/s", r.gbps)},
-			{"vs direct", ratio(r.gbps, d.gbps)},
-			{"conn/s", fmt.Sprintf("%.0f", r.cps)},
-			{"conn vs direct", ratio(r.cps, d.cps)},
-			{"setup p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(r.p50)), fmtNs(float64(r.p99)))},
+		cols := []Col{{"throughput", "-"}, {"vs direct", "-"}}
+		if f.gbps > 0 {
+			cols = []Col{{"throughput", fmt.Sprintf("%.2f Gbit/s", f.gbps)}, {"vs direct", ratio(f.gbps, d.gbps)}}
 		}
+		cols = append(cols,
+			Col{"stream", fmt.Sprintf("%.2f Gbit/s", f.sgbps)},
+			Col{"conn/s", fmt.Sprintf("%.0f", f.cps)},
+			Col{"conn vs direct", ratio(f.cps, d.cps)},
+			Col{"setup p50/p99", fmt.Sprintf("%s / %s", fmtNs(float64(f.p50)), fmtNs(float64(f.p99)))},
+		)
 		if i > 0 {
-			cols = append(cols, Col{"setup +p50/p99", fmt.Sprintf("%s / %s", signedNs(r.p50-d.p50), signedNs(r.p99-d.p99))})
+			cols = append(cols, Col{"setup +p50/p99", fmt.Sprintf("%s / %s", signedNs(f.p50-d.p50), signedNs(f.p99-d.p99))})
 		}
-		switch v.name {
-		case "kl → dante (socks5)":
-			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s conn/s", ratio(r.gbps, rs[1].gbps), ratio(r.cps, rs[1].cps))})
-		case "kl → squid (CONNECT)":
-			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s conn/s", ratio(r.gbps, rs[2].gbps), ratio(r.cps, rs[2].cps))})
+		if a, ok := figs[v.alone]; ok {
+			cols = append(cols, Col{"vs alone", fmt.Sprintf("%s stream, %s conn/s", ratio(f.sgbps, a.sgbps), ratio(f.cps, a.cps))})
+		}
+		if rs, ok := figs[v.red]; ok {
+			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
 		}
 		if r.idleKiB != 0 {
 			cols = append(cols, Col{"idle KiB/conn", fmt.Sprintf("%.1f", r.idleKiB)})
@@ -272,6 +353,13 @@ func (b *relayBench) setup() error {
 			return err
 		}
 	}
+	// Thousands of short connections leave as many TIME_WAIT sockets in the pod (the
+	// client's, and a relay's towards its upstream); without reuse connect's port search
+	// slows every later run down, whatever the path, and the variant measured last looks
+	// worst. The sysctl is per netns and goes with it.
+	if err := sh("ip", "netns", "exec", b.pod, "sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"); err != nil {
+		return err
+	}
 	vp, vs := "klbv"+id+"p", "klbv"+id+"s"
 	if err := sh("ip", "link", "add", vp, "netns", b.pod, "type", "veth", "peer", "name", vs, "netns", b.srv); err != nil {
 		return err
@@ -301,6 +389,45 @@ func (b *relayBench) setup() error {
 			go func() {
 				defer func() { _ = c.Close() }()
 				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	// The sink counts what arrives for benchStream from the first byte on, then answers
+	// the count and the time it took (8 bytes each, big endian) and closes: the figure
+	// is what arrived, and no half-close is needed (squid ends a CONNECT tunnel at the
+	// client's first FIN).
+	sink, err := netns.Listen("/var/run/netns/"+b.srv, "tcp4", fmt.Sprintf("%s:%d", benchSrvAddr, benchSinkPort))
+	if err != nil {
+		return fmt.Errorf("sink server: %w", err)
+	}
+	b.onCleanup(func() { _ = sink.Close() })
+	go func() {
+		for {
+			c, err := sink.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer func() { _ = c.Close() }()
+				buf := make([]byte, benchBlock)
+				var n uint64
+				var start time.Time
+				_ = c.SetReadDeadline(time.Now().Add(benchStream + 10*time.Second))
+				for start.IsZero() || time.Since(start) < benchStream {
+					k, err := c.Read(buf)
+					if n == 0 && k > 0 {
+						start = time.Now()
+					}
+					n += uint64(k)
+					if err != nil {
+						return
+					}
+				}
+				took := time.Since(start)
+				_, _ = c.Write(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, n), uint64(took)))
+				// Drain until the sender closes: closing with unread bytes would reset the
+				// connection, and a reset can overtake the answer.
+				_, _ = io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, buf)
 			}()
 		}
 	}()
@@ -366,12 +493,13 @@ func (b *relayBench) redsocks(typ string, port int) error {
 	_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
 	conf := filepath.Join(b.dir, "redsocks-"+typ+".conf")
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`base { log_debug = off; log_info = off; log = stderr; daemon = off; redirector = iptables; }
-redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s; }
+redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s; splice = true; }
 `, benchRedsocks, benchSrvAddr, port, typ)), 0o644); err != nil {
 		return err
 	}
 	if b.stopRedsocks != nil {
 		b.stopRedsocks()
+		b.stopRedsocks = nil
 	}
 	cmd, _, err := b.start(b.pod, "redsocks", "-c", conf)
 	if err != nil {
@@ -386,8 +514,8 @@ redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s;
 		once.Do(stop)
 		_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
 	}
-	rules := fmt.Sprintf("table ip klbench {\n chain out {\n  type nat hook output priority -100;\n  ip daddr %s tcp dport { %d, %d } redirect to :%d\n }\n}",
-		benchSrvAddr, benchIperf, benchEchoPort, benchRedsocks)
+	rules := fmt.Sprintf("table ip klbench {\n chain out {\n  type nat hook output priority -100;\n  ip daddr %s tcp dport { %d, %d, %d } redirect to :%d\n }\n}",
+		benchSrvAddr, benchIperf, benchEchoPort, benchSinkPort, benchRedsocks)
 	rf := filepath.Join(b.dir, "redsocks.nft")
 	if err := os.WriteFile(rf, []byte(rules+"\n"), 0o644); err != nil {
 		return err
@@ -398,9 +526,22 @@ redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s;
 	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", benchRedsocks), 10*time.Second)
 }
 
+// clear stops whatever relays the pod's traffic: its flows go straight to the server.
+func (b *relayBench) clear() error {
+	b.stopRelay()
+	if b.stopRedsocks != nil {
+		b.stopRedsocks()
+		b.stopRedsocks = nil
+	}
+	return nil
+}
+
 // startRelay (re)starts kl-relayd with the transparent capture in the pod: the direct
 // exit when proxyURL is empty, else `default: proxy` through that upstream.
-func (b *relayBench) startRelay(proxyURL string) error {
+func (b *relayBench) startRelay(proxyURL string) error { return b.startRelayBin(b.bin, proxyURL) }
+
+// startRelayBin is startRelay with the kl-relayd binary bin.
+func (b *relayBench) startRelayBin(bin, proxyURL string) error {
 	b.stopRelay()
 	if b.stopRedsocks != nil {
 		b.stopRedsocks()
@@ -421,7 +562,7 @@ func (b *relayBench) startRelay(proxyURL string) error {
 	if err := os.WriteFile(sp, []byte(settings), 0o600); err != nil {
 		return err
 	}
-	cmd := exec.Command(b.bin, "--settings", sp)
+	cmd := exec.Command(bin, "--settings", sp)
 	b.relayLog = &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = b.relayLog, b.relayLog
 	if err := cmd.Start(); err != nil {
@@ -484,10 +625,75 @@ func (b *relayBench) iperf(ctx context.Context) (float64, error) {
 	return r.End.SumReceived.BitsPerSecond / 1e9, nil
 }
 
+// dialFrom connects to the server's port from the pod, called inside netns.Do: plain TCP
+// (which the pod's capture, if any, redirects), or through the upstream via itself.
+func dialFrom(ctx context.Context, via upstream.Dialer, port uint16) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	ap := netip.AddrPortFrom(netip.MustParseAddr(benchSrvAddr), port)
+	if via != nil {
+		return via.Dial(ctx, upstream.Target{Addr: ap})
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp4", ap.String())
+}
+
+// stream sends benchBlock writes on one connection from the pod to the sink until the
+// sink answers what arrived in benchStream; it returns that in Gbit/s.
+func (b *relayBench) stream(ctx context.Context, via upstream.Dialer) (float64, error) {
+	var gbps float64
+	err := netns.Do(b.podPath, func() error {
+		c, err := dialFrom(ctx, via, benchSinkPort)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = c.Close() }()
+		buf := make([]byte, benchBlock)
+		_ = c.SetDeadline(time.Now().Add(benchStream + 10*time.Second))
+		answer := make(chan error, 1)
+		var res [16]byte
+		go func() {
+			_, err := io.ReadFull(c, res[:])
+			answer <- err
+		}()
+		for {
+			select {
+			case err := <-answer:
+				if err != nil {
+					return fmt.Errorf("no count from the sink: %w", err)
+				}
+				n, took := binary.BigEndian.Uint64(res[:8]), time.Duration(binary.BigEndian.Uint64(res[8:]))
+				gbps = float64(n) * 8 / took.Seconds() / 1e9
+				return nil
+			default:
+			}
+			if _, err := c.Write(buf); err != nil {
+				// The sink has answered and the relay already ended the flow: the
+				// answer is on its way.
+				if aerr := <-answer; aerr != nil {
+					return fmt.Errorf("write: %w; no count from the sink: %w", err, aerr)
+				}
+				n, took := binary.BigEndian.Uint64(res[:8]), time.Duration(binary.BigEndian.Uint64(res[8:]))
+				gbps = float64(n) * 8 / took.Seconds() / 1e9
+				return nil
+			}
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("stream: %w", err)
+	}
+	return gbps, nil
+}
+
 // connLoop runs benchWorkers loops of connect, 1 byte, echo, close from the pod for
 // benchLoopFor; it returns connections per second and the p50/p99 of one round.
 func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time.Duration, error) {
-	addr := net.JoinHostPort(benchSrvAddr, strconv.Itoa(benchEchoPort))
+	return b.connLoopVia(ctx, nil)
+}
+
+// connLoopVia is connLoop with the pod's client speaking to the upstream via itself
+// (nil: plain TCP).
+func (b *relayBench) connLoopVia(ctx context.Context, via upstream.Dialer) (float64, time.Duration, time.Duration, error) {
 	var mu sync.Mutex
 	var lat []time.Duration
 	var firstErr error
@@ -504,7 +710,7 @@ func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time
 				buf := make([]byte, 1)
 				for time.Now().Before(end) && ctx.Err() == nil {
 					t0 := time.Now()
-					c, err := net.DialTimeout("tcp4", addr, 3*time.Second)
+					c, err := dialFrom(ctx, via, benchEchoPort)
 					if err != nil {
 						return err
 					}
