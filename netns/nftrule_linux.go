@@ -125,8 +125,9 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			return nil, fmt.Errorf("verdict %q has no kernel encoding", a.Then)
 		}
 		out = append(out, &expr.Immediate{Register: reg, Data: binaryutil.NativeEndian.PutUint32(a.Mark)},
-			&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyMARK},
-			&expr.Verdict{Kind: k})
+			&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyMARK})
+		out = append(out, eventNewOnly()...)
+		out = append(out, &expr.Verdict{Kind: k})
 	case MapMark:
 		s, ok := sets[a.Map]
 		if !ok {
@@ -146,8 +147,9 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			return nil, fmt.Errorf("map key %v has no kernel encoding", a.Key)
 		}
 		out = append(out, &expr.Lookup{SourceRegister: reg, DestRegister: reg, IsDestRegSet: true, SetName: s.Name, SetID: s.ID},
-			&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyMARK},
-			&expr.Verdict{Kind: expr.VerdictAccept})
+			&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyMARK})
+		out = append(out, eventNewOnly()...)
+		out = append(out, &expr.Verdict{Kind: expr.VerdictAccept})
 	case Redirect:
 		out = append(out, &expr.Immediate{Register: reg, Data: binaryutil.BigEndian.PutUint16(a.Port)},
 			&expr.Redir{RegisterProtoMin: reg, RegisterProtoMax: reg, Flags: unix.NF_NAT_RANGE_PROTO_SPECIFIED})
@@ -168,11 +170,32 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 	return out, nil
 }
 
+// ipctNew is the conntrack event mask bit of NEW events (1 << IPCT_NEW).
+const ipctNew uint32 = 1 << 0
+
+// eventNewOnly is `ct event set new`: the connection's conntrack events are limited to
+// NEW (the kernel then builds no DESTROY or update event for it).
+func eventNewOnly() []expr.Any {
+	return []expr.Any{&expr.Immediate{Register: reg, Data: binaryutil.NativeEndian.PutUint32(ipctNew)},
+		&expr.Ct{Register: reg, SourceRegister: true, Key: expr.CtKeyEVENTMASK}}
+}
+
 // isCtMarkSet recognizes a `ct mark set` statement. google/nftables does not decode the
 // source register the kernel echoes, so a read-back set has neither register nor flag.
-func isCtMarkSet(e expr.Any) bool {
+func isCtMarkSet(e expr.Any) bool { return isCtSet(e, expr.CtKeyMARK) }
+
+func isCtSet(e expr.Any, k expr.CtKey) bool {
 	c, ok := e.(*expr.Ct)
-	return ok && c.Key == expr.CtKeyMARK && (c.SourceRegister || c.Register == 0)
+	return ok && c.Key == k && (c.SourceRegister || c.Register == 0)
+}
+
+// isEventNewOnly recognizes eventNewOnly at es[i:].
+func isEventNewOnly(es []expr.Any, i int) bool {
+	if i+1 >= len(es) {
+		return false
+	}
+	im, ok := es[i].(*expr.Immediate)
+	return ok && len(im.Data) == 4 && binaryutil.NativeEndian.Uint32(im.Data) == ipctNew && isCtSet(es[i+1], expr.CtKeyEVENTMASK)
 }
 
 var verdictKinds = map[Verdict]expr.VerdictKind{
@@ -289,8 +312,11 @@ func parseRule(es []expr.Any) (Rule, bool) {
 					if fam == 6 {
 						key = KeyDaddr6
 					}
+					if !isEventNewOnly(es, i+5) {
+						return r, false
+					}
 					r.Action = MapMark{Key: key, Map: l.SetName}
-					i += 6 // meta, cmp, payload, lookup, ct, verdict
+					i += 8 // meta, cmp, payload, lookup, ct, immediate, ct, verdict
 					continue
 				}
 				if l, ok := at(3).(*expr.Lookup); ok {
@@ -337,11 +363,11 @@ func parseRule(es []expr.Any) (Rule, bool) {
 				return r, false
 			}
 			if l.IsDestRegSet {
-				if !isCtMarkSet(at(2)) {
+				if !isCtMarkSet(at(2)) || !isEventNewOnly(es, i+3) {
 					return r, false
 				}
 				r.Action = MapMark{Key: KeyDport, Map: l.SetName}
-				i += 4
+				i += 6 // payload, lookup, ct, immediate, ct, verdict
 				continue
 			}
 			r.Match = append(r.Match, MatchDportSet{l.SetName})
@@ -358,8 +384,8 @@ func parseRule(es []expr.Any) (Rule, bool) {
 			i++
 		case *expr.Immediate:
 			if isCtMarkSet(at(1)) {
-				v, ok := at(2).(*expr.Verdict)
-				if !ok || len(e.Data) != 4 {
+				v, ok := at(4).(*expr.Verdict)
+				if !ok || len(e.Data) != 4 || !isEventNewOnly(es, i+2) {
 					return r, false
 				}
 				sm := SetMark{Mark: binaryutil.NativeEndian.Uint32(e.Data)}
@@ -369,7 +395,7 @@ func parseRule(es []expr.Any) (Rule, bool) {
 					}
 				}
 				r.Action = sm
-				i += 3
+				i += 5 // immediate, ct, immediate, ct, verdict
 				continue
 			}
 			if _, ok := at(1).(*expr.Redir); !ok || len(e.Data) != 2 {
@@ -422,8 +448,8 @@ func normalize(e expr.Any) expr.Any {
 	case *expr.Counter:
 		return &expr.Counter{}
 	case *expr.Ct:
-		if isCtMarkSet(e) {
-			return &expr.Ct{Key: expr.CtKeyMARK, SourceRegister: true, Register: reg}
+		if isCtSet(e, e.Key) {
+			return &expr.Ct{Key: e.Key, SourceRegister: true, Register: reg}
 		}
 	}
 	return e

@@ -267,6 +267,11 @@ const (
 type Reject struct{ Kind RejectKind }
 
 // SetMark sets the connection's conntrack mark, then ends with Then (accept or return).
+// It also restricts the connection's conntrack events to NEW (`ct event set new`): the
+// audit watcher needs exactly that one event per marked connection, and no DESTROY or
+// update event is built or sent for it. (A NEW event the kernel could not deliver goes
+// out later, folded into the next event it sends for that connection, at worst its
+// DESTROY; see relayd/fastpath.)
 type SetMark struct {
 	Mark uint32
 	Then Verdict
@@ -294,8 +299,9 @@ func (k MapKey) String() string {
 }
 
 // MapMark looks Key up in the mark map Map: when found, the connection's conntrack mark
-// is set to the element's value and the rule accepts; when not found the rule does not
-// match and the chain goes on.
+// is set to the element's value, its conntrack events restricted to NEW (as SetMark
+// does) and the rule accepts; when not found the rule does not match and the chain
+// goes on.
 type MapMark struct {
 	Key MapKey
 	Map string
@@ -304,9 +310,11 @@ type MapMark struct {
 func (SetMark) isAction() {}
 func (MapMark) isAction() {}
 func (a SetMark) String() string {
-	return fmt.Sprintf("ct mark set 0x%08x %s", a.Mark, a.Then)
+	return fmt.Sprintf("ct mark set 0x%08x ct event set new %s", a.Mark, a.Then)
 }
-func (a MapMark) String() string { return fmt.Sprintf("ct mark set %s map @%s accept", a.Key, a.Map) }
+func (a MapMark) String() string {
+	return fmt.Sprintf("ct mark set %s map @%s ct event set new accept", a.Key, a.Map)
+}
 
 func (Verdict) isAction()  {}
 func (Redirect) isAction() {}

@@ -5,9 +5,11 @@
 // pod's labels and image), compiles it to netns.Decisions and installs it with the pod's
 // capture in one atomic transaction: flows the plan decides as direct are accepted in
 // the kernel with a conntrack mark naming the decision, the rest is redirected to the
-// relay as before. A watcher in each pod netns turns conntrack NEW events carrying such
-// a mark into exactly one audit record per flow (Path "kernel"); flows the relay carries
-// have no such mark and are recorded by the relay, never here.
+// relay as before. The deciding rule also limits the connection's conntrack events to
+// NEW, and a watcher in each pod netns (a raw ctnetlink socket with a socket filter on
+// the mark, reliable delivery, read in batches) turns each such event into exactly one
+// audit record per flow (Path "kernel"); flows the relay carries have no such mark and
+// are recorded by the relay, never here.
 //
 // It is not the relay and does not decide flows itself: the rule engine decides, the
 // netns package programs the kernel. The daemon calls Add on register, Reload on every
@@ -131,9 +133,10 @@ type PodStatus struct {
 	Kernel     int      `json:"kernel_entries"` // of which the kernel decides
 	AllKernel  bool     `json:"all_kernel"`     // no flow of the pod reaches the relay
 	Flows      uint64   `json:"kernel_flows"`   // kernel-decided flows recorded
-	Lost       uint64   `json:"lost_events"`    // conntrack events lost (socket overrun, watcher restart)
+	Lost       uint64   `json:"lost_events"`    // conntrack event socket failures (the watcher reopened it; events may be lost)
+	Overruns   uint64   `json:"event_overruns"` // event socket overruns (the kernel resends the NEW events: late, not lost)
 	Unknown    uint64   `json:"unknown_marks"`  // tagged marks of no known generation
-	Late       uint64   `json:"late_records"`   // recorded from a DESTROY event (NEW and DESTROY came as one)
+	Late       uint64   `json:"late_records"`   // recorded from a DESTROY event (the NEW event could not be delivered in time)
 	Generation uint8    `json:"generation"`
 	Policy     string   `json:"policy"` // hash of the policy the plan was computed from
 	Error      string   `json:"error,omitempty"`
@@ -168,11 +171,11 @@ type pod struct {
 	policy  string
 	flows   uint64
 	lost    uint64
+	overrun uint64
 	unknown uint64
 	late    uint64
 	err     string
 	stop    func()
-	seen    map[uint32]struct{} // conntrack ids recorded at NEW (the watcher's own)
 }
 
 // New returns a Manager.
@@ -464,6 +467,12 @@ func (m *Manager) late(po *pod) {
 	m.mu.Unlock()
 }
 
+func (m *Manager) overrun(po *pod) {
+	m.mu.Lock()
+	po.overrun++
+	m.mu.Unlock()
+}
+
 func (m *Manager) lost(po *pod, n uint64) {
 	m.mu.Lock()
 	po.lost += n
@@ -476,7 +485,7 @@ func (m *Manager) Status() []PodStatus {
 	defer m.mu.Unlock()
 	out := make([]PodStatus, 0, len(m.pods))
 	for _, po := range m.pods {
-		s := PodStatus{ID: po.ID, Flows: po.flows, Lost: po.lost, Unknown: po.unknown, Late: po.late, Generation: po.gen, Policy: po.policy, Error: po.err}
+		s := PodStatus{ID: po.ID, Flows: po.flows, Lost: po.lost, Overruns: po.overrun, Unknown: po.unknown, Late: po.late, Generation: po.gen, Policy: po.policy, Error: po.err}
 		if po.plan != nil {
 			s.Share = po.plan.Share()
 			s.AllKernel = po.plan.AllKernel()

@@ -1,0 +1,114 @@
+package fastpath
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/kl-egress/kl/netns"
+	"golang.org/x/sys/unix"
+)
+
+// attr encodes one netlink attribute (host-endian header, padded).
+func attr(typ uint16, v []byte) []byte {
+	b := make([]byte, 4, nlAlign(4+len(v)))
+	binary.NativeEndian.PutUint16(b[0:2], uint16(4+len(v)))
+	binary.NativeEndian.PutUint16(b[2:4], typ)
+	b = append(b, v...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+func cat(bs ...[]byte) []byte {
+	var out []byte
+	for _, b := range bs {
+		out = append(out, b...)
+	}
+	return out
+}
+
+// ctMessage is a ctnetlink event as the kernel sends it: tuple (nested, flagged), then
+// status, mark and id, with other attributes around.
+func ctMessage(kind uint16, proto uint8, mark uint32, withMark bool) []byte {
+	be32 := func(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+	const nested = 0x8000
+	tuple := attr(ctaTupleOrig|nested, cat(
+		attr(1|nested, cat(attr(1, []byte{192, 0, 2, 2}), attr(2, []byte{192, 0, 2, 1}))),
+		attr(ctaTupleProto|nested, cat(attr(ctaProtoNum, []byte{proto}), attr(2, []byte{0x9c, 0x40}), attr(3, []byte{0, 7}))),
+	))
+	body := cat([]byte{unix.AF_INET, 0, 0, 0}, tuple, attr(3, be32(0x18e)))
+	if withMark {
+		body = cat(body, attr(ctaMark, be32(mark)))
+	}
+	body = cat(body, attr(ctaID, be32(0xdeadbeef)))
+	h := make([]byte, unix.SizeofNlMsghdr)
+	binary.NativeEndian.PutUint32(h[0:4], uint32(len(h)+len(body)))
+	binary.NativeEndian.PutUint16(h[4:6], nfnlSubsysCTNetlink<<8|kind)
+	return cat(h, body)
+}
+
+func TestHandle(t *testing.T) {
+	f := netns.NewFake()
+	m := New(Options{Backend: f, NoWatch: true})
+	defer m.Close()
+	if err := netns.InstallWith(f, "/ns/a", capture); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Add(Pod{ID: "a", Netns: "/ns/a"}, policy(t, cidrPolicy)); err != nil {
+		t.Fatal(err)
+	}
+	po := m.pods["a"]
+	mark := Mark(po.gen, 2)
+	for _, tc := range []struct {
+		name        string
+		msg         []byte
+		flows, late uint64
+	}{
+		{"new tcp", ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, mark, true), 1, 0},
+		{"destroy carrying a missed new", ctMessage(ipctnlMsgCtDelete, unix.IPPROTO_TCP, mark, true), 1, 1},
+		{"two in one buffer", cat(ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, mark, true), ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, mark, true)), 2, 0},
+		{"udp", ctMessage(ipctnlMsgCtNew, unix.IPPROTO_UDP, mark, true), 0, 0},
+		{"mark without the tag", ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, capture.Mark, true), 0, 0},
+		{"no mark", ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, 0, false), 0, 0},
+		{"other message type", ctMessage(1, unix.IPPROTO_TCP, mark, true), 0, 0},
+		{"truncated", ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, mark, true)[:40], 0, 0},
+		{"empty", nil, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			flows, late := po.flows, po.late
+			m.handle(po, tc.msg)
+			if po.flows-flows != tc.flows || po.late-late != tc.late {
+				t.Errorf("recorded %d flows (%d late), want %d (%d late)", po.flows-flows, po.late-late, tc.flows, tc.late)
+			}
+		})
+	}
+}
+
+func TestHandleAllocates(t *testing.T) {
+	f := netns.NewFake()
+	m := New(Options{Backend: f, NoWatch: true})
+	defer m.Close()
+	if err := netns.InstallWith(f, "/ns/a", capture); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Add(Pod{ID: "a", Netns: "/ns/a"}, policy(t, cidrPolicy)); err != nil {
+		t.Fatal(err)
+	}
+	po := m.pods["a"]
+	msg := ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, Mark(po.gen, 2), true)
+	m.handle(po, msg) // the hit counter's map entry
+	if n := testing.AllocsPerRun(100, func() { m.handle(po, msg) }); n != 0 {
+		t.Errorf("handling one event allocates %.0f times", n)
+	}
+}
+
+func FuzzHandle(f *testing.F) {
+	f.Add(ctMessage(ipctnlMsgCtNew, unix.IPPROTO_TCP, Mark(1, 2), true))
+	f.Add(ctMessage(ipctnlMsgCtDelete, unix.IPPROTO_TCP, Mark(1, 2), true))
+	f.Add(ctMessage(ipctnlMsgCtNew, unix.IPPROTO_UDP, 0, false))
+	m := New(Options{NoWatch: true})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m.handle(&pod{}, b) // must not panic
+	})
+}
