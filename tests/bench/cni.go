@@ -13,8 +13,10 @@ func init() {
 		Doc: "kl-cni ADD and DEL against a running kl-relayd: 500 sandbox netns are added (all " +
 			"live at once, one relay listener each) and then removed, timing every call " +
 			"(tests/e2e BenchmarkCNIChurn). `wall` is the whole plugin process as a runtime " +
-			"sees it; `work` is the plugin's own part after process start (nftables " +
-			"transaction + registration round trip, in which the relay opens its listener). " +
+			"sees it; `work` is the plugin's own part after process start (the registration " +
+			"round trip, in which the relay installs the pod's nftables table and opens its " +
+			"listener). The process floor, measured after every ADD of the same run, is an " +
+			"exec of /bin/true and of `kl-cni VERSION` (starting the plugin, no work). " +
 			"Leaks are the relay's descriptors and goroutines after all DELs minus before " +
 			"(TestCNIChurn asserts them). Target: ADD <= 20 ms p50.",
 		Run: runCNI,
@@ -39,6 +41,9 @@ func runCNI(ctx context.Context) ([]Row, error) {
 		{Name: "DEL (500 sandboxes)", Cols: []Col{
 			{"wall p50", ms("del-p50-ms")}, {"wall p99", ms("del-p99-ms")},
 			{"work p50", ms("del-work-p50-ms")}, {"work p99", ms("del-work-p99-ms")},
+		}},
+		{Name: "process floor (same run)", Cols: []Col{
+			{"/bin/true p50", ms("exec-true-p50-ms")}, {"kl-cni VERSION p50", ms("exec-version-p50-ms")},
 		}},
 		{Name: "relay after 500 ADD+DEL", Cols: []Col{
 			{"fds with 500 live", fmt.Sprintf("+%.0f", m["fds-500-live"])},

@@ -18,6 +18,7 @@ import (
 type churnResult struct {
 	add, del                      []time.Duration // wall time of each kl-cni process
 	addWork, delWork              []time.Duration // the plugin's own work (after process start), from its debug log
+	floorTrue, floorVersion       []time.Duration // with floors: /bin/true and kl-cni VERSION after each ADD
 	fdsBefore, fdsPeak, fdsAfter  int
 	gorBefore, gorPeak, gorAfter  int
 	workloadsPeak, workloadsAfter int
@@ -38,9 +39,12 @@ var workRE = regexp.MustCompile(`msg=(?:captured|released) .*total=(\S+)`)
 
 // churn creates n sandbox netns, runs kl-cni ADD on each (so n listeners are open at
 // once), then DEL on each and deletes them, timing every call. kl-cni is run directly
-// (not through cnitool) so the figures are kl-cni's own: process start, the nftables
-// transaction, the registration round trip and the relay opening its listener.
-func churn(tb testing.TB, n int) churnResult {
+// (not through cnitool) so the figures are kl-cni's own: process start, the registration
+// round trip, in which the relay installs the nftables table and opens its listener.
+// With floors, each ADD is followed by an exec of /bin/true and of kl-cni VERSION: the
+// cost of starting any process and of starting the plugin, on the machine as it is at
+// that moment.
+func churn(tb testing.TB, n int, floors bool) churnResult {
 	nd := newNode(tb, false)
 	nd.startRelay()
 	plugin := testutil.Bin(tb, "kl-cni")
@@ -93,6 +97,10 @@ func churn(tb testing.TB, n int) churnResult {
 			tb.Fatalf("%v\nrelay:\n%s", err, nd.logs.String())
 		}
 		r.add, r.addWork = append(r.add, d), append(r.addWork, w)
+		if floors {
+			r.floorTrue = append(r.floorTrue, timeExec(tb, nil, "/bin/true"))
+			r.floorVersion = append(r.floorVersion, timeExec(tb, []byte(`{"cniVersion":"1.1.0"}`), plugin, "CNI_COMMAND=VERSION"))
+		}
 	}
 	st = nd.status()
 	r.fdsPeak, r.gorPeak, r.workloadsPeak = st.FDs, st.Goroutines, st.Workloads
@@ -125,6 +133,20 @@ func churn(tb testing.TB, n int) churnResult {
 	return r
 }
 
+// timeExec is the wall time of one run of bin with stdin and extra environment.
+func timeExec(tb testing.TB, stdin []byte, bin string, env ...string) time.Duration {
+	c := exec.Command(bin)
+	c.Env = append(os.Environ(), env...)
+	c.Stdin = bytes.NewReader(stdin)
+	start := time.Now()
+	out, err := c.CombinedOutput()
+	d := time.Since(start)
+	if err != nil {
+		tb.Fatalf("%s: %v\n%s", bin, err, out)
+	}
+	return d
+}
+
 // TestCNIChurn adds 500 sandboxes (all live at once), removes them, and checks that the
 // relay leaks no descriptors, goroutines, listeners or registrations and DEL no tables.
 func TestCNIChurn(t *testing.T) {
@@ -133,7 +155,7 @@ func TestCNIChurn(t *testing.T) {
 	if testing.Short() {
 		n = 30
 	}
-	r := churn(t, n)
+	r := churn(t, n, false)
 	t.Logf("%d sandboxes: ADD p50 %v p99 %v (plugin work p50 %v p99 %v); DEL p50 %v p99 %v (work p50 %v p99 %v)", n,
 		pct(r.add, .5), pct(r.add, .99), pct(r.addWork, .5), pct(r.addWork, .99),
 		pct(r.del, .5), pct(r.del, .99), pct(r.delWork, .5), pct(r.delWork, .99))
@@ -163,7 +185,7 @@ func TestCNIChurn(t *testing.T) {
 // -benchtime=1x: one cycle of 500 sandboxes per run).
 func BenchmarkCNIChurn(b *testing.B) {
 	for i := 0; i < b.N; i++ {
-		r := churn(b, 500)
+		r := churn(b, 500, true)
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 		b.ReportMetric(ms(pct(r.add, .5)), "add-p50-ms")
 		b.ReportMetric(ms(pct(r.add, .99)), "add-p99-ms")
@@ -173,6 +195,8 @@ func BenchmarkCNIChurn(b *testing.B) {
 		b.ReportMetric(ms(pct(r.del, .99)), "del-p99-ms")
 		b.ReportMetric(ms(pct(r.delWork, .5)), "del-work-p50-ms")
 		b.ReportMetric(ms(pct(r.delWork, .99)), "del-work-p99-ms")
+		b.ReportMetric(ms(pct(r.floorTrue, .5)), "exec-true-p50-ms")
+		b.ReportMetric(ms(pct(r.floorVersion, .5)), "exec-version-p50-ms")
 		b.ReportMetric(float64(r.fdsAfter-r.fdsBefore), "leaked-fds")
 		b.ReportMetric(float64(r.gorAfter-r.gorBefore), "leaked-goroutines")
 		b.ReportMetric(float64(r.fdsPeak-r.fdsBefore), "fds-500-live")
