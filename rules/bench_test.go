@@ -28,6 +28,13 @@ func TestDecideAgreesWithWalk(t *testing.T) {
 				if d != w {
 					t.Fatalf("%d rules, seed %d: Decide(%+v) = %+v, walk = %+v", n, seed, f, d, w)
 				}
+				if f.LabelKeys != nil {
+					nokeys := f
+					nokeys.LabelKeys = nil
+					if d2 := p.Decide(&nokeys); d2 != d {
+						t.Fatalf("%d rules, seed %d: Decide(%+v) = %+v with LabelKeys, %+v without", n, seed, f, d, d2)
+					}
+				}
 				if d.Rule > 0 {
 					hits++
 				}

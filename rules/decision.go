@@ -8,7 +8,9 @@
 package rules
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -94,7 +96,12 @@ type Process struct {
 
 // Flow is everything a decision may look at. Zero values mean "unknown".
 type Flow struct {
-	Labels  map[string]string
+	Labels map[string]string
+	// LabelKeys, when not nil, holds exactly the keys of Labels, in any order (KeysOf),
+	// so that a decision need not range over the map, which costs more than the rest of
+	// a label lookup. A workload's labels do not change, so the relay builds it once
+	// when the workload registers.
+	LabelKeys []string
 	Image   string
 	Process Process
 	Host    string         // destination hostname, when known (proxy mode or sniffed)
@@ -114,4 +121,12 @@ type Decision struct {
 	Directive string    `json:"directive,omitempty"` // script: the directive returned
 	Proxy     string    `json:"proxy,omitempty"`     // script: the concrete proxy for the client side, as a URL (http://h:p, https://h:p, socks5://h:p)
 	Reason    string    `json:"reason,omitempty"`    // script: why it failed closed
+}
+
+// KeysOf returns the keys of labels, sorted, for Flow.LabelKeys; nil for no labels.
+func KeysOf(labels map[string]string) []string {
+	if len(labels) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(labels))
 }

@@ -104,11 +104,24 @@ func (x *labelIndex) add(m *labelMatcher, idx int32) {
 	setMin(k.values, m.val, idx)
 }
 
-func (x *labelIndex) lookup(labels map[string]string) int32 {
+func (x *labelIndex) lookup(labels map[string]string, keys []string) int32 {
 	if x.keys == nil || len(labels) == 0 {
 		return 0
 	}
 	best := none
+	if keys != nil && len(keys) <= len(x.list) {
+		for _, k := range keys {
+			if !x.filter.maybe(k) {
+				continue
+			}
+			if e := x.keys[k]; e != nil {
+				if v, ok := labels[k]; ok {
+					best = lower(best, lower(e.presence, e.value(v)))
+				}
+			}
+		}
+		return found(best)
+	}
 	if len(x.list) < len(labels) {
 		for _, k := range x.list {
 			if v, ok := labels[k]; ok {

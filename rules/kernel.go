@@ -209,7 +209,7 @@ func (p *Policy) Plan(labels map[string]string, image string) *KernelPlan {
 		p.planPatterns(ruleEntry, add)
 		return k
 	}
-	if i := p.label.lookup(labels); i > 0 {
+	if i := p.label.lookup(labels, nil); i > 0 {
 		k.Whole = true
 		ruleEntry(&p.rules[i-1], nil, nil, "label rule decides every flow of the workload")
 		return k

@@ -185,7 +185,7 @@ func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 		}
 		return p.defaultDecision()
 	}
-	if i := p.label.lookup(f.Labels); i > 0 {
+	if i := p.label.lookup(f.Labels, f.LabelKeys); i > 0 {
 		return p.tierDecision(i, PriorityLabel)
 	}
 	if i := p.image.lookup(f.Image); i > 0 {

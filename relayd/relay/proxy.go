@@ -177,7 +177,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			port = t.Addr.Port()
 		}
 		dst := netip.AddrPortFrom(t.Addr.Addr().Unmap(), port)
-		f := rules.Flow{Labels: w.Labels, Image: w.Image, Host: t.Host, Dst: dst, At: time.Now(), ID: id}
+		f := rules.Flow{Labels: w.Labels, LabelKeys: w.labelKeys, Image: w.Image, Host: t.Host, Dst: dst, At: time.Now(), ID: id}
 		pol := r.o.Policy()
 		if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
 			if k, ok := ctx.Value(clientKey{}).(sockowner.Key); ok {
@@ -237,7 +237,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		dctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 		defer cancel()
 		dialStart := time.Now()
-		c, err := dial(withFlow(dctx, &f, &d), w, Dest{Addr: dst, Host: t.Host, Port: port})
+		c, err := dial(withFlow(dctx, &f, &d), &w.Workload, Dest{Addr: dst, Host: t.Host, Port: port})
 		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
 			r.record(d, f.At, audit.Reason(err))

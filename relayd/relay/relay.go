@@ -109,7 +109,7 @@ type Relay struct {
 }
 
 type pod struct {
-	w      atomic.Pointer[api.Workload]
+	w      atomic.Pointer[registered]
 	lns    []net.Listener
 	ls     api.Listeners
 	cancel context.CancelFunc // stops the proxy servers
@@ -118,6 +118,17 @@ type pod struct {
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
 	closed bool
+}
+
+// registered is a workload as flows read it: the label keys are listed once, so that
+// a decision need not range over the label map (rules.Flow.LabelKeys).
+type registered struct {
+	api.Workload
+	labelKeys []string
+}
+
+func newRegistered(w api.Workload) *registered {
+	return &registered{Workload: w, labelKeys: rules.KeysOf(w.Labels)}
 }
 
 // ErrClosed is returned by Open after Shutdown.
@@ -184,8 +195,7 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 	}
 	if p, ok := r.pods[w.ID]; ok {
 		if old := p.w.Load(); old.Netns == w.Netns && old.Mode == w.Mode {
-			wc := w
-			p.w.Store(&wc)
+			p.w.Store(newRegistered(w))
 			r.mu.Unlock()
 			return p.ls, nil
 		}
@@ -195,8 +205,7 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 	r.Close(w.ID)
 
 	p := &pod{conns: map[net.Conn]struct{}{}}
-	wc := w
-	p.w.Store(&wc)
+	p.w.Store(newRegistered(w))
 	var err error
 	if w.Mode == api.ModeTransparent {
 		err = r.openTransparent(p, w)
@@ -430,7 +439,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		return
 	}
 	src := addrPort(c.RemoteAddr())
-	f := rules.Flow{Labels: w.Labels, Image: w.Image, Dst: dst, Src: src.Addr(), At: time.Now(), ID: id}
+	f := rules.Flow{Labels: w.Labels, LabelKeys: w.labelKeys, Image: w.Image, Dst: dst, Src: src.Addr(), At: time.Now(), ID: id}
 	pol := r.o.Policy()
 	if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, dst.Port()) {
 		// The peek consumes nothing: the bytes still reach the destination.
@@ -476,7 +485,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(withFlow(ctx, &f, &d), w, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
+	up, err := dial(withFlow(ctx, &f, &d), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {

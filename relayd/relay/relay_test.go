@@ -617,3 +617,49 @@ func TestProxyDialErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestLabelRulesFollowReregistration decides with a real policy whose label rules are
+// found through the workload's label keys (listed once per registration), and checks
+// that a re-registration with other labels changes the next flow's decision.
+func TestLabelRulesFollowReregistration(t *testing.T) {
+	pol, err := rules.Parse("labels", []byte("default: direct\nrules:\n"+
+		"  - label: team=red\n    action: deny\n"+
+		"  - label: tier=db\n    action: deny\n"+
+		"  - label: quarantine\n    action: deny\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, nil, time.Minute, nil, func(o *Options) { o.Policy = func() Decider { return pol } })
+	h.setDst(echoServer(t))
+	echoes := func() bool {
+		t.Helper()
+		c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+		if err != nil {
+			return false // reset as it was accepted: denied
+		}
+		defer c.Close()
+		c.Write([]byte("hi"))
+		c.(*net.TCPConn).CloseWrite()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		got, _ := io.ReadAll(c)
+		return string(got) == "hibye"
+	}
+	for _, tc := range []struct {
+		labels map[string]string
+		echo   bool
+	}{
+		{map[string]string{"team": "red", "app": "x"}, false},
+		{map[string]string{"team": "blue", "app": "x"}, true},
+		{map[string]string{"app": "x", "quarantine": ""}, false},
+		{nil, true},
+	} {
+		w := workload("a")
+		w.Labels = tc.labels
+		if _, err := h.r.Open(w); err != nil {
+			t.Fatal(err)
+		}
+		if got := echoes(); got != tc.echo {
+			t.Errorf("labels %v: flow carried = %v, want %v", tc.labels, got, tc.echo)
+		}
+	}
+}

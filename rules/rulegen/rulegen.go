@@ -106,6 +106,7 @@ func Flows(n, size int, seed uint64) []rules.Flow {
 		if r.IntN(2) == 0 {
 			f.Labels = nil
 		}
+		f.LabelKeys = rules.KeysOf(f.Labels) // as the relay builds a flow of a registered workload
 		if r.IntN(2) == 0 {
 			f.Process = rules.Process{}
 		}
