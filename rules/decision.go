@@ -102,13 +102,13 @@ type Flow struct {
 	// a label lookup. A workload's labels do not change, so the relay builds it once
 	// when the workload registers.
 	LabelKeys []string
-	Image   string
-	Process Process
-	Host    string         // destination hostname, when known (proxy mode or sniffed)
-	Dst     netip.AddrPort // destination address; Addr invalid when only Host is known
-	Src     netip.Addr     // the workload's own address (PAC myIpAddress)
-	At      time.Time      // flow timestamp (PAC Date)
-	ID      uint64         // flow id (PAC Math.random seed)
+	Image     string
+	Process   Process
+	Host      string         // destination hostname, when known (proxy mode or sniffed)
+	Dst       netip.AddrPort // destination address; Addr invalid when only Host is known
+	Src       netip.Addr     // the workload's own address (PAC myIpAddress)
+	At        time.Time      // flow timestamp (PAC Date)
+	ID        uint64         // flow id (PAC Math.random seed)
 }
 
 // Decision is the engine's answer for one flow, and the body of its audit record.
