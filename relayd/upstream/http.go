@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 )
 
 // Bounds on an upstream's CONNECT answer.
@@ -18,6 +19,10 @@ const (
 )
 
 type httpDialer struct{ common }
+
+// readers are the buffered readers of CONNECT answers, reused across dials: an answer
+// is read and its leftover copied out before the reader goes back.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
 
 func (d *httpDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
 	conn, hctx, done, err := d.connect(ctx, t)
@@ -53,7 +58,12 @@ func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (ne
 	if _, err := conn.Write(b.Bytes()); err != nil {
 		return nil, d.handshakeErr(ctx, "send CONNECT", err)
 	}
-	br := bufio.NewReaderSize(conn, readBufSize)
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(conn)
+	defer func() {
+		br.Reset(nil)
+		readers.Put(br)
+	}()
 	code, reason, err := readResponseHead(br)
 	if err != nil {
 		return nil, d.handshakeErr(ctx, "read CONNECT reply", err)

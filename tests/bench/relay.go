@@ -154,12 +154,14 @@ type relayVariant struct {
 	iperf bool            // iperf3 runs (it cannot speak to a bare upstream)
 	via   upstream.Dialer // the pod's client speaks to this upstream itself (nil: plain TCP)
 	idle  func() int      // the relaying process to weigh with idle connections (nil: none)
+	proc  func() int      // the relaying process whose CPU time the connection loop costs (nil: none)
 	alone string          // the row of this variant's upstream alone: its ceiling
 	red   string          // the redsocks row to compare with
 }
 
 type relayResult struct {
 	gbps, sgbps, cps []float64
+	cpuPerConn       []time.Duration // the relaying process's CPU time per short connection
 	p50s, p99s       []time.Duration
 	idleKiB          float64
 	err              error
@@ -192,18 +194,19 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	relayPid := func() int { return b.relay.Process.Pid }
+	redsocksPid := func() int { return b.redsocksPid }
 	variants := []relayVariant{
 		{name: "direct", prep: b.clear, iperf: true},
-		{name: "kl transparent, direct", prep: func() error { return b.startRelayBin(b.bin, "") }, iperf: true, idle: relayPid},
+		{name: "kl transparent, direct", prep: func() error { return b.startRelayBin(b.bin, "") }, iperf: true, idle: relayPid, proc: relayPid},
 		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
 		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante) }, iperf: true,
-			idle: func() int { return b.redsocksPid }, alone: "dante alone (no relay)"},
-		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true,
+			idle: func() int { return b.redsocksPid }, proc: redsocksPid, alone: "dante alone (no relay)"},
+		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true, proc: relayPid,
 			alone: "dante alone (no relay)", red: "redsocks → dante"},
 		{name: "squid alone (no relay)", prep: b.clear, via: squidAlone},
-		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid) }, iperf: true,
+		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid) }, iperf: true, proc: redsocksPid,
 			alone: "squid alone (no relay)"},
-		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true,
+		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true, proc: relayPid,
 			alone: "squid alone (no relay)", red: "redsocks → squid"},
 	}
 	if base := os.Getenv("KL_BENCH_BASE_BIN"); base != "" {
@@ -213,9 +216,23 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		// An older kl-relayd through the same upstreams, in the same rounds: a change's
 		// effect side by side.
 		variants = slices.Insert(variants, 5, relayVariant{name: "kl@base → dante (socks5)",
-			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, alone: "dante alone (no relay)", red: "redsocks → dante"})
+			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, proc: relayPid, alone: "dante alone (no relay)", red: "redsocks → dante"})
 		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
-			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, alone: "squid alone (no relay)", red: "redsocks → squid"})
+			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid"})
+	}
+	if only := os.Getenv("KL_BENCH_RELAY_ONLY"); only != "" {
+		// A focused run: the variants whose names contain one of these words, and direct.
+		variants = slices.DeleteFunc(variants, func(v relayVariant) bool {
+			if v.name == "direct" {
+				return false
+			}
+			for _, w := range strings.Split(only, ",") {
+				if strings.Contains(v.name, w) {
+					return false
+				}
+			}
+			return true
+		})
 	}
 	results := make([]relayResult, len(variants))
 	// Rounds: each visits every variant, so a change of load on the shared machine falls
@@ -245,10 +262,19 @@ func runRelay(ctx context.Context) ([]Row, error) {
 				r.err = err
 				continue
 			}
-			c, p50, p99, err := b.connLoopVia(ctx, v.via)
+			var cpu0 time.Duration
+			if v.proc != nil {
+				cpu0, _ = cpuTime(v.proc())
+			}
+			c, p50, p99, n, err := b.connLoopN(ctx, v.via)
 			if err != nil {
 				r.err = err
 				continue
+			}
+			if v.proc != nil {
+				if cpu1, err := cpuTime(v.proc()); err == nil && n > 0 {
+					r.cpuPerConn = append(r.cpuPerConn, (cpu1-cpu0)/time.Duration(n))
+				}
 			}
 			r.sgbps, r.cps, r.p50s, r.p99s = append(r.sgbps, sg), append(r.cps, c), append(r.p50s, p50), append(r.p99s, p99)
 		}
@@ -266,7 +292,7 @@ func runRelay(ctx context.Context) ([]Row, error) {
 
 	type fig struct {
 		gbps, sgbps, cps float64
-		p50, p99         time.Duration
+		p50, p99, cpu    time.Duration
 		ok               bool
 	}
 	figs := map[string]fig{}
@@ -278,6 +304,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		f := fig{sgbps: median(r.sgbps), cps: median(r.cps), p50: median(r.p50s), p99: median(r.p99s), ok: true}
 		if len(r.gbps) > 0 {
 			f.gbps = median(r.gbps)
+		}
+		if len(r.cpuPerConn) > 0 {
+			f.cpu = median(r.cpuPerConn)
 		}
 		figs[v.name] = f
 	}
@@ -306,6 +335,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		)
 		if i > 0 {
 			cols = append(cols, Col{"setup +p50/p99", fmt.Sprintf("%s / %s", signedNs(f.p50-d.p50), signedNs(f.p99-d.p99))})
+		}
+		if f.cpu > 0 {
+			cols = append(cols, Col{"relay CPU/conn", fmtNs(float64(f.cpu))})
 		}
 		if a, ok := figs[v.alone]; ok {
 			cols = append(cols, Col{"vs alone", fmt.Sprintf("%s stream, %s conn/s", ratio(f.sgbps, a.sgbps), ratio(f.cps, a.cps))})
@@ -688,12 +720,13 @@ func (b *relayBench) stream(ctx context.Context, via upstream.Dialer) (float64, 
 // connLoop runs benchWorkers loops of connect, 1 byte, echo, close from the pod for
 // benchLoopFor; it returns connections per second and the p50/p99 of one round.
 func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time.Duration, error) {
-	return b.connLoopVia(ctx, nil)
+	cps, p50, p99, _, err := b.connLoopN(ctx, nil)
+	return cps, p50, p99, err
 }
 
-// connLoopVia is connLoop with the pod's client speaking to the upstream via itself
-// (nil: plain TCP).
-func (b *relayBench) connLoopVia(ctx context.Context, via upstream.Dialer) (float64, time.Duration, time.Duration, error) {
+// connLoopN is connLoop with the pod's client speaking to the upstream via itself (nil:
+// plain TCP); it also returns the number of connections made.
+func (b *relayBench) connLoopN(ctx context.Context, via upstream.Dialer) (float64, time.Duration, time.Duration, int, error) {
 	var mu sync.Mutex
 	var lat []time.Duration
 	var firstErr error
@@ -738,14 +771,14 @@ func (b *relayBench) connLoopVia(ctx context.Context, via upstream.Dialer) (floa
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return 0, 0, 0, fmt.Errorf("connection loop: %w", firstErr)
+		return 0, 0, 0, 0, fmt.Errorf("connection loop: %w", firstErr)
 	}
 	if len(lat) == 0 {
-		return 0, 0, 0, errors.New("connection loop: no connection completed")
+		return 0, 0, 0, 0, errors.New("connection loop: no connection completed")
 	}
 	took := time.Since(start)
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	return float64(len(lat)) / took.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100], nil
+	return float64(len(lat)) / took.Seconds(), lat[len(lat)/2], lat[len(lat)*99/100], len(lat), nil
 }
 
 // idleCost holds benchIdle relayed connections open and returns the RSS growth of the
@@ -797,6 +830,30 @@ func (b *relayBench) idleCost(ctx context.Context, pid int) (float64, error) {
 		return 0, err
 	}
 	return float64(after-before) / benchIdle, nil
+}
+
+// cpuTime is the user plus system CPU time a process has used so far (all its threads).
+func cpuTime(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command (which may hold spaces) start after the last ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	// utime and stime are fields 14 and 15 of stat(5), in clock ticks (USER_HZ, 100).
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad utime or stime", pid)
+	}
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
 
 func rssKiB(pid int) (int64, error) {
