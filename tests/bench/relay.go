@@ -34,7 +34,8 @@ func init() {
 			"one connection writing 256 KiB blocks to a counting sink) and a short-connection loop " +
 			"(4 workers for 2 s: connect, 1 byte, echo, close), medians of 3 rounds; every round " +
 			"visits every variant in turn, so a load change on the shared machine hits them alike. " +
-			"Variants: direct; kl-relayd in transparent mode with the direct exit; each upstream " +
+			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
+			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
 			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante) and to a CONNECT (squid) " +
@@ -42,7 +43,8 @@ func init() {
 			"`vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
 			"both upstreams: an older build measured in the same rounds. `setup +p50/p99` is the added " +
-			"connect+echo latency over direct. `idle KiB/conn` is the relaying process's RSS growth " +
+			"connect+echo latency over direct. `relay CPU/conn` is the relaying process's user+system " +
+			"CPU time (from /proc) per connection of the loop. `idle KiB/conn` is the relaying process's RSS growth " +
 			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
 			"0.65x direct throughput and >= 0.45x direct conn/s; via an upstream >= 3x redsocks' " +
 			"throughput and conn/s at least redsocks'; <= 16 KiB per idle relayed connection.",
@@ -197,7 +199,11 @@ func runRelay(ctx context.Context) ([]Row, error) {
 	redsocksPid := func() int { return b.redsocksPid }
 	variants := []relayVariant{
 		{name: "direct", prep: b.clear, iperf: true},
-		{name: "kl transparent, direct", prep: func() error { return b.startRelayBin(b.bin, "") }, iperf: true, idle: relayPid, proc: relayPid},
+		// With the kernel fast path (the default) kl-relayd programs the pod's table so the
+		// kernel carries these flows itself; without it the relay carries them.
+		{name: "kl transparent, direct", prep: func() error { return b.startRelayBin(b.bin, "") }, iperf: true, proc: relayPid},
+		{name: "kl transparent, direct, relayed (noFastPath)", prep: func() error { return b.startRelayBin(b.bin, "", "noFastPath: true\n") },
+			iperf: true, idle: relayPid, proc: relayPid},
 		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
 		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante) }, iperf: true,
 			idle: func() int { return b.redsocksPid }, proc: redsocksPid, alone: "dante alone (no relay)"},
@@ -573,7 +579,8 @@ func (b *relayBench) clear() error {
 func (b *relayBench) startRelay(proxyURL string) error { return b.startRelayBin(b.bin, proxyURL) }
 
 // startRelayBin is startRelay with the kl-relayd binary bin.
-func (b *relayBench) startRelayBin(bin, proxyURL string) error {
+// extra settings lines are appended to the daemon's settings file.
+func (b *relayBench) startRelayBin(bin, proxyURL string, extra ...string) error {
 	b.stopRelay()
 	if b.stopRedsocks != nil {
 		b.stopRedsocks()
@@ -587,6 +594,7 @@ func (b *relayBench) startRelayBin(bin, proxyURL string) error {
 		rulesText = "default: proxy\n"
 		settings += fmt.Sprintf("proxy:\n  url: %s\n", proxyURL)
 	}
+	settings += strings.Join(extra, "")
 	if err := os.WriteFile(rulesPath, []byte(rulesText), 0o644); err != nil {
 		return err
 	}
