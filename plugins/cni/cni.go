@@ -58,7 +58,7 @@ const ErrPluginNotAvailable uint = 50
 // Relay is the part of the kl-relayd client the plugin uses (*wire.Client).
 type Relay interface {
 	Register(ctx context.Context, w wire.Workload) (wire.Registration, error)
-	Deregister(ctx context.Context, id string) error
+	Deregister(ctx context.Context, id string) (wire.Deregistration, error)
 	Get(ctx context.Context, id string) (wire.Registration, bool, error)
 	Ping(ctx context.Context) error
 	List(ctx context.Context) ([]wire.Registration, error)
@@ -260,9 +260,11 @@ func (p *Plugin) print(c *Config) error {
 
 // Del releases the sandbox: deregister first (the listeners close, so for a moment the
 // still-installed table refuses connections rather than letting them out), then remove
-// the table. It succeeds when the netns is gone and when called twice. An unreachable
-// relay does not block the teardown: the relay drops registrations whose netns has
-// disappeared, at its next sweep or restart.
+// the table: the relay removes the one it installed, the plugin removes it when the
+// relay does not say it did. It succeeds when the netns is gone and when called twice.
+// An unreachable relay does not block the teardown (the plugin removes the table and
+// DEL succeeds, as an operator draining a node with the relay down expects): the relay
+// drops registrations whose netns has disappeared, at its next sweep or restart.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	c, err := parseConfig(args.StdinData)
 	if err != nil {
@@ -272,18 +274,19 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 	defer cancel()
-	if err := p.NewRelay(c.Socket, c.timeout).Deregister(ctx, args.ContainerID); err != nil {
+	dr, err := p.NewRelay(c.Socket, c.timeout).Deregister(ctx, args.ContainerID)
+	if err != nil {
 		if !errors.Is(err, wire.ErrUnreachable) {
 			return types.NewError(types.ErrInternal, "kl-cni: deregister sandbox from kl-relayd: "+err.Error(), "")
 		}
 		log.Warn("kl-relayd unreachable at DEL; it drops the registration when the netns is gone", "err", err)
 	}
-	if args.Netns != "" {
+	if args.Netns != "" && !dr.TableRemoved {
 		if err := p.remove(args.Netns); err != nil {
 			return types.NewError(types.ErrInternal, "kl-cni: "+err.Error(), "")
 		}
 	}
-	log.Debug("released", "total", time.Since(start))
+	log.Debug("released", "by_relay", dr.TableRemoved, "total", time.Since(start))
 	return nil
 }
 
@@ -363,7 +366,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		if w.Source != "cni" || w.Network != c.Name || valid[w.ID] {
 			continue
 		}
-		if err := relay.Deregister(ctx, w.ID); err != nil {
+		if _, err := relay.Deregister(ctx, w.ID); err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -57,13 +57,20 @@ func (f *fakeRelay) Register(_ context.Context, w wire.Workload) (wire.Registrat
 	return wire.Registration{Workload: w, Listeners: wire.Listeners{Redirect: 15001}, Captured: captured}, nil
 }
 
-func (f *fakeRelay) Deregister(_ context.Context, id string) error {
+func (f *fakeRelay) Deregister(_ context.Context, id string) (wire.Deregistration, error) {
 	f.calls = append(f.calls, "deregister "+id)
 	if err := f.err(); err != nil {
-		return err
+		return wire.Deregistration{}, err
 	}
+	w, known := f.regs[id]
 	delete(f.regs, id)
-	return nil
+	var d wire.Deregistration
+	if known && f.backend != nil && w.Capture != nil && w.Mode == wire.ModeTransparent {
+		if netns.RemoveWith(f.backend, w.Netns) == nil {
+			d.TableRemoved = true
+		}
+	}
+	return d, nil
 }
 
 func (f *fakeRelay) Get(_ context.Context, id string) (wire.Registration, bool, error) {
@@ -470,5 +477,48 @@ func TestVersionsAdvertised(t *testing.T) {
 	want := []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 	if got := Versions.SupportedVersions(); !slices.Equal(got, want) {
 		t.Errorf("supported versions %v, want %v", got, want)
+	}
+}
+
+// countingBackend counts the plugin's own table deletions (the fake relay uses the
+// backend underneath directly).
+type countingBackend struct {
+	netns.Backend
+	deletes int
+}
+
+func (c *countingBackend) Delete(nsPath, table string) error {
+	c.deletes++
+	return c.Backend.Delete(nsPath, table)
+}
+
+// TestDelWhoRemoves: the relay removes the table it installed and the plugin leaves it
+// alone; an older relay (no table removal) leaves it to the plugin.
+func TestDelWhoRemoves(t *testing.T) {
+	for _, older := range []bool{false, true} {
+		t.Run(fmt.Sprintf("older relay %v", older), func(t *testing.T) {
+			p, fr, fb, _ := newPlugin()
+			if older {
+				fr.backend = nil
+			}
+			cb := &countingBackend{Backend: fb}
+			p.Backend = cb
+			if err := p.Add(args(conf("", true))); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.Del(args(conf("", false))); err != nil {
+				t.Fatal(err)
+			}
+			if len(fb.Tables) != 0 || len(fr.regs) != 0 {
+				t.Errorf("after Del: tables %v, registrations %v", fb.Tables, fr.regs)
+			}
+			if want := map[bool]int{false: 0, true: 1}[older]; cb.deletes != want {
+				t.Errorf("the plugin deleted the table %d times, want %d", cb.deletes, want)
+			}
+			// A second DEL: the relay no longer knows the sandbox, the plugin makes sure.
+			if err := p.Del(args(conf("", false))); err != nil {
+				t.Fatalf("second Del = %v", err)
+			}
+		})
 	}
 }

@@ -34,6 +34,9 @@ type Listeners = wire.Listeners
 // Registration is the daemon's answer to a register call, and an entry of List.
 type Registration = wire.Registration
 
+// Deregistration is the daemon's answer to a deregister call.
+type Deregistration = wire.Deregistration
+
 // ErrorBody is what the daemon returns with a non-2xx status.
 type ErrorBody = wire.ErrorBody
 

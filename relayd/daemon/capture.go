@@ -12,7 +12,9 @@ import (
 // its capture configuration (api.Workload.Capture) instead of programming the netns in
 // its own short-lived process. The table goes in before the listeners open, as when the
 // plugin installed it, and with the kernel fast path in the same transaction as the
-// pod's kernel decisions (one table write per ADD instead of two).
+// pod's kernel decisions (one table write per ADD instead of two). At deregistration the
+// daemon removes the table it installed; kl-cni DEL removes it itself when the daemon does
+// not say it did (the daemon is down, or the registration is unknown).
 
 // wantsCapture says whether a registration asks the daemon to install its table.
 func wantsCapture(w api.Workload) bool {
@@ -47,4 +49,14 @@ func (d *Daemon) installCapture(w api.Workload) (fast bool, err error) {
 		return false, fmt.Errorf("workload %s: %w", w.ID, err)
 	}
 	return false, nil
+}
+
+// removeCapture removes w's capture table (d.mu held, listeners closed). A netns that is
+// gone counts as removed; on any other failure the caller (kl-cni DEL) tries itself.
+func (d *Daemon) removeCapture(w api.Workload) bool {
+	if err := netns.Remove(w.Netns); err != nil {
+		d.log.Warn("capture table not removed; kl-cni removes it", "workload", w.ID, "err", err)
+		return false
+	}
+	return true
 }

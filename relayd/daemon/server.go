@@ -146,33 +146,44 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 
 // Deregister removes a workload; unknown ids are not an error.
 func (d *Daemon) Deregister(id string) error {
+	_, err := d.deregister(id)
+	return err
+}
+
+// deregister is Deregister; it also removes the capture table the daemon installed for
+// the workload (capture.go), after the listeners closed, and says whether it did.
+func (d *Daemon) deregister(id string) (api.Deregistration, error) {
 	if err := registry.CheckID(id); err != nil {
-		return fmt.Errorf("%w: %w", errInvalid, err)
+		return api.Deregistration{}, fmt.Errorf("%w: %w", errInvalid, err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, known := d.regs[id]
+	e, known := d.regs[id]
 	d.relay.Close(id)
 	d.fastRemove(id)
 	delete(d.regs, id)
 	if err := d.store.Delete(id); err != nil {
-		return err
+		return api.Deregistration{}, err
+	}
+	var out api.Deregistration
+	if known && e.Registration.Captured {
+		out.TableRemoved = d.removeCapture(e.Registration.Workload)
 	}
 	if known {
 		d.log.Info("deregistered", "workload", id)
 	}
-	return nil
+	return out, nil
 }
 
 func (d *Daemon) handleDeregister(w http.ResponseWriter, r *http.Request) {
-	err := d.Deregister(r.PathValue("id"))
+	out, err := d.deregister(r.PathValue("id"))
 	switch {
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, err)
 	default:
-		writeJSON(w, http.StatusOK, struct{}{})
+		writeJSON(w, http.StatusOK, out)
 	}
 }
 

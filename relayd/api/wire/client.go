@@ -36,8 +36,10 @@ func (c *Client) Register(ctx context.Context, w Workload) (Registration, error)
 }
 
 // Deregister removes a workload. Removing an unknown id is not an error.
-func (c *Client) Deregister(ctx context.Context, id string) error {
-	return c.Call(ctx, "DELETE", "/v1/workloads/"+url.PathEscape(id), nil, nil)
+func (c *Client) Deregister(ctx context.Context, id string) (Deregistration, error) {
+	var d Deregistration
+	err := c.Call(ctx, "DELETE", "/v1/workloads/"+url.PathEscape(id), nil, &d)
+	return d, err
 }
 
 // Get returns one registration; found is false when the id is not registered.

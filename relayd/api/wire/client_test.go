@@ -61,8 +61,9 @@ func TestClientAgainstNetHTTPServer(t *testing.T) {
 		json.NewEncoder(w).Encode(out)
 	})
 	mux.HandleFunc("DELETE /v1/workloads/{id}", func(w http.ResponseWriter, r *http.Request) {
+		_, known := regs[r.PathValue("id")]
 		delete(regs, r.PathValue("id"))
-		w.Write([]byte("{}"))
+		json.NewEncoder(w).Encode(Deregistration{TableRemoved: known})
 	})
 	mux.HandleFunc("GET /v1/ready", func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(503)
@@ -91,8 +92,8 @@ func TestClientAgainstNetHTTPServer(t *testing.T) {
 	if err != nil || len(list) != 2 || len(list[1].Workload.Name) != 64<<10 {
 		t.Errorf("list: %d entries, %v", len(list), err)
 	}
-	if err := c.Deregister(ctx, "pod-1"); err != nil {
-		t.Fatal(err)
+	if d, err := c.Deregister(ctx, "pod-1"); err != nil || !d.TableRemoved {
+		t.Fatalf("deregister: %+v %v", d, err)
 	}
 	if _, found, _ := c.Get(ctx, "pod-1"); found {
 		t.Error("pod-1 still registered after Deregister")

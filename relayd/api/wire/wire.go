@@ -76,6 +76,13 @@ type Registration struct {
 	Captured bool `json:"captured,omitempty"`
 }
 
+// Deregistration is the daemon's answer to a deregister call.
+type Deregistration struct {
+	// TableRemoved is true when the daemon removed the capture table it had installed
+	// for the workload (Registration.Captured), or found its netns gone.
+	TableRemoved bool `json:"tableRemoved,omitempty"`
+}
+
 // ErrorBody is what the daemon returns with a non-2xx status.
 type ErrorBody struct {
 	Error string `json:"error"`
