@@ -221,7 +221,8 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		// An older kl-relayd through the same upstreams, in the same rounds: a change's
 		// effect side by side.
-		variants = slices.Insert(variants, 5, relayVariant{name: "kl@base → dante (socks5)",
+		at := slices.IndexFunc(variants, func(v relayVariant) bool { return v.name == "kl → dante (socks5)" }) + 1
+		variants = slices.Insert(variants, at, relayVariant{name: "kl@base → dante (socks5)",
 			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, proc: relayPid, alone: "dante alone (no relay)", red: "redsocks → dante"})
 		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
 			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid"})
