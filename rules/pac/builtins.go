@@ -20,13 +20,15 @@ func (w *worker) arg(fc goja.FunctionCall, i int, fn string) string {
 	if goja.IsUndefined(v) || goja.IsNull(v) {
 		panic(w.vm.NewTypeError("%s: argument %d is %s", fn, i+1, v.String()))
 	}
-	return v.String()
+	return w.guardLen(v.String(), maxInlineString)
 }
 
 // looseArg is argument i through ToString, for the parameters where the browsers'
 // code accepts anything (isInNet(dnsResolve(host), ...) with a null answer is the
 // common case: it is false, not an error).
-func looseArg(fc goja.FunctionCall, i int) string { return fc.Argument(i).String() }
+func (w *worker) looseArg(fc goja.FunctionCall, i int) string {
+	return w.guardLen(fc.Argument(i).String(), maxInlineString)
+}
 
 func (w *worker) install() {
 	vm := w.vm
@@ -43,7 +45,7 @@ func (w *worker) install() {
 		return w.boolean(strings.HasSuffix(w.arg(fc, 0, "dnsDomainIs"), w.arg(fc, 1, "dnsDomainIs")))
 	})
 	set("localHostOrDomainIs", func(fc goja.FunctionCall) goja.Value {
-		return w.boolean(localHostOrDomainIs(looseArg(fc, 0), w.arg(fc, 1, "localHostOrDomainIs")))
+		return w.boolean(localHostOrDomainIs(w.looseArg(fc, 0), w.arg(fc, 1, "localHostOrDomainIs")))
 	})
 	set("dnsDomainLevels", func(fc goja.FunctionCall) goja.Value {
 		return vm.ToValue(strings.Count(w.arg(fc, 0, "dnsDomainLevels"), "."))
@@ -52,23 +54,27 @@ func (w *worker) install() {
 		return vm.ToValue(convertAddr(w.arg(fc, 0, "convert_addr")))
 	})
 	set("shExpMatch", func(fc goja.FunctionCall) goja.Value {
-		ok, err := w.shexp.match(looseArg(fc, 0), w.arg(fc, 1, "shExpMatch"))
+		subject, pattern := w.looseArg(fc, 0), w.arg(fc, 1, "shExpMatch")
+		if w.inlineCall && (len(subject) > maxInlineShexp || len(pattern) > maxInlineShexpP) {
+			return w.trip()
+		}
+		ok, err := w.shexp.match(subject, pattern)
 		if err != nil {
 			panic(vm.NewGoError(err))
 		}
 		return w.boolean(ok)
 	})
 	set("isInNet", func(fc goja.FunctionCall) goja.Value {
-		return w.boolean(isInNet(looseArg(fc, 0), w.arg(fc, 1, "isInNet"), w.arg(fc, 2, "isInNet"), w.dnsResolve))
+		return w.boolean(isInNet(w.looseArg(fc, 0), w.arg(fc, 1, "isInNet"), w.arg(fc, 2, "isInNet"), w.dnsResolve))
 	})
 	set("dnsResolve", func(fc goja.FunctionCall) goja.Value {
-		if s, ok := w.dnsResolve(looseArg(fc, 0)); ok {
+		if s, ok := w.dnsResolve(w.looseArg(fc, 0)); ok {
 			return vm.ToValue(s)
 		}
 		return goja.Null()
 	})
 	set("isResolvable", func(fc goja.FunctionCall) goja.Value {
-		_, ok := w.dnsResolve(looseArg(fc, 0))
+		_, ok := w.dnsResolve(w.looseArg(fc, 0))
 		return w.boolean(ok)
 	})
 	set("myIpAddress", func(goja.FunctionCall) goja.Value {
@@ -78,10 +84,10 @@ func (w *worker) install() {
 		return vm.ToValue("127.0.0.1")
 	})
 	set("dnsResolveEx", func(fc goja.FunctionCall) goja.Value {
-		return vm.ToValue(w.dnsResolveEx(looseArg(fc, 0)))
+		return vm.ToValue(w.dnsResolveEx(w.looseArg(fc, 0)))
 	})
 	set("isResolvableEx", func(fc goja.FunctionCall) goja.Value {
-		return w.boolean(w.dnsResolveEx(looseArg(fc, 0)) != "")
+		return w.boolean(w.dnsResolveEx(w.looseArg(fc, 0)) != "")
 	})
 	set("myIpAddressEx", func(goja.FunctionCall) goja.Value {
 		if a := w.call.MyIP; a.IsValid() {
@@ -90,7 +96,7 @@ func (w *worker) install() {
 		return vm.ToValue("")
 	})
 	set("isInNetEx", func(fc goja.FunctionCall) goja.Value {
-		return w.boolean(isInNetEx(looseArg(fc, 0), looseArg(fc, 1)))
+		return w.boolean(isInNetEx(w.looseArg(fc, 0), w.looseArg(fc, 1)))
 	})
 	set("sortIpAddressList", func(fc goja.FunctionCall) goja.Value {
 		if s, ok := sortIPAddressList(w.arg(fc, 0, "sortIpAddressList")); ok {
@@ -115,7 +121,7 @@ func (w *worker) install() {
 	set("alert", func(fc goja.FunctionCall) goja.Value {
 		if w.log != nil {
 			// Debug only: a script's messages may name the destination (SPEC §5).
-			w.log.Debug("pac alert", "script", w.p.name, "message", fc.Argument(0).String())
+			w.log.Debug("pac alert", "script", w.p.name, "message", w.looseArg(fc, 0))
 		}
 		return goja.Undefined()
 	})

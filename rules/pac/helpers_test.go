@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/dop251/goja"
 )
@@ -16,12 +17,31 @@ func testWorker(t testing.TB, o Options) *worker {
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}
-	w := <-s.p.idle
+	w, put := borrow(t, s)
 	t.Cleanup(func() {
-		s.p.idle <- w
+		put()
 		s.Close()
 	})
 	return w
+}
+
+// borrow takes an idle runtime of the script's pool, whichever path it uses; put gives
+// it back.
+func borrow(t testing.TB, s *Script) (w *worker, put func()) {
+	t.Helper()
+	timer := time.NewTimer(10 * time.Second)
+	defer timer.Stop()
+	if s.p.inline {
+		h := s.p.getInline(&timer)
+		if h == nil {
+			t.Fatal("no idle runtime")
+		}
+		return h.w, func() { s.p.putInline(h) }
+	}
+	if w = s.p.acquire(timer); w == nil {
+		t.Fatal("no idle runtime")
+	}
+	return w, func() { s.p.release(w) }
 }
 
 // eval runs a JavaScript expression in the worker's sandbox as if during call c.
@@ -47,8 +67,8 @@ func (w *worker) evalString(c Call, expr string) string {
 // rawEval returns what FindProxyForURL returned, as a string, without the mapping.
 func rawEval(t testing.TB, s *Script, c Call) string {
 	t.Helper()
-	w := <-s.p.idle
-	defer func() { s.p.idle <- w }()
+	w, put := borrow(t, s)
+	defer put()
 	url, host := BuildURL(c)
 	w.call, w.host, w.rng = c, host, c.Seed
 	v, err := w.fn(goja.Undefined(), w.vm.ToValue(url), w.vm.ToValue(host))

@@ -31,10 +31,22 @@ type pool struct {
 	log          *slog.Logger
 	maxAbandoned int64
 
+	// inline: calls run on the caller's goroutine (classify proved the script
+	// interruptible); otherwise each is handed to the runtime's own goroutine. why
+	// says what keeps a script off the inline path.
+	inline  bool
+	why     string
+	regexes []string // an inline script's regex literals (classify)
+
 	idle      chan *worker  // runtimes ready for a call
 	slots     chan struct{} // one token per live (not abandoned) runtime
 	abandoned atomic.Int64  // runtimes stuck past a deadline, still running
 	closed    atomic.Bool
+
+	// An inline pool's per-P cache of idle runtimes (local.go), and how many calls
+	// wait for one.
+	local   sync.Pool
+	waiting atomic.Int32
 }
 
 // maxStack bounds JavaScript recursion (a runaway recursion is an exception, not a crash).
@@ -47,7 +59,7 @@ func Compile(name, src string, o Options) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
 	}
-	prog, err := compileProgram(name, src)
+	prog, inline, why, regexes, err := compileProgram(name, src)
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +75,9 @@ func Compile(name, src string, o Options) (*Script, error) {
 		loc:          o.Location,
 		log:          o.Log,
 		maxAbandoned: int64(o.MaxAbandoned),
+		inline:       inline,
+		why:          why,
+		regexes:      regexes,
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
@@ -89,7 +104,8 @@ func Compile(name, src string, o Options) (*Script, error) {
 
 // compileProgram parses with goja's parser directly, because goja.Compile flattens
 // syntax errors into a message without their position.
-func compileProgram(name, src string) (*goja.Program, error) {
+// It also classifies the script for the inline path (classify).
+func compileProgram(name, src string) (prog *goja.Program, inline bool, why string, regexes []string, err error) {
 	ast, err := parser.ParseFile(nil, name, src, 0)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
@@ -101,9 +117,10 @@ func compileProgram(name, src string) (*goja.Program, error) {
 				ce.Msg += fmt.Sprintf(" (and %d more errors)", len(el)-1)
 			}
 		}
-		return nil, ce
+		return nil, false, "", nil, ce
 	}
-	prog, err := goja.CompileAST(ast, false)
+	inline, why, regexes = classify(ast)
+	prog, err = goja.CompileAST(ast, false)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
 		var se *goja.CompilerSyntaxError
@@ -120,9 +137,9 @@ func compileProgram(name, src string) (*goja.Program, error) {
 				ce.Line = re.File.Position(re.Offset).Line
 			}
 		}
-		return nil, ce
+		return nil, false, "", nil, ce
 	}
-	return prog, nil
+	return prog, inline, why, regexes, nil
 }
 
 func (o Options) withDefaults() Options {
@@ -145,6 +162,7 @@ func (s *Script) Close() { s.p.close() }
 
 func (p *pool) close() {
 	p.closed.Store(true)
+	p.drainLocal()
 	for {
 		select {
 		case w := <-p.idle:
@@ -156,6 +174,9 @@ func (p *pool) close() {
 }
 
 func (p *pool) retire(w *worker) {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 	close(w.req)
 	<-p.slots
 }
@@ -184,17 +205,106 @@ var timers = sync.Pool{New: func() any {
 // that does not stop when interrupted is abandoned, and while MaxAbandoned of them are
 // still running, calls fail at once.
 func (s *Script) Eval(c Call) Result {
-	p := s.p
+	if s.p.inline {
+		return s.p.evalInline(c)
+	}
+	return s.p.evalHandoff(c, s.p.deadline)
+}
+
+// Path is how calls run: PathInline or PathHandoff, and for the hand-off path what
+// kept the script off the inline one (the first such construct, with its line).
+func (s *Script) Path() (path, why string) {
+	if s.p.inline {
+		return PathInline, ""
+	}
+	return PathHandoff, s.p.why
+}
+
+// Values of Script.Path.
+const (
+	// PathInline: the call runs on the caller's goroutine and goja's Interrupt stops
+	// it at the deadline. Only for scripts that provably reach nothing Interrupt
+	// cannot stop (see classify); a call whose input gets past the inline bounds is
+	// run again on the hand-off path.
+	PathInline = "inline"
+	// PathHandoff: the call is handed to the runtime's own goroutine; a runtime that
+	// does not stop at the deadline is abandoned and the caller gets deny.
+	PathHandoff = "handoff"
+)
+
+// evalInline runs the call on the caller's goroutine.
+func (p *pool) evalInline(c Call) Result {
+	start := time.Now()
+	var timer *time.Timer
+	h := p.getInline(&timer)
+	if timer != nil {
+		timer.Stop()
+		timers.Put(timer)
+	}
+	if h == nil {
+		return deny(fmt.Sprintf("no runtime free within the %v deadline", p.deadline))
+	}
+	r, handoff := h.w.runInline(c, p.deadline-time.Since(start))
+	p.putInline(h)
+	if handoff {
+		// An input past the inline bounds: run it where anything may run.
+		if left := p.deadline - time.Since(start); left > 0 {
+			return p.evalHandoff(c, left)
+		}
+		return deny(fmt.Sprintf("script did not finish within %v", p.deadline))
+	}
+	return r
+}
+
+// runInline runs one call on the caller's goroutine; the runtime's timer interrupts
+// it at the deadline. handoff: a guard stopped it (guard.go).
+func (w *worker) runInline(c Call, d time.Duration) (r Result, handoff bool) {
+	if d <= 0 {
+		return deny(fmt.Sprintf("script did not finish within %v", w.p.deadline)), false
+	}
+	w.fired.Store(false)
+	w.inlineCall = true
+	w.timer.Reset(d)
+	r = w.run(c)
+	stopped := w.timer.Stop()
+	w.inlineCall = false
+	tripped := w.tripped
+	w.tripped = false
+	if !stopped {
+		// The timer's Interrupt has run or is running: wait for it, so that it
+		// cannot land in the next call, then clear it.
+		for !w.fired.Load() {
+			runtime.Gosched()
+		}
+		w.vm.ClearInterrupt()
+		return deny(fmt.Sprintf("script did not finish within %v", w.p.deadline)), false
+	}
+	if tripped {
+		w.vm.ClearInterrupt()
+		return Result{}, true
+	}
+	return r, false
+}
+
+// evalHandoff hands the call to a runtime's goroutine and waits at most d for it.
+func (p *pool) evalHandoff(c Call, d time.Duration) Result {
 	if n := p.abandoned.Load(); n >= p.maxAbandoned {
 		return deny(fmt.Sprintf("%d runtimes are stuck past their deadline", n))
 	}
 	timer := timers.Get().(*time.Timer)
-	timer.Reset(p.deadline)
+	timer.Reset(d)
 	defer func() {
 		timer.Stop()
 		timers.Put(timer)
 	}()
-	w := p.acquire(timer)
+	var w *worker
+	if p.inline {
+		if h := p.getInline(&timer); h != nil {
+			w = h.unwrap()
+		}
+	} else {
+		w = p.acquire(timer)
+	}
 	if w == nil {
 		return deny(fmt.Sprintf("no runtime free within the %v deadline", p.deadline))
 	}
@@ -205,6 +315,9 @@ func (s *Script) Eval(c Call) Result {
 		return deny(fmt.Sprintf("%d runtimes are stuck past their deadline", n))
 	}
 	w.state.Store(stateRunning)
+	if p.inline {
+		go w.loop(true) // an inline pool's runtimes have no goroutine of their own
+	}
 	w.req <- request{call: c}
 	select {
 	case r := <-w.resp:
@@ -334,6 +447,15 @@ type worker struct {
 	argCache map[string]callArgs // arguments for recent hosts
 
 	vTrue, vFalse goja.Value
+	argv          [2]goja.Value
+	stack         []goja.Value // lent to goja between calls (stack.go)
+
+	// The inline path (inline pools only): timer interrupts the call at its deadline
+	// and sets fired; inlineCall turns the guards on; tripped is set by a guard.
+	timer      *time.Timer
+	fired      atomic.Bool
+	inlineCall bool
+	tripped    bool
 }
 
 func (p *pool) newWorker() *worker {
@@ -341,11 +463,20 @@ func (p *pool) newWorker() *worker {
 	// Interrupt it at any time (an interrupt before it runs takes effect when it does).
 	w := &worker{p: p, vm: goja.New(), req: make(chan request, 1), resp: make(chan Result, 1), loc: p.loc, log: p.log}
 	w.state.Store(stateRunning)
-	go w.loop()
+	if p.inline {
+		w.timer = time.AfterFunc(time.Hour, func() {
+			w.vm.Interrupt(errDeadline)
+			w.fired.Store(true)
+		})
+		w.timer.Stop()
+	}
+	go w.loop(p.inline)
 	return w
 }
 
-func (w *worker) loop() {
+// loop serves the runtime's requests on its own goroutine; once: only the next one
+// (an inline pool's runtime, which is only handed off when a call has to be).
+func (w *worker) loop(once bool) {
 	for rq := range w.req {
 		var r Result
 		if w.fn == nil && !w.broken {
@@ -365,6 +496,9 @@ func (w *worker) loop() {
 			return
 		}
 		w.resp <- r
+		if once {
+			return
+		}
 	}
 }
 
@@ -380,6 +514,20 @@ func (w *worker) setup() (err error) {
 	vm.SetTimeSource(w.now)
 	vm.SetRandSource(w.random)
 	w.install()
+	if w.p.inline {
+		if err := w.installGuards(); err != nil {
+			return &CompileError{Code: CodeScript, Msg: "setting up the inline guards: " + err.Error()}
+		}
+		for i, lit := range w.p.regexes {
+			re, err := vm.RunString(lit)
+			if err == nil {
+				err = vm.Set(regexGlobal(i), re)
+			}
+			if err != nil {
+				return &CompileError{Code: CodeScript, Msg: fmt.Sprintf("regex literal %s: %v", lit, err)}
+			}
+		}
+	}
 	if err := installDateZone(vm, w.loc); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up Date: " + err.Error()}
 	}
@@ -441,11 +589,16 @@ func (w *worker) run(c Call) (r Result) {
 			r = deny(fmt.Sprintf("script failed: %v", v))
 		}
 	}()
+	w.lendStack()
 	w.call = c
 	w.rng = c.Seed
 	a := w.args(c)
 	w.host = a.host
-	v, err := w.fn(goja.Undefined(), a.urlV, a.hostV)
+	// The arguments go through the runtime's own slice: a variadic call would
+	// allocate one per call (goja copies them onto its stack).
+	w.argv[0], w.argv[1] = a.urlV, a.hostV
+	v, err := w.fn(goja.Undefined(), w.argv[:]...)
+	w.argv[0], w.argv[1] = nil, nil
 	if err != nil {
 		var ie *goja.InterruptedError
 		if errors.As(err, &ie) {

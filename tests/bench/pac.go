@@ -14,35 +14,47 @@ func init() {
 		Doc: "PAC scripts (rules/pac): a realistic 20-branch corporate PAC file " +
 			"(rules/pac/testdata/corporate.pac) evaluated for a mix of 16 destinations " +
 			"(testdata/bench_hosts.txt) that leave at different branches. `kl Eval` is the full " +
-			"call (pool hand-off to a runtime goroutine, deadline timer, result mapping); " +
-			"`script only` is the same script run directly on one runtime. pacparser is " +
-			"Debian's python3-pacparser measured in-process in python over the same script " +
-			"and hosts. `CPU ns/call` is process CPU time (all threads, GC included) per " +
-			"call, the cost on a shared machine where wall time also measures the neighbours. " +
-			"Targets: <= 5 µs per call on one core; >= 4x pacparser's calls/s; both cores >= " +
-			"1.7x the single-core rate.",
+			"call (this script takes the inline path: on the caller's goroutine, with the " +
+			"deadline timer and result mapping), from GOMAXPROCS goroutines; `script only` is " +
+			"the same script run directly on one runtime. pacparser is Debian's " +
+			"python3-pacparser measured in-process in python over the same script and hosts. " +
+			"`CPU ns/call` is process CPU time (all threads, GC included) per call. The machine " +
+			"is shared, so the 1-core and 2-core runs alternate for several rounds and each " +
+			"figure is the best round; `machine 2-core scaling` is a CPU-bound reference loop " +
+			"(SHA-256, no allocation, nothing shared) measured in the same rounds: the most any " +
+			"code could scale at that moment. Targets: <= 5 µs per call on one core; >= 4x " +
+			"pacparser's calls/s; both cores >= 1.7x the single-core rate.",
 		Run: runPAC,
 	})
 }
 
+// pacRounds is how many times the 1-core and 2-core runs alternate.
+const pacRounds = 4
+
 func runPAC(ctx context.Context) ([]Row, error) {
-	one, err := goBench(ctx, "./rules/pac", "^Benchmark(EvalCorporate|RunCorporate)$", "-cpu=1", "-benchtime=2s")
-	if err != nil {
-		return nil, err
-	}
-	two, err := goBench(ctx, "./rules/pac", "^BenchmarkEvalCorporateParallel$", "-cpu=2", "-benchtime=2s")
-	if err != nil {
-		return nil, err
-	}
-	find := func(rs []GoBench, name string) GoBench {
+	best := map[string]GoBench{} // by name and GOMAXPROCS: the fastest round
+	keep := func(cpu string, rs []GoBench) {
 		for _, r := range rs {
-			if r.Name == name {
-				return r
+			k := r.Name + "/" + cpu
+			if b, ok := best[k]; !ok || r.NsOp < b.NsOp {
+				best[k] = r
 			}
 		}
-		return GoBench{}
 	}
-	eval1, run1, eval2 := find(one, "EvalCorporate"), find(one, "RunCorporate"), find(two, "EvalCorporateParallel")
+	for i := 0; i < pacRounds; i++ {
+		one, err := goBench(ctx, "./rules/pac", "^Benchmark(EvalCorporateParallel|RunCorporate|Calibrate)$", "-cpu=1", "-benchtime=1s")
+		if err != nil {
+			return nil, err
+		}
+		keep("1", one)
+		two, err := goBench(ctx, "./rules/pac", "^Benchmark(EvalCorporateParallel|Calibrate)$", "-cpu=2", "-benchtime=1s")
+		if err != nil {
+			return nil, err
+		}
+		keep("2", two)
+	}
+	eval1, run1, eval2 := best["EvalCorporateParallel/1"], best["RunCorporate/1"], best["EvalCorporateParallel/2"]
+	cal1, cal2 := best["Calibrate/1"], best["Calibrate/2"]
 	pp, ppErr := pacparserBench(ctx, 20000)
 
 	rate := func(ns float64) float64 {
@@ -50,6 +62,12 @@ func runPAC(ctx context.Context) ([]Row, error) {
 			return 0
 		}
 		return 1e9 / ns
+	}
+	scale := func(two, one GoBench) string {
+		if one.NsOp == 0 || two.NsOp == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", one.NsOp/two.NsOp)
 	}
 	cols := func(g GoBench) []Col {
 		return []Col{
@@ -72,7 +90,8 @@ func runPAC(ctx context.Context) ([]Row, error) {
 		{Name: "kl Eval, 1 core", Cols: append(append(cols(eval1), vsPP(eval1)...),
 			Col{"target", "<= 5 µs; >= 4x pacparser"})},
 		{Name: "kl Eval, 2 cores (RunParallel)", Cols: append(append(cols(eval2), vsPP(eval2)...),
-			Col{"vs 1 core", ratio(rate(eval2.NsOp), rate(eval1.NsOp))},
+			Col{"vs 1 core", scale(eval2, eval1)},
+			Col{"machine 2-core scaling", scale(cal2, cal1)},
 			Col{"target", ">= 1.7x 1 core"})},
 		{Name: "kl script only, 1 core", Cols: cols(run1)},
 	}
