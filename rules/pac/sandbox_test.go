@@ -47,6 +47,24 @@ const stuckPAC = `function FindProxyForURL(url, host) {
 	return "PROXY p.example:3128";
 }`
 
+// stuckInlinePAC is stuckPAC without the regex: it takes the inline path, where the
+// caller's own goroutine runs the loops and goja's Interrupt stops them.
+const stuckInlinePAC = `function FindProxyForURL(url, host) {
+	if (host == "loop") { for (;;) {} }
+	if (host == "catch") { for (;;) { try { for (;;) {} } catch (e) {} finally { continue; } } }
+	if (host == "calls") { var f = function (n) { return n ? f(n - 1) + f(n - 1) : 1; }; f(64); }
+	return "PROXY p.example:3128";
+}`
+
+// stuckScripts are the stuck scripts of both paths, with the hosts that get them stuck.
+var stuckScripts = []struct {
+	name, src, path string
+	hosts           []string
+}{
+	{"handoff", stuckPAC, PathHandoff, []string{"loop", "catch", "regex"}},
+	{"inline", stuckInlinePAC, PathInline, []string{"loop", "catch", "calls"}},
+}
+
 func evalTimed(s *Script, host string) (Result, time.Duration) {
 	start := time.Now()
 	r := s.Eval(Call{Host: host})
@@ -64,9 +82,18 @@ func waitAbandoned(t *testing.T, s *Script) {
 }
 
 func TestDeadline(t *testing.T) {
+	for _, sc := range stuckScripts {
+		t.Run(sc.name, func(t *testing.T) { testDeadline(t, sc.src, sc.path, sc.hosts) })
+	}
+}
+
+func testDeadline(t *testing.T, src, path string, hosts []string) {
 	const deadline = 30 * time.Millisecond
-	s := mustCompile(t, stuckPAC, Options{Deadline: deadline})
-	for _, host := range []string{"loop", "catch", "regex"} {
+	s := mustCompile(t, src, Options{Deadline: deadline})
+	if p, why := s.Path(); p != path {
+		t.Fatalf("Path() = %q (%s), want %q", p, why, path)
+	}
+	for _, host := range hosts {
 		t.Run(host, func(t *testing.T) {
 			r, took := evalTimed(s, host)
 			if r.Exit != "deny" || !r.Failed || !strings.Contains(r.Reason, "did not finish") {
@@ -88,12 +115,21 @@ func TestDeadline(t *testing.T) {
 }
 
 func TestStuckStorm(t *testing.T) {
+	for _, sc := range stuckScripts {
+		t.Run(sc.name, func(t *testing.T) { testStuckStorm(t, sc.src, sc.path, sc.hosts) })
+	}
+}
+
+func testStuckStorm(t *testing.T, src, path string, hosts []string) {
 	const (
 		deadline     = 20 * time.Millisecond
 		maxAbandoned = 4
 		calls        = 3000
 	)
-	s := mustCompile(t, stuckPAC, Options{Deadline: deadline, MaxAbandoned: maxAbandoned})
+	s := mustCompile(t, src, Options{Deadline: deadline, MaxAbandoned: maxAbandoned})
+	if p, why := s.Path(); p != path {
+		t.Fatalf("Path() = %q (%s), want %q", p, why, path)
+	}
 	poolSize := cap(s.p.slots)
 	runtime.GC()
 	var before runtime.MemStats
@@ -128,9 +164,9 @@ func TestStuckStorm(t *testing.T) {
 		go func(i int) {
 			defer wg.Done()
 			<-start
-			host := "regex"
+			host := hosts[len(hosts)-1]
 			if i%3 == 0 {
-				host = "loop"
+				host = hosts[0]
 			}
 			r, took := evalTimed(s, host)
 			mu.Lock()
@@ -204,7 +240,8 @@ func TestConcurrentEval(t *testing.T) {
 }
 
 func TestClose(t *testing.T) {
-	s, err := Compile("c.pac", `function FindProxyForURL() { return "DIRECT" }`, Options{})
+	// The hand-off path: Close ends the idle runtimes' goroutines.
+	s, err := compile("c.pac", `function FindProxyForURL() { return "DIRECT" }`, Options{}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +256,32 @@ func TestClose(t *testing.T) {
 	}
 	if r := s.Eval(Call{Host: "a"}); r.Exit != "direct" {
 		t.Errorf("Eval after Close = %+v", r)
+	}
+
+	// The inline path: the idle runtimes have no goroutine; Close drops them from the
+	// pool, and the runtime used after it is dropped when done.
+	s, err = Compile("c.pac", `function FindProxyForURL() { return "DIRECT" }`, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := s.Path(); p != PathInline {
+		t.Fatalf("Path() = %q, want inline", p)
+	}
+	// Let the pool finish warming up (runtimes added in the background).
+	for end := time.Now().Add(5 * time.Second); len(s.p.idle) < runtime.GOMAXPROCS(0) && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.Eval(Call{Host: "a"})
+	s.Close()
+	s.Close()
+	if n := len(s.p.slots); n != 0 {
+		t.Errorf("%d runtimes still live after Close", n)
+	}
+	if r := s.Eval(Call{Host: "a"}); r.Exit != "direct" {
+		t.Errorf("Eval after Close = %+v", r)
+	}
+	if n := len(s.p.slots); n != 0 {
+		t.Errorf("%d runtimes live after an Eval after Close", n)
 	}
 }
 

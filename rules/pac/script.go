@@ -47,6 +47,8 @@ type pool struct {
 	// wait for one.
 	local   sync.Pool
 	waiting atomic.Int32
+	// handoffs counts inline calls that reached a guard and ran again handed off.
+	handoffs atomic.Int64
 }
 
 // maxStack bounds JavaScript recursion (a runaway recursion is an exception, not a crash).
@@ -56,10 +58,16 @@ const maxStack = 1000
 // code runs (within max(10*Deadline, 1s)) and must define a function FindProxyForURL.
 // The error is a *CompileError.
 func Compile(name, src string, o Options) (*Script, error) {
+	return compile(name, src, o, true)
+}
+
+// compile is Compile; with allowInline false every script takes the hand-off path (the
+// tests compare the two).
+func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
 	}
-	prog, inline, why, regexes, err := compileProgram(name, src)
+	prog, inline, why, regexes, err := compileProgram(name, src, allowInline)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +113,7 @@ func Compile(name, src string, o Options) (*Script, error) {
 // compileProgram parses with goja's parser directly, because goja.Compile flattens
 // syntax errors into a message without their position.
 // It also classifies the script for the inline path (classify).
-func compileProgram(name, src string) (prog *goja.Program, inline bool, why string, regexes []string, err error) {
+func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inline bool, why string, regexes []string, err error) {
 	ast, err := parser.ParseFile(nil, name, src, 0)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
@@ -119,7 +127,10 @@ func compileProgram(name, src string) (prog *goja.Program, inline bool, why stri
 		}
 		return nil, false, "", nil, ce
 	}
-	inline, why, regexes = classify(ast)
+	inline, why = false, "the inline path is turned off"
+	if allowInline {
+		inline, why, regexes = classify(ast)
+	}
 	prog, err = goja.CompileAST(ast, false)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
@@ -248,6 +259,7 @@ func (p *pool) evalInline(c Call) Result {
 	p.putInline(h)
 	if handoff {
 		// An input past the inline bounds: run it where anything may run.
+		p.handoffs.Add(1)
 		if left := p.deadline - time.Since(start); left > 0 {
 			return p.evalHandoff(c, left)
 		}
