@@ -1,10 +1,15 @@
 package fastpath
 
 import (
+	"context"
 	"encoding/binary"
+	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/tests/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -111,4 +116,77 @@ func FuzzHandle(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m.handle(&pod{}, b) // must not panic
 	})
+}
+
+// The event socket receives the events of kernel decisions only: its filter drops every
+// conntrack event whose mark lacks the tag, in the kernel.
+func TestEventFilter(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	ns := testutil.NewNetns(t, "klfe")
+	rules := filepath.Join(t.TempDir(), "t.nft")
+	if err := os.WriteFile(rules, []byte("table inet klfe {\n chain out {\n  type filter hook output priority 0; policy accept;\n"+
+		"  tcp dport 7001 ct mark set 0x6b010002\n  tcp dport 7002 ct mark set 0x00001234\n }\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns.Exec(t, "nft", "-f", rules)
+	ev, err := openEvents(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ev.f.Close()
+	recv := func(buf []byte) (n int, err error) {
+		if cerr := ev.rc.Read(func(fd uintptr) bool {
+			n, _, err = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
+			return true
+		}); cerr != nil {
+			return 0, cerr
+		}
+		return n, err
+	}
+	for _, port := range []string{"7001", "7002", "7003"} {
+		ln, err := netns.Listen(ns.Path, "tcp4", "127.0.0.1:"+port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		for range 3 {
+			c, err := netns.Dial(context.Background(), ns.Path, 0, "tcp4", "127.0.0.1:"+port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+			s.Close()
+		}
+	}
+	marks := map[uint32]int{}
+	buf := make([]byte, 64<<10)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
+		n, err := recv(buf)
+		if err == unix.EAGAIN {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := buf[:n]
+		for len(b) >= unix.SizeofNlMsghdr {
+			l := int(binary.NativeEndian.Uint32(b[0:4]))
+			if l < unix.SizeofNlMsghdr+nfgenHdrLen || l > len(b) {
+				t.Fatalf("bad message length %d of %d", l, len(b))
+			}
+			mark, _, _ := parseCT(b[unix.SizeofNlMsghdr+nfgenHdrLen : l])
+			marks[mark]++
+			b = b[min(nlAlign(l), len(b)):]
+		}
+	}
+	// Three connections to 7001 (NEW events; no table here limits them to NEW, so a
+	// DESTROY may follow for a connection whose state ended), none of the others.
+	if marks[0x6b010002] < 3 || len(marks) != 1 {
+		t.Errorf("events received by mark: %v, want only 0x6b010002 (at least 3)", marks)
+	}
 }
