@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -42,24 +43,52 @@ func Do(nsPath string, fn func() error) error {
 		return fmt.Errorf("open netns %s: %w", nsPath, err)
 	}
 	defer unix.Close(target)
+	return doFD(nsPath, target, fn)
+}
 
+// doFD is Do with the target netns already open.
+func doFD(nsPath string, target int, fn func() error) error {
+	orig, err := selfNetns()
+	if err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
 	go func() {
-		errc <- doLocked(nsPath, target, fn)
+		errc <- doLocked(nsPath, target, orig, fn)
 	}()
 	return <-errc
 }
 
+// self is the netns every thread the Go runtime hands out runs in (the process's own: a
+// thread that could not return from a netns dies with its locked goroutine), opened once
+// and kept for the life of the process.
+var self struct {
+	once sync.Once
+	fd   int
+	err  error
+}
+
+// selfNetns returns the descriptor of the process's netns, opening it on first use from a
+// fresh goroutine, so a caller locked into another netns cannot skew it.
+func selfNetns() (int, error) {
+	self.once.Do(func() {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			self.fd, self.err = unix.Open(threadNetns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if self.err != nil {
+				self.err = fmt.Errorf("open current netns: %w", self.err)
+			}
+		}()
+		<-done
+	})
+	return self.fd, self.err
+}
+
 // doLocked runs on its own goroutine; when it returns without unlocking, the goroutine ends
 // with the thread locked and the runtime terminates that thread.
-func doLocked(nsPath string, target int, fn func() error) (err error) {
+func doLocked(nsPath string, target, orig int, fn func() error) (err error) {
 	runtime.LockOSThread()
-	orig, err := unix.Open(threadNetns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("open current netns: %w", err)
-	}
-	defer unix.Close(orig)
 	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
 		return fmt.Errorf("enter netns %s: %w", nsPath, err)
@@ -78,6 +107,156 @@ func doLocked(nsPath string, target int, fn func() error) (err error) {
 	return fn()
 }
 
+// Handle is an open network namespace: the relay keeps one per workload for the
+// workload's lifetime, so a dial or listen in it needs no path lookup. It holds one file
+// descriptor until Close. Its methods are safe for concurrent use; after Close they fail.
+type Handle struct {
+	path string
+	mu   sync.RWMutex // read-held while fd is in use, so Close cannot recycle it under a setns
+	fd   int          // -1: the current netns (path "" or /proc/self/ns/net), or closed
+	shut bool
+}
+
+// Open opens the netns at nsPath ("" or "/proc/self/ns/net": the current one, which holds
+// no descriptor).
+func Open(nsPath string) (*Handle, error) {
+	h := &Handle{path: nsPath, fd: -1}
+	if isCurrent(nsPath) {
+		return h, nil
+	}
+	fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", nsPath, err)
+	}
+	h.fd = fd
+	return h, nil
+}
+
+// Path is the path the handle was opened with.
+func (h *Handle) Path() string { return h.path }
+
+// Close releases the descriptor; it waits for calls in progress that use it.
+func (h *Handle) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.shut {
+		return nil
+	}
+	h.shut = true
+	if h.fd < 0 {
+		return nil
+	}
+	err := unix.Close(h.fd)
+	h.fd = -1
+	if err != nil {
+		return fmt.Errorf("close netns %s: %w", h.path, err)
+	}
+	return nil
+}
+
+var errHandleClosed = errors.New("netns handle is closed")
+
+// Do is the package's Do in the handle's netns.
+func (h *Handle) Do(fn func() error) error {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.shut {
+		return fmt.Errorf("netns %s: %w", h.path, errHandleClosed)
+	}
+	if h.fd < 0 {
+		return fn()
+	}
+	return doFD(h.path, h.fd, fn)
+}
+
+// Listen is the package's Listen in the handle's netns.
+func (h *Handle) Listen(network, addr string) (net.Listener, error) {
+	return listen(h.path, h.Do, network, addr)
+}
+
+// Dial is the package's Dial from the handle's netns, cheaper: the socket is made by a
+// net.Dialer on the calling goroutine's own thread, entered into the netns only until the
+// socket exists (the Dialer's Control hook, which runs before connect, sets SO_MARK and
+// returns the thread), so no descriptor is duplicated and the connection has no TCP
+// keepalive (the relay ends idle flows itself). It must not be called from a goroutine
+// that has locked its thread into another netns: the thread is returned to the process's
+// netns. If that return fails, the thread stays locked to the calling goroutine and the
+// runtime discards it when the goroutine ends.
+func (h *Handle) Dial(ctx context.Context, mark uint32, network, addr string) (net.Conn, error) {
+	return dial(ctx, h.path, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+		return h.dialAddr(ctx, mark, ap)
+	}, network, addr)
+}
+
+func (h *Handle) dialAddr(ctx context.Context, mark uint32, ap netip.AddrPort) (net.Conn, error) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.shut {
+		return nil, errHandleClosed
+	}
+	network := "tcp6"
+	if ap.Addr().Is4() {
+		network = "tcp4"
+	}
+	in := false // the thread is in the handle's netns
+	var leaveErr error
+	leave := func() {
+		in = false
+		orig, _ := selfNetns() // opened before entering
+		if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+			leaveErr = fmt.Errorf("return from netns %s: %w", h.path, err)
+			return // the thread stays locked and dies with the goroutine
+		}
+		runtime.UnlockOSThread()
+	}
+	d := net.Dialer{KeepAlive: -1, Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if mark != 0 {
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
+			}); err != nil {
+				serr = err
+			}
+		}
+		if in {
+			leave()
+			if leaveErr != nil {
+				return leaveErr
+			}
+		}
+		if serr != nil {
+			return fmt.Errorf("set SO_MARK %#x: %w", mark, serr)
+		}
+		return nil
+	}}
+	if h.fd >= 0 {
+		if _, err := selfNetns(); err != nil {
+			return nil, err
+		}
+		runtime.LockOSThread()
+		if err := unix.Setns(h.fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			return nil, fmt.Errorf("enter netns %s: %w", h.path, err)
+		}
+		in = true
+	}
+	c, err := d.DialContext(ctx, network, ap.String())
+	if in {
+		leave() // no socket was made (Control never ran)
+	}
+	if leaveErr != nil {
+		if c != nil {
+			c.Close()
+		}
+		return nil, errors.Join(err, leaveErr)
+	}
+	return c, err
+}
+
+func newSocket(domain int) (int, error) {
+	return unix.Socket(domain, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+}
+
 // Listen opens a TCP listener whose socket is created inside the netns at nsPath; it stays
 // bound there after the thread leaves (the in-pod listener model of Istio's ztunnel).
 // network is "tcp", "tcp4" or "tcp6".
@@ -88,15 +267,23 @@ func doLocked(nsPath string, target int, fn func() error) (err error) {
 // pod's address. ("tcp", ":P") also works — one dual-stack [::] socket that accepts IPv4 as
 // v4-mapped addresses, which OriginalDst handles — but it is reachable from the network.
 func Listen(nsPath, network, addr string) (net.Listener, error) {
+	return listen(nsPath, func(fn func() error) error { return Do(nsPath, fn) }, network, addr)
+}
+
+// noKeepAlive leaves accepted connections without TCP keepalive (Go's default turns it on
+// with four setsockopt calls per accept): the relay ends idle flows with its own timeout.
+var noKeepAlive = net.ListenConfig{KeepAlive: -1}
+
+func listen(nsPath string, do func(func() error) error, network, addr string) (net.Listener, error) {
 	switch network {
 	case "tcp", "tcp4", "tcp6":
 	default:
 		return nil, fmt.Errorf("listen in %s: network %q is not tcp, tcp4 or tcp6", nsPath, network)
 	}
 	var ln net.Listener
-	err := Do(nsPath, func() error {
+	err := do(func() error {
 		var err error
-		ln, err = net.Listen(network, addr)
+		ln, err = noKeepAlive.Listen(context.Background(), network, addr)
 		return err
 	})
 	if err != nil {
@@ -117,6 +304,22 @@ func Listen(nsPath, network, addr string) (net.Listener, error) {
 // OS threads. Host names are resolved first with net.DefaultResolver in the caller's
 // netns, and the addresses are tried in order; literal addresses need no resolver.
 func Dial(ctx context.Context, nsPath string, mark uint32, network, addr string) (net.Conn, error) {
+	socket := func(domain int) (int, error) {
+		fd := -1
+		err := Do(nsPath, func() error {
+			var err error
+			fd, err = newSocket(domain)
+			return err
+		})
+		return fd, err
+	}
+	return dial(ctx, nsPath, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+		return dialAddr(ctx, socket, mark, ap)
+	}, network, addr)
+}
+
+// dial resolves addr and connects to its addresses in turn with dialOne.
+func dial(ctx context.Context, nsPath string, dialOne func(context.Context, netip.AddrPort) (net.Conn, error), network, addr string) (net.Conn, error) {
 	var family string
 	switch network {
 	case "tcp":
@@ -152,7 +355,7 @@ func Dial(ctx context.Context, nsPath string, mark uint32, network, addr string)
 			errs = append(errs, fmt.Errorf("%s is not an %s address", ip, family))
 			continue
 		}
-		c, err := dialAddr(ctx, nsPath, mark, netip.AddrPortFrom(ip, uint16(port)))
+		c, err := dialOne(ctx, netip.AddrPortFrom(ip, uint16(port)))
 		if err == nil {
 			return c, nil
 		}
@@ -164,8 +367,8 @@ func Dial(ctx context.Context, nsPath string, mark uint32, network, addr string)
 	return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, errors.Join(errs...))
 }
 
-// dialAddr connects one socket made in nsPath to ap.
-func dialAddr(ctx context.Context, nsPath string, mark uint32, ap netip.AddrPort) (net.Conn, error) {
+// dialAddr connects one socket made by socket to ap.
+func dialAddr(ctx context.Context, socket func(domain int) (int, error), mark uint32, ap netip.AddrPort) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -175,12 +378,7 @@ func dialAddr(ctx context.Context, nsPath string, mark uint32, ap netip.AddrPort
 		domain = unix.AF_INET
 		sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
 	}
-	fd := -1
-	err := Do(nsPath, func() error {
-		var err error
-		fd, err = unix.Socket(domain, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-		return err
-	})
+	fd, err := socket(domain)
 	if err != nil {
 		return nil, fmt.Errorf("socket: %w", err)
 	}

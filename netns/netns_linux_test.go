@@ -929,3 +929,145 @@ func countThreads(t *testing.T) int {
 	}
 	return len(ents)
 }
+
+// TestHandle: a handle dials and listens in its netns like the path-based calls, marks
+// its sockets, leaves accepted connections without keepalive, returns every thread to the
+// process's netns, and fails cleanly once closed.
+func TestHandle(t *testing.T) {
+	ns := testutil.NewNetns(t, "klhd")
+	h, err := Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Path() != ns.Path {
+		t.Errorf("Path() = %q, want %q", h.Path(), ns.Path)
+	}
+	ln, err := h.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan *net.TCPConn, 64)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			fmt.Fprintf(c, "ok\n")
+			accepted <- c.(*net.TCPConn)
+		}
+	}()
+	// The listener is in the netns: not reachable from the host's.
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Errorf("listener opened through the handle is reachable from the host netns")
+	}
+
+	sockopt := func(c *net.TCPConn, level, opt int) int {
+		t.Helper()
+		rc, err := c.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		var gerr error
+		if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+			t.Fatal(err)
+		}
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		return v
+	}
+	host := inode(t, "/proc/self/ns/net")
+	const n = 32
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	conns := make(chan net.Conn, n)
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			c, err := h.Dial(ctx, 0x4243, "tcp4", ln.Addr().String())
+			if err != nil {
+				errs <- err
+				return
+			}
+			conns <- c
+			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+			if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "ok\n" {
+				errs <- fmt.Errorf("read: %q, %v", line, err)
+			}
+			// The goroutine's thread is back in the host netns.
+			runtime.LockOSThread()
+			got := inode(t, threadNetns)
+			runtime.UnlockOSThread()
+			if got != host {
+				errs <- fmt.Errorf("after Dial the thread is in netns %d, want %d", got, host)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	close(conns)
+	for err := range errs {
+		t.Error(err)
+	}
+	for c := range conns {
+		if m := sockopt(c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK); m != 0x4243 {
+			t.Errorf("SO_MARK = %#x, want 0x4243", m)
+		}
+		if ka := sockopt(c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_KEEPALIVE); ka != 0 {
+			t.Errorf("dialed socket has SO_KEEPALIVE %d", ka)
+		}
+		if c.RemoteAddr() == nil || c.RemoteAddr().String() != ln.Addr().String() {
+			t.Errorf("RemoteAddr = %v, want %v", c.RemoteAddr(), ln.Addr())
+		}
+		c.Close()
+	}
+	for range n {
+		select {
+		case c := <-accepted:
+			if ka := sockopt(c, unix.SOL_SOCKET, unix.SO_KEEPALIVE); ka != 0 {
+				t.Errorf("accepted socket has SO_KEEPALIVE %d", ka)
+			}
+			c.Close()
+		case <-time.After(3 * time.Second):
+			t.Fatal("accepted connections missing")
+		}
+	}
+
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := h.Dial(context.Background(), 0, "tcp4", ln.Addr().String()); !errors.Is(err, errHandleClosed) {
+		t.Errorf("Dial after Close: %v, want %v", err, errHandleClosed)
+	}
+	if _, err := h.Listen("tcp4", "127.0.0.1:0"); !errors.Is(err, errHandleClosed) {
+		t.Errorf("Listen after Close: %v, want %v", err, errHandleClosed)
+	}
+	if _, err := Open("/nonexistent/netns"); err == nil {
+		t.Error("Open of a missing netns succeeded")
+	}
+	// The current netns needs no descriptor.
+	cur, err := Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Do(func() error {
+		if got := inode(t, threadNetns); got != host {
+			return fmt.Errorf("Do on the current handle ran in netns %d, want %d", got, host)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	cur.Close()
+}

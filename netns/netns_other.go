@@ -25,6 +25,20 @@ func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 
 func SameNetns(a, b string) (bool, error) { return false, errors.ErrUnsupported }
 
+// Handle is an open network namespace (Linux only).
+type Handle struct{ path string }
+
+func Open(nsPath string) (*Handle, error)  { return nil, errors.ErrUnsupported }
+func (h *Handle) Path() string             { return h.path }
+func (h *Handle) Close() error             { return nil }
+func (h *Handle) Do(fn func() error) error { return errors.ErrUnsupported }
+func (h *Handle) Listen(network, addr string) (net.Listener, error) {
+	return nil, errors.ErrUnsupported
+}
+func (h *Handle) Dial(ctx context.Context, mark uint32, network, addr string) (net.Conn, error) {
+	return nil, errors.ErrUnsupported
+}
+
 type nftBackend struct{}
 
 func (nftBackend) Apply(string, *Table) error         { return errors.ErrUnsupported }

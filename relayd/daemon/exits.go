@@ -21,6 +21,9 @@ type nsKey struct{}
 // again.
 func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 	base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if h := relay.NetnsFrom(ctx); h != nil {
+			return h.Dial(ctx, cfg.Mark, network, addr) // the netns the relay holds open
+		}
 		ns, _ := ctx.Value(nsKey{}).(string)
 		return netns.Dial(ctx, ns, cfg.Mark, network, addr)
 	}

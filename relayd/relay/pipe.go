@@ -26,41 +26,71 @@ var errIdle = errors.New("idle timeout")
 //
 // It returns the bytes carried from a to b (up) and from b to a (down).
 func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
-	var last atomic.Int64
-	last.Store(time.Now().UnixNano())
+	done := make(chan struct{})
+	r.pipeAsync(a, b, func(u, d int64, e error) {
+		up, down, err = u, d, e
+		close(done)
+	})
+	<-done
+	return up, down, err
+}
+
+// pipeAsync is pipe on two goroutines of its own, one per direction, and returns at once;
+// the last direction to end closes both connections and calls finish. The caller's
+// goroutine (and the stack it grew deciding the flow) is not kept for the life of the
+// flow: an idle flow costs two small copy stacks.
+func (r *Relay) pipeAsync(a, b net.Conn, finish func(up, down int64, err error)) {
+	st := &pipeState{a: a, b: b, finish: finish}
+	st.last.Store(time.Now().UnixNano())
+	st.left.Store(2)
 	window := r.o.IdleTimeout / 2
 	if window < 100*time.Millisecond {
 		window = 100 * time.Millisecond
 	}
-	var once sync.Once
-	var first error
-	abort := func(err error) {
-		once.Do(func() {
-			first = err
-			if isReset(err) {
-				setLinger0(a)
-				setLinger0(b)
-			}
-			a.Close()
-			b.Close()
-		})
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
 	go func() {
-		defer wg.Done()
-		var err error
-		if up, err = r.copyDir(b, a, &last, window); err != nil {
-			abort(err)
-		}
+		n, err := r.copyDir(b, a, &st.last, window)
+		st.up = n
+		st.end(err)
 	}()
-	var derr error
-	if down, derr = r.copyDir(a, b, &last, window); derr != nil {
-		abort(derr)
+	go func() {
+		n, err := r.copyDir(a, b, &st.last, window)
+		st.down = n
+		st.end(err)
+	}()
+}
+
+// pipeState is one flow's two directions.
+type pipeState struct {
+	a, b     net.Conn
+	last     atomic.Int64 // when a direction last moved bytes (UnixNano)
+	left     atomic.Int32 // directions still copying
+	up, down int64        // each written by its direction before it counts itself out
+	once     sync.Once
+	first    error
+	finish   func(up, down int64, err error)
+}
+
+// end counts one direction out; an error aborts both.
+func (st *pipeState) end(err error) {
+	if err != nil {
+		st.abort(err)
 	}
-	wg.Wait()
-	abort(nil)
-	return up, down, first
+	if st.left.Add(-1) == 0 {
+		st.abort(nil)
+		st.finish(st.up, st.down, st.first)
+	}
+}
+
+func (st *pipeState) abort(err error) {
+	st.once.Do(func() {
+		st.first = err
+		if isReset(err) {
+			setLinger0(st.a)
+			setLinger0(st.b)
+		}
+		st.a.Close()
+		st.b.Close()
+	})
 }
 
 // copyDir copies src to dst until EOF (then half-closes dst) or an error, and returns

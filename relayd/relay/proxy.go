@@ -19,11 +19,11 @@ import (
 
 // openProxy starts the proxy-mode servers on the pod's loopback.
 func (r *Relay) openProxy(p *pod, w api.Workload) error {
-	lh, err := r.o.listen(w.Netns, "tcp4", fmt.Sprintf("127.0.0.1:%d", r.o.HTTPPort))
+	lh, err := r.listenIn(p, w.Netns, "tcp4", fmt.Sprintf("127.0.0.1:%d", r.o.HTTPPort))
 	if err != nil {
 		return err
 	}
-	ls, err := r.o.listen(w.Netns, "tcp4", fmt.Sprintf("127.0.0.1:%d", r.o.SOCKSPort))
+	ls, err := r.listenIn(p, w.Netns, "tcp4", fmt.Sprintf("127.0.0.1:%d", r.o.SOCKSPort))
 	if err != nil {
 		lh.Close()
 		return err
@@ -222,7 +222,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				if resolveErr != nil {
 					return nil, resolveErr // the same lookup would fail again
 				}
-				return r.o.dial(ctx, w.Netns, r.o.Mark, "tcp", target)
+				return r.dialIn(ctx, p, w.Netns, target)
 			}
 		default:
 			dial = r.o.Exits[d.Exit]
@@ -237,7 +237,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		dctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 		defer cancel()
 		dialStart := time.Now()
-		c, err := dial(withFlow(dctx, &f, &d), &w.Workload, Dest{Addr: dst, Host: t.Host, Port: port})
+		c, err := dial(withFlow(dctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: t.Host, Port: port})
 		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
 			r.record(d, f.At, audit.Reason(err))

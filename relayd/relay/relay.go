@@ -94,6 +94,9 @@ type Options struct {
 // caller serialises Open and Close for one id.
 type Relay struct {
 	o Options
+	// handles: each pod holds its netns open (netns.Handle) for its listeners and dials
+	// (false when a test replaced listen or dial).
+	handles bool
 
 	mu   sync.Mutex
 	pods map[string]*pod
@@ -110,6 +113,7 @@ type Relay struct {
 
 type pod struct {
 	w      atomic.Pointer[registered]
+	ns     *netns.Handle // the workload's netns, held open while served (nil without handles)
 	lns    []net.Listener
 	ls     api.Listeners
 	cancel context.CancelFunc // stops the proxy servers
@@ -151,6 +155,7 @@ func New(o Options) *Relay {
 	if o.SOCKSPort == 0 {
 		o.SOCKSPort = api.DefaultSOCKSPort
 	}
+	handles := o.listen == nil && o.dial == nil
 	if o.listen == nil {
 		o.listen = netns.Listen
 	}
@@ -174,7 +179,7 @@ func New(o Options) *Relay {
 	if o.SniffWait <= 0 {
 		o.SniffWait = 200 * time.Millisecond
 	}
-	return &Relay{o: o, pods: map[string]*pod{}, byExit: map[string]uint64{}}
+	return &Relay{o: o, handles: handles, pods: map[string]*pod{}, byExit: map[string]uint64{}}
 }
 
 // Open starts serving workload w. Transparent mode: a listener on the redirect port inside
@@ -206,6 +211,13 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 
 	p := &pod{conns: map[net.Conn]struct{}{}}
 	p.w.Store(newRegistered(w))
+	if r.handles {
+		h, err := netns.Open(w.Netns)
+		if err != nil {
+			return api.Listeners{}, fmt.Errorf("workload %s: %w", w.ID, err)
+		}
+		p.ns = h
+	}
 	var err error
 	if w.Mode == api.ModeTransparent {
 		err = r.openTransparent(p, w)
@@ -213,6 +225,7 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 		err = r.openProxy(p, w)
 	}
 	if err != nil {
+		p.closeNetns()
 		return api.Listeners{}, fmt.Errorf("workload %s: %w", w.ID, err)
 	}
 	r.mu.Lock()
@@ -228,10 +241,10 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 
 func (r *Relay) openTransparent(p *pod, w api.Workload) error {
 	addr := fmt.Sprintf(":%d", r.o.RedirectPort)
-	ln, err := r.o.listen(w.Netns, "tcp", addr)
+	ln, err := r.listenIn(p, w.Netns, "tcp", addr)
 	if err != nil {
 		// A netns without IPv6 cannot hold a dual-stack socket.
-		ln4, err4 := r.o.listen(w.Netns, "tcp4", addr)
+		ln4, err4 := r.listenIn(p, w.Netns, "tcp4", addr)
 		if err4 != nil {
 			return errors.Join(err, err4)
 		}
@@ -257,6 +270,30 @@ func (p *pod) stop() {
 	}
 	p.serve.Wait()
 	p.closeConns()
+	p.closeNetns()
+}
+
+// closeNetns releases the pod's netns handle (a dial in progress finishes first).
+func (p *pod) closeNetns() {
+	if p.ns != nil {
+		_ = p.ns.Close()
+	}
+}
+
+// listenIn listens inside the pod's netns (at nsPath).
+func (r *Relay) listenIn(p *pod, nsPath, network, addr string) (net.Listener, error) {
+	if p.ns != nil {
+		return p.ns.Listen(network, addr)
+	}
+	return r.o.listen(nsPath, network, addr)
+}
+
+// dialIn dials from the pod's netns (at nsPath) with the relay's mark.
+func (r *Relay) dialIn(ctx context.Context, p *pod, nsPath, addr string) (net.Conn, error) {
+	if p.ns != nil {
+		return p.ns.Dial(ctx, r.o.Mark, "tcp", addr)
+	}
+	return r.o.dial(ctx, nsPath, r.o.Mark, "tcp", addr)
 }
 
 // Close stops serving a workload: its listener and every flow it carries are closed (the
@@ -323,6 +360,9 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	go func() { r.flowWG.Wait(); close(drained) }()
 	select {
 	case <-drained:
+		for _, p := range pods {
+			p.closeNetns()
+		}
 		return nil
 	case <-ctx.Done():
 	}
@@ -330,6 +370,9 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		p.closeConns()
 	}
 	<-drained
+	for _, p := range pods {
+		p.closeNetns()
+	}
 	return ctx.Err()
 }
 
@@ -410,12 +453,19 @@ func addrPort(a net.Addr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
+// flow decides one accepted connection and dials its exit; the bytes are then carried by
+// two copy goroutines (pipeAsync) and this goroutine ends.
 func (r *Relay) flow(p *pod, c *net.TCPConn) {
-	defer r.flowWG.Done()
-	defer p.untrack(c)
 	r.active.Add(1)
-	defer r.active.Add(-1)
 	r.total.Add(1)
+	carried := false
+	defer func() {
+		if !carried {
+			p.untrack(c)
+			r.active.Add(-1)
+			r.flowWG.Done()
+		}
+	}()
 	w := p.w.Load()
 	id := r.flowSeq.Add(1)
 	log := r.o.Log
@@ -471,7 +521,9 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		reset(c)
 		return
 	case rules.ExitDirect:
-		dial = r.dialDirect
+		dial = func(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, error) {
+			return r.dialIn(ctx, p, w.Netns, dst.Addr.String())
+		}
 	default:
 		dial = r.o.Exits[d.Exit]
 	}
@@ -485,7 +537,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(withFlow(ctx, &f, &d), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
+	up, err := dial(withFlow(ctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
@@ -500,13 +552,19 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		reset(c)
 		return
 	}
-	defer p.untrack(up)
 	done := r.o.Metrics.Start(d.Exit)
-	upBytes, downBytes, err := r.pipe(c, up)
-	done(upBytes, downBytes)
-	if err != nil && r.o.Debug {
-		log.Debug("flow ended", "workload", w.ID, "flow", id, "err", err)
-	}
+	carried = true
+	debug, wid := r.o.Debug, w.ID
+	r.pipeAsync(c, up, func(upBytes, downBytes int64, err error) {
+		done(upBytes, downBytes)
+		if err != nil && debug {
+			log.Debug("flow ended", "workload", wid, "flow", id, "err", err)
+		}
+		p.untrack(up)
+		p.untrack(c)
+		r.active.Add(-1)
+		r.flowWG.Done()
+	})
 }
 
 // owner looks up the process behind connection k. A failure is an explicit unknown
@@ -518,10 +576,6 @@ func (r *Relay) owner(k sockowner.Key, workload string, flow uint64) rules.Proce
 		return rules.Process{}
 	}
 	return p
-}
-
-func (r *Relay) dialDirect(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, error) {
-	return r.o.dial(ctx, w.Netns, r.o.Mark, "tcp", dst.Addr.String())
 }
 
 // redact keeps destinations out of the log unless debugging is on (SPEC §5): dial and
@@ -553,12 +607,23 @@ func unavailable(exit string) string {
 type flowKey struct{}
 
 type flowInfo struct {
-	f rules.Flow
-	d rules.Decision
+	f  rules.Flow
+	d  rules.Decision
+	ns *netns.Handle
 }
 
-func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision) context.Context {
-	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d})
+func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision, ns *netns.Handle) context.Context {
+	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d, ns})
+}
+
+// NetnsFrom returns, inside an exit's DialFunc, the workload's netns as the relay holds it
+// open (nil when it does not): an exit dials its upstream with it rather than by path.
+func NetnsFrom(ctx context.Context) *netns.Handle {
+	fi, ok := ctx.Value(flowKey{}).(*flowInfo)
+	if !ok {
+		return nil
+	}
+	return fi.ns
 }
 
 // FlowFrom returns, inside an exit's DialFunc, the flow the relay decided (with its

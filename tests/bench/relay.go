@@ -224,6 +224,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		at := slices.IndexFunc(variants, func(v relayVariant) bool { return v.name == "kl → dante (socks5)" }) + 1
 		variants = slices.Insert(variants, at, relayVariant{name: "kl@base → dante (socks5)",
 			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, proc: relayPid, alone: "dante alone (no relay)", red: "redsocks → dante"})
+		at = slices.IndexFunc(variants, func(v relayVariant) bool { return v.name == "kl transparent, direct, relayed (noFastPath)" }) + 1
+		variants = slices.Insert(variants, at, relayVariant{name: "kl@base transparent, direct, relayed (noFastPath)",
+			prep: func() error { return b.startRelayBin(base, "", "noFastPath: true\n") }, iperf: true, idle: relayPid, proc: relayPid})
 		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
 			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid"})
 	}
