@@ -270,9 +270,16 @@ func Listen(nsPath, network, addr string) (net.Listener, error) {
 	return listen(nsPath, func(fn func() error) error { return Do(nsPath, fn) }, network, addr)
 }
 
-// noKeepAlive leaves accepted connections without TCP keepalive (Go's default turns it on
-// with four setsockopt calls per accept): the relay ends idle flows with its own timeout.
-var noKeepAlive = net.ListenConfig{KeepAlive: -1}
+// listenConfig leaves accepted connections without TCP keepalive (Go's default turns it
+// on with four setsockopt calls per accept): the relay ends idle flows with its own
+// timeout. It listens with plain TCP, not MPTCP (Go's default for listeners since 1.24):
+// every connection accepted on an MPTCP listener carries an MPTCP socket around its TCP
+// subflow, and the copies ask whether it fell back to TCP before they may splice.
+var listenConfig = func() *net.ListenConfig {
+	lc := &net.ListenConfig{KeepAlive: -1}
+	lc.SetMultipathTCP(false)
+	return lc
+}()
 
 func listen(nsPath string, do func(func() error) error, network, addr string) (net.Listener, error) {
 	switch network {
@@ -283,7 +290,7 @@ func listen(nsPath string, do func(func() error) error, network, addr string) (n
 	var ln net.Listener
 	err := do(func() error {
 		var err error
-		ln, err = noKeepAlive.Listen(context.Background(), network, addr)
+		ln, err = listenConfig.Listen(context.Background(), network, addr)
 		return err
 	})
 	if err != nil {

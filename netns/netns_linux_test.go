@@ -947,6 +947,19 @@ func TestHandle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	// Plain TCP, not an MPTCP listener (Go's default).
+	lrc, err := ln.(*net.TCPListener).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var proto int
+	var perr error
+	if err := lrc.Control(func(fd uintptr) { proto, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL) }); err != nil || perr != nil {
+		t.Fatal(err, perr)
+	}
+	if proto != unix.IPPROTO_TCP {
+		t.Errorf("listener protocol %d, want IPPROTO_TCP (%d)", proto, unix.IPPROTO_TCP)
+	}
 	accepted := make(chan *net.TCPConn, 64)
 	go func() {
 		for {

@@ -537,7 +537,11 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(withFlow(ctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
+	dctx := ctx
+	if d.Exit != rules.ExitDirect {
+		dctx = withFlow(ctx, &f, &d, p.ns) // what an exit may read (FlowFrom, NetnsFrom)
+	}
+	up, err := dial(dctx, &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
