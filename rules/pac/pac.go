@@ -8,6 +8,16 @@
 // are derived from the flow so every hop computes the same answer. Any failure (an
 // exception, a result of the wrong type, the deadline) decides deny.
 //
+// A call runs on one of two paths, chosen once per script at load (Script.Path). A
+// script that provably reaches nothing goja's Interrupt cannot stop (only the PAC
+// built-ins, cheap string methods, Math, /re/.test with regexes Go's linear regexp
+// runs, and no eval, Function, constructor, RegExp, replace, repeat, join, sort...)
+// runs inline, on the caller's goroutine, interrupted at its deadline; realistic PAC
+// files do. Any other script is handed to a runtime's own goroutine, and a runtime
+// stuck past the deadline (say, in a backtracking regex) is abandoned while the caller
+// gets deny. An inline call whose input grows past the inline bounds (64 KiB strings,
+// 1 KiB regex inputs) is run again on the hand-off path.
+//
 // It is not a rule engine: package rules decides what a Result means for a flow.
 package pac
 
