@@ -152,6 +152,7 @@ type Manager struct {
 	mu   sync.Mutex
 	gen  uint8 // the last install round's generation
 	pods map[string]*pod
+	poll *poller // the pods' conntrack event sockets (Linux; started by the first watch)
 	hits map[hitKey]uint64
 }
 
@@ -417,7 +418,15 @@ func (m *Manager) Close() error {
 	for _, id := range ids {
 		m.Remove(id)
 	}
+	m.closePoller()
 	return nil
+}
+
+// registered reports whether po is (still) the registration of its id.
+func (m *Manager) registered(po *pod) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pods[po.ID] == po
 }
 
 func (m *Manager) installed(ns string) (netns.Capture, error) {

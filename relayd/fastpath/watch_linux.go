@@ -3,7 +3,6 @@ package fastpath
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -24,10 +23,10 @@ import (
 //     event, at the latest in its DESTROY event (retried until delivered). So an overrun
 //     delays records but loses none; such a DESTROY is the connection's only message
 //     and is recorded like a NEW one.
-//   - Events are read in batches: after draining the socket the reader waits
-//     eventBatch before looking again, so a burst of connections costs a wake-up per
-//     batch, not one per connection (a context switch is the dearest part of a short
-//     connection on a small machine). An idle pod's first event is read at once.
+//   - Events are read in batches: the sockets sit in a private epoll set that no
+//     thread blocks on, polled on a timer (see poller), so a burst of connections costs
+//     a wake-up per round, not one per connection (a context switch is the dearest part
+//     of a short connection on a small machine). Records come at most pollIdle late.
 //   - Parsing reads the three attributes it needs in place, without allocating.
 
 // readBuffer is the event socket's receive buffer (SO_RCVBUFFORCE, root): several
@@ -57,56 +56,214 @@ const (
 	skfAdNlattr = 12
 )
 
-// watch starts the pod's conntrack watcher: a netlink socket opened inside the pod netns
-// and subscribed before watch returns (so the pod's first connection is seen). A socket
-// error other than an overrun is counted as lost and the socket reopened; the watcher
-// ends when stop is called or the netns is gone.
+// pollBusy and pollIdle bound how often the poller looks at the pods' sockets: every
+// pollBusy while events come, backing off to pollIdle when none do.
+const (
+	pollBusy = eventBatch
+	pollIdle = 50 * time.Millisecond
+)
+
+// watch starts watching the pod's conntrack events: a netlink socket opened inside the
+// pod netns, subscribed before watch returns (so the pod's first connection is seen) and
+// added to the manager's poller. A socket error other than an overrun is counted as
+// lost and the socket reopened. stop removes the socket and closes it.
 func (m *Manager) watch(po *pod) (stop func(), err error) {
-	s, err := openEvents(po.Netns)
+	fd, err := openEvents(po.Netns)
 	if err != nil {
 		return nil, err
 	}
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			err := m.listen(po, s, quit)
-			if err == nil {
-				return // stopped
-			}
-			m.lost(po, 1)
-			m.log.Warn("conntrack events lost, reopening", "pod", po.ID, "err", err)
-			for tries := 0; ; tries++ {
-				select {
-				case <-quit:
-					return
-				case <-time.After(50 * time.Millisecond):
-				}
-				if s, err = openEvents(po.Netns); err == nil {
-					break
-				}
-				if tries >= 20 {
-					m.log.Warn("conntrack watcher gave up", "pod", po.ID, "err", err)
-					return
-				}
-			}
-		}
-	}()
-	return func() { close(quit); wg.Wait() }, nil
+	p, err := m.poller()
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := p.add(po, fd); err != nil {
+		return nil, err
+	}
+	return func() { p.remove(po) }, nil
 }
 
-// events is a pod netns's conntrack event socket.
-type events struct {
-	f  *os.File // nonblocking, in the runtime poller; Close wakes a blocked read
-	rc interface {
-		Read(func(fd uintptr) bool) error
+// poller returns the manager's poller, starting it on first use.
+func (m *Manager) poller() (*poller, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.poll != nil {
+		return m.poll, nil
+	}
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("conntrack event poller: %w", err)
+	}
+	p := &poller{m: m, ep: ep, socks: map[int32]*watched{}, quit: make(chan struct{}), done: make(chan struct{})}
+	go p.run()
+	m.poll = p
+	return p, nil
+}
+
+// closePoller stops the poller (after every pod was removed).
+func (m *Manager) closePoller() {
+	m.mu.Lock()
+	p := m.poll
+	m.poll = nil
+	m.mu.Unlock()
+	if p != nil {
+		close(p.quit)
+		<-p.done
 	}
 }
 
-// openEvents opens the event socket in nsPath, filtered and subscribed.
-func openEvents(nsPath string) (*events, error) {
+// poller reads every pod's event socket on a timer. The sockets sit in a private epoll
+// set that no thread ever blocks on: an event queued to a socket wakes nobody. Every
+// pollBusy (pollIdle when idle) one epoll_wait without timeout says which sockets have
+// events, and those are drained. So a burst of connections costs the daemon one
+// wake-up per round, however many events the kernel queues meanwhile (a socket in Go's
+// own poller would wake the process at every event, a context switch per connection),
+// and an idle node costs a timer tick.
+type poller struct {
+	m     *Manager
+	ep    int
+	mu    sync.Mutex // the epoll set and socks; held by a round
+	socks map[int32]*watched
+	quit  chan struct{}
+	done  chan struct{}
+}
+
+type watched struct {
+	po *pod
+	fd int
+}
+
+func (p *poller) add(po *pod, fd int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("conntrack event poller: %w", err)
+	}
+	p.socks[int32(fd)] = &watched{po: po, fd: fd}
+	return nil
+}
+
+func (p *poller) remove(po *pod) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.socks {
+		if w.po == po {
+			p.closeSock(w)
+		}
+	}
+}
+
+func (p *poller) closeSock(w *watched) {
+	_ = unix.EpollCtl(p.ep, unix.EPOLL_CTL_DEL, w.fd, nil)
+	unix.Close(w.fd)
+	delete(p.socks, int32(w.fd))
+}
+
+func (p *poller) run() {
+	defer close(p.done)
+	evs := make([]unix.EpollEvent, 128)
+	buf := make([]byte, 64<<10)
+	wait := pollIdle
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.quit:
+			p.mu.Lock()
+			for _, w := range p.socks {
+				p.closeSock(w)
+			}
+			unix.Close(p.ep)
+			p.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		if p.round(evs, buf) > 0 {
+			wait = pollBusy
+		} else {
+			wait = min(2*wait, pollIdle)
+		}
+		t.Reset(wait)
+	}
+}
+
+// round drains every socket with events queued and returns how many messages it read.
+func (p *poller) round(evs []unix.EpollEvent, buf []byte) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	read := 0
+	for {
+		n, err := unix.EpollWait(p.ep, evs, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			p.m.log.Error("conntrack event poller", "err", err)
+			return read
+		}
+		for _, ev := range evs[:n] {
+			if w := p.socks[ev.Fd]; w != nil {
+				read += p.drain(w, buf)
+			}
+		}
+		if n < len(evs) {
+			return read
+		}
+	}
+}
+
+// drain reads w's socket until it is empty and returns how many messages it read.
+func (p *poller) drain(w *watched, buf []byte) int {
+	read := 0
+	for {
+		n, _, err := unix.Recvfrom(w.fd, buf, unix.MSG_DONTWAIT)
+		switch err {
+		case nil:
+			read++
+			p.m.handle(w.po, buf[:n])
+			continue
+		case unix.EAGAIN:
+			return read
+		case unix.EINTR:
+			continue
+		case unix.ENOBUFS:
+			// Overrun: the kernel keeps the undelivered NEW events and sends them again
+			// (reliable delivery); nothing is lost, only late. Count it.
+			read++
+			p.m.overrun(w.po)
+			continue
+		}
+		p.fail(w, err)
+		return read
+	}
+}
+
+// fail closes a broken socket, counts it as lost and reopens it in the background.
+func (p *poller) fail(w *watched, err error) {
+	m, po := p.m, w.po
+	m.lost(po, 1)
+	m.log.Warn("conntrack events lost, reopening", "pod", po.ID, "err", err)
+	p.closeSock(w)
+	go func() {
+		for tries := 0; tries <= 20; tries++ {
+			time.Sleep(50 * time.Millisecond)
+			if !m.registered(po) {
+				return
+			}
+			if fd, err := openEvents(po.Netns); err == nil {
+				if p.add(po, fd) == nil && !m.registered(po) {
+					p.remove(po) // removed meanwhile
+				}
+				return
+			}
+		}
+		m.log.Warn("conntrack watcher gave up", "pod", po.ID)
+	}()
+}
+
+// openEvents opens the event socket in nsPath, filtered and subscribed, nonblocking.
+func openEvents(nsPath string) (int, error) {
 	var fd int
 	err := netns.Do(nsPath, func() error {
 		var err error
@@ -114,19 +271,13 @@ func openEvents(nsPath string) (*events, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("conntrack event socket: %w", err)
+		return -1, fmt.Errorf("conntrack event socket: %w", err)
 	}
 	if err := setupEvents(fd); err != nil {
 		unix.Close(fd)
-		return nil, err
+		return -1, err
 	}
-	f := os.NewFile(uintptr(fd), "conntrack-events")
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return &events{f: f, rc: rc}, nil
+	return fd, nil
 }
 
 func setupEvents(fd int) error {
@@ -170,69 +321,6 @@ func markFilter() []unix.SockFilter {
 		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: Tag, Jt: 1, Jf: 0},
 		{Code: unix.BPF_RET | unix.BPF_K, K: drop},
 		{Code: unix.BPF_RET | unix.BPF_K, K: accept},
-	}
-}
-
-// listen reads events until quit (nil) or a socket error (returned). It closes the
-// socket.
-func (m *Manager) listen(po *pod, s *events, quit <-chan struct{}) error {
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-quit:
-		case <-done:
-		}
-		s.f.Close() // wakes a blocked read
-	}()
-	buf := make([]byte, 64<<10)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	for {
-		// Block until the socket is readable, then drain it.
-		var rerr error
-		read := 0
-		err := s.rc.Read(func(fd uintptr) bool {
-			for {
-				n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-				switch err {
-				case nil:
-					read++
-					m.handle(po, buf[:n])
-					continue
-				case unix.EAGAIN:
-					return read > 0 // empty: wait for the first message, or end the batch
-				case unix.EINTR:
-					continue
-				case unix.ENOBUFS:
-					// Overrun: the kernel keeps the undelivered NEW events and sends them
-					// again (reliable delivery); nothing is lost, only late. Count it.
-					read++
-					m.overrun(po)
-					continue
-				}
-				rerr = err
-				return true
-			}
-		})
-		select {
-		case <-quit:
-			return nil
-		default:
-		}
-		if err == nil {
-			err = rerr
-		}
-		if err != nil {
-			return err
-		}
-		timer.Reset(eventBatch)
-		select {
-		case <-quit:
-			timer.Stop()
-			return nil
-		case <-timer.C:
-		}
 	}
 }
 

@@ -129,18 +129,13 @@ func TestEventFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns.Exec(t, "nft", "-f", rules)
-	ev, err := openEvents(ns.Path)
+	fd, err := openEvents(ns.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ev.f.Close()
-	recv := func(buf []byte) (n int, err error) {
-		if cerr := ev.rc.Read(func(fd uintptr) bool {
-			n, _, err = unix.Recvfrom(int(fd), buf, unix.MSG_DONTWAIT)
-			return true
-		}); cerr != nil {
-			return 0, cerr
-		}
+	defer unix.Close(fd)
+	recv := func(buf []byte) (int, error) {
+		n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
 		return n, err
 	}
 	for _, port := range []string{"7001", "7002", "7003"} {

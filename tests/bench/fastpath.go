@@ -25,8 +25,10 @@ func init() {
 			"flows (capture installed, the pod's plan accepts the server's /24 in the kernel through the " +
 			"cidr mark map, every other destination to the relay; conntrack watcher and audit on); the same " +
 			"without the watcher (what the table and conntrack cost alone); the same " +
-			"with a 10k-rule policy compiled into the pod's table; and flows relayed by kl-relayd " +
-			"(transparent, direct exit). `kernel records` are the audit records the watcher made (late: " +
+			"with a 10k-rule policy compiled into the pod's table; kl-relayd deciding the pod's flows in the kernel " +
+			"itself (default: direct, its watcher in the daemon's process as deployed, while the rows above run the " +
+			"watcher in this process, next to the client and server); and flows relayed by kl-relayd " +
+			"(transparent, noFastPath, direct exit). `kernel records` are the audit records the watcher made (late: " +
 			"from a DESTROY event, the NEW one not delivered in time). Targets: kernel-decided >= 0.97x direct throughput and >= 0.9x " +
 			"direct conn/s. Then the cost of computing and installing the per-pod table of a 10k-rule " +
 			"policy (medians of 5), and of a reload across 500 pods (netns created and deleted in a bounded loop).",
@@ -62,7 +64,7 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("needs root (network namespaces, nftables)")
 	}
-	for _, tool := range []string{"ip", "nft", "iperf3", "danted", "squid"} {
+	for _, tool := range []string{"ip", "nft", "iperf3", "danted", "squid", "conntrack"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return nil, fmt.Errorf("%s is not installed (make deps installs it)", tool)
 		}
@@ -113,7 +115,13 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 		{"kernel-decided", kernel(small, true)},
 		{"kernel-decided, no audit watcher", kernel(small, false)},
 		{"kernel-decided, 10k-rule table", kernel(big, true)},
-		{"relayed (kl-relayd, direct exit)", func() error { stopKernel(); return b.startRelay("") }},
+		// As deployed: kl-relayd's own fast path (the pod's plan is all direct, so its table
+		// has no redirect at all) with the watcher in the daemon, not in this process.
+		{"kernel-decided by kl-relayd (watcher in the daemon)", func() error { stopKernel(); return b.startRelay("") }},
+		{"relayed (kl-relayd, noFastPath, direct exit)", func() error {
+			stopKernel()
+			return b.startRelayBin(b.bin, "", "noFastPath: true\n")
+		}},
 	}
 	type result struct {
 		gbps, cps float64
@@ -145,6 +153,12 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 				continue
 			}
 			if r.err = v.prep(); r.err != nil {
+				continue
+			}
+			// Every variant starts from an empty conntrack table in the pod: no TIME_WAIT
+			// entry of an earlier variant to reuse, and none whose NAT binding still
+			// points at a relay that was stopped.
+			if r.err = sh("ip", "netns", "exec", b.pod, "conntrack", "-F"); r.err != nil {
 				continue
 			}
 			g, err := b.iperf(ctx)
