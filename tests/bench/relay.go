@@ -42,7 +42,8 @@ func init() {
 			"upstream; and redsocks (Debian 0.5, splice on, its fastest setting) to the same upstreams. " +
 			"`vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
-			"both upstreams: an older build measured in the same rounds. `setup +p50/p99` is the added " +
+			"both upstreams and relayed direct: an older build measured in the same rounds " +
+			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
 			"connect+echo latency over direct. `relay CPU/conn` is the relaying process's user+system " +
 			"CPU time (from /proc) per connection of the loop. `idle KiB/conn` is the relaying process's RSS growth " +
 			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
@@ -247,7 +248,16 @@ func runRelay(ctx context.Context) ([]Row, error) {
 	results := make([]relayResult, len(variants))
 	// Rounds: each visits every variant, so a change of load on the shared machine falls
 	// on all of them instead of on whichever ran at that moment.
-	for range benchRuns {
+	runs := benchRuns
+	if v := os.Getenv("KL_BENCH_RELAY_RUNS"); v != "" {
+		// More rounds for a focused A/B run on a noisy machine.
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 50 {
+			return nil, fmt.Errorf("KL_BENCH_RELAY_RUNS=%q: want a number of rounds from 1 to 50", v)
+		}
+		runs = n
+	}
+	for range runs {
 		for i, v := range variants {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
