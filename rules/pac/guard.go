@@ -12,15 +12,17 @@ import (
 // first, on inline calls only: past these bounds the inline attempt stops (an
 // Interrupt, which the script cannot catch) and the call runs again on the hand-off
 // path, whose abandonment copes with anything. Real PAC calls stay far below them: a
-// host name is at most 253 bytes.
+// host name is at most 253 bytes. The bounds keep the slowest guarded native (split
+// of an 8 Ki-character UTF-16 string) to a few milliseconds, which is how late past its
+// deadline an inline call can be stopped.
 const (
-	maxInlineString  = 64 << 10 // a string into a guarded native or a PAC built-in
-	maxInlineArray   = 1 << 16  // elements of an array searched by indexOf/includes
-	maxInlineJoin    = 1 << 12  // elements of an array turned into a string
-	maxInlineSearch  = 4 << 10  // a string searched for in an array
-	maxInlineRegexIn = 1 << 10  // the input of /re/.test
-	maxInlineShexp   = 1 << 10  // shExpMatch's subject
-	maxInlineShexpP  = 256      // shExpMatch's pattern (compiled to a Go regexp)
+	maxInlineString  = 8 << 10 // a string into a guarded native or a PAC built-in
+	maxInlineArray   = 1 << 16 // elements of an array searched by indexOf/includes
+	maxInlineJoin    = 1 << 12 // elements of an array turned into a string
+	maxInlineSearch  = 4 << 10 // a string searched for in an array
+	maxInlineRegexIn = 1 << 10 // the input of /re/.test
+	maxInlineShexp   = 1 << 10 // shExpMatch's subject
+	maxInlineShexpP  = 256     // shExpMatch's pattern (compiled to a Go regexp)
 )
 
 // errHandoff interrupts an inline call that reached a guard.
