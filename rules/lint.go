@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/gaissmai/bart"
+
+	"github.com/kl-egress/kl/rules/pac"
 )
 
 // Warning codes of Lint. Like reason codes they are stable and documented in
@@ -15,6 +17,7 @@ const (
 	WarnMetadata       = "W_METADATA"        // a rule tries to send 169.254.0.0/16 elsewhere than direct
 	WarnClientDetached = "W_CLIENT_DETACHED" // client in a policy for detached use
 	WarnScriptRules    = "W_SCRIPT_RULES"    // rules next to a script, which replaces them
+	WarnScriptHandoff  = "W_SCRIPT_HANDOFF"  // the script cannot run inline (slower, still exact)
 )
 
 // Warning is something legal but probably wrong in a policy.
@@ -62,6 +65,9 @@ func Lint(p *Policy, o LintOptions) []Warning {
 		}
 		if o.Detached {
 			ws = append(ws, Warning{Code: WarnClientDetached, Line: p.scriptLine, Msg: "a script that returns client in a detached policy has its flows denied"})
+		}
+		if path, why := p.script.Path(); path == pac.PathHandoff {
+			ws = append(ws, Warning{Code: WarnScriptHandoff, Line: p.scriptLine, Msg: "the script runs handed off to its own runtime, slower than inline: " + why})
 		}
 		return ws
 	}

@@ -30,6 +30,8 @@ func TestLint(t *testing.T) {
 		{"metadata", "rules:\n  - cidr: \"169.254.169.254\"\n    action: proxy\n  - cidr: \"169.254.0.0/16\"\n    action: direct\n  - cidr: \"0.0.0.0/0\"\n    action: proxy\n", LintOptions{}, []string{"W_METADATA 1", "W_SHADOWED 1", "W_SHADOWED 2", "W_METADATA 3"}},
 		{"pattern shadow", "rules:\n  - pattern: \"*.corp.example\"\n    route: client\n  - pattern: \"git.corp.example:22\"\n    route: deny\n  - pattern: \"10.0.0.0/8\"\n    route: cluster\n  - pattern: \"10.1.0.0/16:443\"\n    route: deny\n  - pattern: \"*:443\"\n    route: deny\n  - pattern: \"a.example:443\"\n    route: deny\n  - pattern: \"10.0.0.0/8\"\n    route: deny\n", LintOptions{}, []string{"W_SHADOWED 2", "W_SHADOWED 4", "W_SHADOWED 6", "W_SHADOWED 7"}},
 		{"pattern metadata", "rules:\n  - pattern: \"169.254.169.254:80\"\n    route: client\n", LintOptions{}, []string{"W_METADATA 1"}},
+		{"script inline", "script: |\n  function FindProxyForURL(url, host) {\n    if (dnsDomainIs(host, \".corp.example\")) return \"DIRECT\";\n    return \"PROXY proxy.example:3128\";\n  }\n", LintOptions{}, nil},
+		{"script handoff", "script: |\n  function FindProxyForURL(url, host) {\n    if (host.match(/^a+$/)) return \"DIRECT\";\n    return \"PROXY proxy.example:3128\";\n  }\n", LintOptions{}, []string{"W_SCRIPT_HANDOFF 0"}},
 		{"detached", "default: client\nrules:\n  - pattern: a.com\n    route: client\n  - pattern: b.com\n    route: deny\n", LintOptions{Detached: true}, []string{"W_CLIENT_DETACHED 0", "W_CLIENT_DETACHED 1"}},
 	}
 	for _, tt := range tests {

@@ -351,6 +351,16 @@ func (p *Policy) Default() string { return p.def }
 // HasScript reports whether a PAC script decides instead of the rules.
 func (p *Policy) HasScript() bool { return p.script != nil }
 
+// ScriptPath is how the script's calls run (pac.PathInline or pac.PathHandoff) and, for
+// the hand-off path, the first construct that kept it off the inline one; "" without a
+// script.
+func (p *Policy) ScriptPath() (path, why string) {
+	if p.script == nil {
+		return "", ""
+	}
+	return p.script.Path()
+}
+
 // PatternForm reports whether the rules are in the pattern form.
 func (p *Policy) PatternForm() bool { return p.pattern }
 

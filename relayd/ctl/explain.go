@@ -14,6 +14,7 @@ import (
 
 	"github.com/kl-egress/kl/relayd/fastpath"
 	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/rules/pac"
 )
 
 func init() {
@@ -213,6 +214,11 @@ func explainWords(w io.Writer, p *rules.Policy, f *rules.Flow, d rules.Decision,
 		}
 		if d.Proxy != "" {
 			fmt.Fprintf(w, "The client side applies the proxy %s.\n", d.Proxy)
+		}
+		if path, why := p.ScriptPath(); path == pac.PathInline {
+			fmt.Fprintln(w, "The script runs inline, on the flow's own goroutine (see docs/pac.md).")
+		} else {
+			fmt.Fprintf(w, "The script runs handed off to a runtime of its own, slower than inline: %s (see docs/pac.md).\n", why)
 		}
 	case rules.DimDefault:
 		fmt.Fprintf(w, "No rule matched: the default (%s, priority 999) applies.\n", d.Exit)
