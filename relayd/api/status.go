@@ -48,7 +48,9 @@ type KernelStatus struct {
 	KernelEntries int      `json:"kernelEntries"` // of which the kernel decides
 	AllKernel     bool     `json:"allKernel"`     // no flow of the workload reaches the relay
 	Flows         uint64   `json:"kernelFlows"`   // kernel-decided flows recorded
-	Lost          uint64   `json:"lostEvents"`    // conntrack events lost (those flows have no record)
+	Lost          uint64   `json:"lostEvents"`    // conntrack event socket failures (the watcher reopened it; events may be lost)
+	Overruns      uint64   `json:"eventOverruns"` // event socket overruns (the kernel resends the NEW events: late, not lost)
+	Late          uint64   `json:"lateRecords"`   // records made from a DESTROY event (the NEW one could not be delivered in time)
 	Generation    uint8    `json:"generation"`
 	Policy        string   `json:"policy"`          // hash of the rules the installed plan came from
 	Error         string   `json:"error,omitempty"` // the last install's failure (the previous table stays)

@@ -195,6 +195,9 @@ func printKernel(w io.Writer, st api.Status) {
 		if k.AllKernel {
 			line += " (every flow: no redirect)"
 		}
+		if k.Late > 0 {
+			line += fmt.Sprintf(", %d late records (%d event overruns)", k.Late, k.Overruns)
+		}
 		if k.Lost > 0 {
 			line += fmt.Sprintf(", %d lost events", k.Lost)
 		}
