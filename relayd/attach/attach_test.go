@@ -120,20 +120,10 @@ func echoServer(t *testing.T, name string) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				fmt.Fprintf(c, "hello from %s\n", name)
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		fmt.Fprintf(c, "hello from %s\n", name)
+		io.Copy(c, c)
+	})
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 

@@ -105,21 +105,11 @@ func (w *world) echoOrigin(t *testing.T, name string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				_, _ = io.WriteString(c, "hello\n")
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c, "hello\n")
+		_, _ = io.Copy(c, c)
+	})
 	w.mu.Lock()
 	w.names[name] = ln.Addr().String()
 	w.mu.Unlock()

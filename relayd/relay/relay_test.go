@@ -25,6 +25,7 @@ import (
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // fakeDecider answers by destination port.
@@ -136,20 +137,10 @@ func echoServer(t *testing.T) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-				c.Write([]byte("bye"))
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		io.Copy(c, c)
+		c.Write([]byte("bye"))
+	})
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 

@@ -39,21 +39,11 @@ func echoServer(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				_, _ = io.WriteString(c, "hello\n")
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, _ = io.WriteString(c, "hello\n")
+		_, _ = io.Copy(c, c)
+	})
 	return ln.Addr().(*net.TCPAddr).Port
 }
 

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 func TestNew(t *testing.T) {
@@ -91,20 +93,10 @@ func fakeServer(t *testing.T, handle func(c net.Conn)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-				handle(c)
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		handle(c)
+	})
 	return ln.Addr().String()
 }
 

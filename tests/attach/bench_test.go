@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"sort"
 	"testing"
 	"time"
@@ -124,24 +125,14 @@ func throughput(p *pod) (float64, error) {
 func sink(t testing.TB, ns *testutil.Netns, addr string) {
 	ln, err := netns.Listen(ns.Path, "tcp4", addr)
 	must(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				var hdr [8]byte
-				if _, err := io.ReadFull(c, hdr[:]); err != nil {
-					return
-				}
-				if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint64(hdr[:]))); err != nil {
-					return
-				}
-				c.Write([]byte{1})
-			}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		var hdr [8]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
 		}
-	}()
+		if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint64(hdr[:]))); err != nil {
+			return
+		}
+		c.Write([]byte{1})
+	})
 }

@@ -176,20 +176,10 @@ func whoami(t testing.TB, ns *testutil.Netns, addr string) {
 	t.Helper()
 	ln, err := netns.Listen(ns.Path, "tcp4", addr)
 	must(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				fmt.Fprintf(c, "%s\n", c.RemoteAddr())
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+		io.Copy(c, c)
+	})
 }
 
 // visit connects from the pod as any application would (an unmarked socket, so it is

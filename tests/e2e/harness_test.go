@@ -221,21 +221,11 @@ func (n *node) server() {
 	t := n.t
 	ln, err := netns.Listen(n.host.Path, "tcp", ":8080")
 	must(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-				fmt.Fprintf(c, "%s\n", netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()))
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+		fmt.Fprintf(c, "%s\n", netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()))
+		io.Copy(c, c)
+	})
 }
 
 // visit connects from inside the pod (an unmarked socket, so it is captured like any app's),

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -135,46 +136,36 @@ func must(t testing.TB, err error) {
 func connectProxy(t *testing.T, nsPath string) {
 	ln, err := netns.Listen(nsPath, "tcp", fmt.Sprintf("[::]:%d", proxyPort))
 	must(t, err)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	testutil.Serve(t, ln, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		line, err := br.ReadString('\n')
+		f := strings.Fields(line)
+		if err != nil || len(f) < 2 || f[0] != "CONNECT" {
+			fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
+			return
+		}
 		for {
-			c, err := ln.Accept()
+			h, err := br.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				br := bufio.NewReader(c)
-				line, err := br.ReadString('\n')
-				f := strings.Fields(line)
-				if err != nil || len(f) < 2 || f[0] != "CONNECT" {
-					fmt.Fprintf(c, "HTTP/1.1 400 Bad Request\r\n\r\n")
-					return
-				}
-				for {
-					h, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if h == "\r\n" || h == "\n" {
-						break
-					}
-				}
-				fmt.Fprintf(c, "HTTP/1.1 200 Connection established\r\n\r\nproxy %s\n", f[1])
-				buf := make([]byte, 4096)
-				for {
-					k, err := br.Read(buf)
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:k]); err != nil {
-						return
-					}
-				}
-			}()
+			if h == "\r\n" || h == "\n" {
+				break
+			}
 		}
-	}()
+		fmt.Fprintf(c, "HTTP/1.1 200 Connection established\r\n\r\nproxy %s\n", f[1])
+		buf := make([]byte, 4096)
+		for {
+			k, err := br.Read(buf)
+			if err != nil {
+				return
+			}
+			if _, err := c.Write(buf[:k]); err != nil {
+				return
+			}
+		}
+	})
 }
 
 func (n *daemonNode) status(t *testing.T) api.Status {

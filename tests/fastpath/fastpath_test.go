@@ -97,25 +97,15 @@ func serve(t testing.TB, nsPath string, port int, who string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				od, err := netns.OriginalDst(c.(*net.TCPConn))
-				if err != nil {
-					fmt.Fprintf(c, "%s error %v\n", who, err)
-					return
-				}
-				fmt.Fprintf(c, "%s %s\n", who, netip.AddrPortFrom(od.Addr().Unmap(), od.Port()))
-				_, _ = io.Copy(c, c)
-			}()
+	testutil.Serve(t, ln, func(c net.Conn) {
+		od, err := netns.OriginalDst(c.(*net.TCPConn))
+		if err != nil {
+			fmt.Fprintf(c, "%s error %v\n", who, err)
+			return
 		}
-	}()
+		fmt.Fprintf(c, "%s %s\n", who, netip.AddrPortFrom(od.Addr().Unmap(), od.Port()))
+		_, _ = io.Copy(c, c)
+	})
 }
 
 // connect opens a connection from the pod (unmarked, as an application would) and
