@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 )
 
 func init() {
@@ -22,8 +20,8 @@ func init() {
 }
 
 func runAttach(ctx context.Context) ([]Row, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root (network namespaces, nftables)")
+	if err := needRoot(); err != nil {
+		return nil, err
 	}
 	res, err := goBench(ctx, "./tests/attach", "^BenchmarkAttach$", "-benchtime=1x", "-timeout=5m")
 	if err != nil {

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 )
 
 func init() {
@@ -24,8 +22,8 @@ func init() {
 }
 
 func runCNI(ctx context.Context) ([]Row, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root (network namespaces, nftables)")
+	if err := needRoot(); err != nil {
+		return nil, err
 	}
 	res, err := goBench(ctx, "./tests/e2e", "^BenchmarkCNIChurn$", "-benchtime=1x", "-timeout=20m")
 	if err != nil {

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"time"
@@ -61,19 +59,11 @@ func bigPolicy(n int) string {
 const fastpathRuns = 5
 
 func runFastpath(ctx context.Context) ([]Row, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root (network namespaces, nftables)")
-	}
-	for _, tool := range []string{"ip", "nft", "iperf3", "danted", "squid", "conntrack"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("%s is not installed (make deps installs it)", tool)
-		}
-	}
-	b := &relayBench{}
-	defer b.cleanup()
-	if err := b.setup(); err != nil {
+	b, err := newRelayBench("conntrack")
+	if err != nil {
 		return nil, err
 	}
+	defer b.cleanup()
 	small, err := rules.Parse("fastpath.yaml", []byte("default: proxy\nrules:\n  - cidr: 192.0.2.0/24\n    action: direct\n    note: bench server\n"), rules.LoadOptions{})
 	if err != nil {
 		return nil, err

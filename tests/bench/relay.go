@@ -171,19 +171,11 @@ type relayResult struct {
 }
 
 func runRelay(ctx context.Context) ([]Row, error) {
-	if os.Geteuid() != 0 {
-		return nil, errors.New("needs root (network namespaces, nftables)")
-	}
-	for _, tool := range []string{"ip", "nft", "iperf3", "danted", "squid", "redsocks"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return nil, fmt.Errorf("%s is not installed (make deps installs it)", tool)
-		}
-	}
-	b := &relayBench{}
-	defer b.cleanup()
-	if err := b.setup(); err != nil {
+	b, err := newRelayBench("redsocks")
+	if err != nil {
 		return nil, err
 	}
+	defer b.cleanup()
 	danteURL := fmt.Sprintf("socks5://%s:%d", benchSrvAddr, benchDante)
 	squidURL := fmt.Sprintf("http://%s:%d", benchSrvAddr, benchSquid)
 	// The bare-upstream client dials from the goroutine's own thread, already in the pod
@@ -382,6 +374,25 @@ func firstLine(err error) string {
 		s = s[:120] + "…"
 	}
 	return s
+}
+
+// newRelayBench checks for root and the tools the relay topology needs (plus extra),
+// and builds the topology; the caller cleans it up.
+func newRelayBench(extra ...string) (*relayBench, error) {
+	if err := needRoot(); err != nil {
+		return nil, err
+	}
+	for _, tool := range append([]string{"ip", "nft", "iperf3", "danted", "squid"}, extra...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, fmt.Errorf("%s is not installed (make deps installs it)", tool)
+		}
+	}
+	b := &relayBench{}
+	if err := b.setup(); err != nil {
+		b.cleanup()
+		return nil, err
+	}
+	return b, nil
 }
 
 func (b *relayBench) setup() error {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -143,3 +144,11 @@ func ratio(a, b float64) string {
 
 // mib formats a byte count in MiB.
 func mib(b float64) string { return fmt.Sprintf("%.1f MiB", b/(1<<20)) }
+
+// needRoot refuses a section that needs network namespaces and nftables when not root.
+func needRoot() error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (network namespaces, nftables)")
+	}
+	return nil
+}
