@@ -176,3 +176,25 @@ func TestFromRoutes(t *testing.T) {
 		}
 	}
 }
+
+// TestNeeds checks what a policy says its decisions can depend on, for the relay.
+func TestNeeds(t *testing.T) {
+	for _, tc := range []struct {
+		src                   string
+		host, process, addrOK bool
+	}{
+		{"rules:\n  - port: 22\n    action: deny\n", false, false, false},
+		{"rules:\n  - domain: a.com\n    action: deny\n", true, false, false},
+		{"rules:\n  - process: curl\n    action: deny\n", false, true, false},
+		{"rules:\n  - cidr: 10.0.0.0/8\n    action: deny\n", false, false, true},
+		{"rules:\n  - pattern: \"10.0.0.0/8\"\n    route: deny\n", false, false, true},
+		{"rules:\n  - pattern: \"*.a.com\"\n    route: deny\n", true, false, true},
+		{"script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", true, false, false},
+	} {
+		p := mustParse(t, tc.src, LoadOptions{})
+		if p.NeedsHost() != tc.host || p.NeedsProcess() != tc.process || p.NeedsAddr() != tc.addrOK {
+			t.Errorf("%q: NeedsHost %v NeedsProcess %v NeedsAddr %v, want %v %v %v", tc.src,
+				p.NeedsHost(), p.NeedsProcess(), p.NeedsAddr(), tc.host, tc.process, tc.addrOK)
+		}
+	}
+}

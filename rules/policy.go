@@ -49,6 +49,10 @@ type Policy struct {
 	outs    []ruleOut
 	outID   []uint8
 	outID32 []uint32
+
+	// What decisions can depend on, found once when the file compiles (the relay asks
+	// for every flow): NeedsHost, NeedsProcess, NeedsAddr.
+	needsHost, needsProcess, needsAddr bool
 }
 
 type ruleOut struct {
@@ -83,6 +87,7 @@ func tierPriority(d Dimension) int {
 var tierOrder = [...]Dimension{DimLabel, DimImage, DimProcess, DimDomain, DimCIDR, DimPort}
 
 func (p *Policy) compile() error {
+	p.summarize()
 	cidrs := map[netip.Prefix]int32{}
 	var ports []rule
 	for i := range p.rules {
@@ -301,37 +306,37 @@ func (p *Policy) Matches(f *Flow) []int {
 	return out
 }
 
-// NeedsHost reports whether decisions can depend on the destination hostname: domain
-// rules, host patterns or a script.
-func (p *Policy) NeedsHost() bool {
-	if p.script != nil {
-		return true
-	}
+// summarize records what decisions can depend on.
+func (p *Policy) summarize() {
+	p.needsHost = p.script != nil
+	p.needsAddr = p.pattern
 	for i := range p.rules {
 		switch m := p.rules[i].m.(type) {
 		case *domainMatcher:
-			return true
+			p.needsHost = true
 		case *patternMatcher:
 			if m.glob != "" {
-				return true
+				p.needsHost = true
 			}
+		case *processMatcher:
+			p.needsProcess = p.script == nil
+		case *cidrMatcher:
+			p.needsAddr = true
 		}
 	}
-	return false
 }
 
+// NeedsHost reports whether decisions can depend on the destination hostname: domain
+// rules, host patterns or a script.
+func (p *Policy) NeedsHost() bool { return p.needsHost }
+
 // NeedsProcess reports whether the policy has process rules.
-func (p *Policy) NeedsProcess() bool {
-	if p.script != nil {
-		return false
-	}
-	for i := range p.rules {
-		if p.rules[i].dim == DimProcess {
-			return true
-		}
-	}
-	return false
-}
+func (p *Policy) NeedsProcess() bool { return p.needsProcess }
+
+// NeedsAddr reports whether a decision for a hostname-only flow could depend on the
+// address the name resolves to: the policy has cidr rules, or is in the pattern form
+// (patterns may hold prefixes). Scripts resolve names themselves (dnsResolve, isInNet).
+func (p *Policy) NeedsAddr() bool { return p.needsAddr }
 
 // Hash is the hex sha256 of the source bytes.
 func (p *Policy) Hash() string { return p.hash }

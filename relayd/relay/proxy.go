@@ -187,7 +187,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		// A name whose address rules could match (cidr rules, the metadata guard) is
 		// resolved once here; a direct dial then goes to the address that was checked.
 		var resolveErr error
-		if t.Host != "" && !dst.Addr().IsValid() && needsAddr(pol) {
+		if an, ok := pol.(addrNeeder); ok && t.Host != "" && !dst.Addr().IsValid() && an.NeedsAddr() {
 			rctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 			addrs, err := r.o.resolve(rctx, t.Host)
 			cancel()
@@ -256,30 +256,4 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		}
 		return tc, nil
 	}
-}
-
-// addrRules is what a policy tells about its rules (*rules.Policy).
-type addrRules interface {
-	Len() int
-	Rule(i int) rules.RuleInfo
-	PatternForm() bool
-}
-
-// needsAddr reports whether a decision for a hostname-only flow could depend on the
-// address the name resolves to: the policy has cidr rules (or patterns, which may hold
-// prefixes). Scripts resolve names themselves (dnsResolve, isInNet).
-func needsAddr(pol Decider) bool {
-	ar, ok := pol.(addrRules)
-	if !ok {
-		return false
-	}
-	if ar.PatternForm() {
-		return true
-	}
-	for i := 1; i <= ar.Len(); i++ {
-		if ar.Rule(i).Dimension == rules.DimCIDR {
-			return true
-		}
-	}
-	return false
 }

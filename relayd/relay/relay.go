@@ -42,6 +42,10 @@ type hostNeeder interface{ NeedsHost() bool }
 // it needs it.
 type processNeeder interface{ NeedsProcess() bool }
 
+// addrNeeder is a Decider that says whether a hostname-only flow's decision could depend
+// on the address the name resolves to (*rules.Policy: cidr rules or the pattern form).
+type addrNeeder interface{ NeedsAddr() bool }
+
 // OwnerFinder finds the process behind a connection (*sockowner.Finder).
 type OwnerFinder interface {
 	Lookup(k sockowner.Key) (rules.Process, error)
