@@ -23,6 +23,11 @@ func normalizeImage(ref string, buf *[maxImageLen]byte) string {
 	if imageref.IsNormal(ref) {
 		return ref
 	}
+	return appendNormal(ref, buf)
+}
+
+// appendNormal is normalizeImage for a reference known not to be in normal form.
+func appendNormal(ref string, buf *[maxImageLen]byte) string {
 	b := imageref.Append(buf[:0], ref)
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }

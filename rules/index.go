@@ -173,11 +173,12 @@ func (x *imageIndex) lookup(image string) int32 {
 	return found(best)
 }
 
-// findNorm looks up the normalized form of a reference that is not in it. Its buffer
+// findNorm looks up the normalized form of a reference that is not in it (the caller
+// checked IsNormal). Its buffer
 // is zeroed only on this path.
 func (x *imageIndex) findNorm(image string, best int32) int32 {
 	var buf [maxImageLen]byte
-	if norm := normalizeImage(image, &buf); norm != image {
+	if norm := appendNormal(image, &buf); norm != image {
 		best = lower(best, x.find(norm))
 	}
 	return best

@@ -541,11 +541,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	dctx := ctx
-	if d.Exit != rules.ExitDirect {
-		dctx = withFlow(ctx, &f, &d, p.ns) // what an exit may read (FlowFrom, NetnsFrom)
-	}
-	up, err := dial(dctx, &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
+	up, err := dial(withFlow(ctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
@@ -620,7 +616,12 @@ type flowInfo struct {
 	ns *netns.Handle
 }
 
+// withFlow gives an exit's dial what it may read (FlowFrom, NetnsFrom). The direct exit
+// reads none of it, so its context is left as it is.
 func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision, ns *netns.Handle) context.Context {
+	if d.Exit == rules.ExitDirect {
+		return ctx
+	}
 	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d, ns})
 }
 
