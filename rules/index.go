@@ -174,8 +174,7 @@ func (x *imageIndex) lookup(image string) int32 {
 }
 
 // findNorm looks up the normalized form of a reference that is not in it (the caller
-// checked IsNormal). Its buffer
-// is zeroed only on this path.
+// checked IsNormal). Its buffer is zeroed only on this path.
 func (x *imageIndex) findNorm(image string, best int32) int32 {
 	var buf [maxImageLen]byte
 	if norm := appendNormal(image, &buf); norm != image {

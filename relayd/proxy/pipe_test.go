@@ -28,11 +28,11 @@ func TestRaw(t *testing.T) {
 	a, b := net.Pipe()
 	defer func() { _ = a.Close(); _ = b.Close() }()
 	var n atomic.Int32
-	if got := raw(&wrapped{Conn: &wrapped{Conn: a, closed: &n}, closed: &n}); got != a {
+	if got := Raw(&wrapped{Conn: &wrapped{Conn: a, closed: &n}, closed: &n}); got != a {
 		t.Fatalf("raw did not unwrap two NetConn wrappers: %T", got)
 	}
 	keep := &withWriterTo{Conn: a}
-	if got := raw(&wrapped{Conn: keep, closed: &n}); got != keep {
+	if got := Raw(&wrapped{Conn: keep, closed: &n}); got != keep {
 		t.Fatalf("raw unwrapped past a connection with its own WriteTo: %T", got)
 	}
 }

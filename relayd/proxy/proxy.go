@@ -262,7 +262,7 @@ func (s *Server) pipe(client, up net.Conn) {
 		s.Pipe(client, up)
 		return
 	}
-	rc, ru := raw(client), raw(up)
+	rc, ru := Raw(client), Raw(up)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -285,11 +285,11 @@ func (s *Server) pipe(client, up net.Conn) {
 	_ = up.Close()
 }
 
-// raw unwraps connections that expose NetConn() (like the relay's tracking wrappers) down
+// Raw unwraps connections that expose NetConn() (like the relay's tracking wrappers) down
 // to one with its own copy fast path. A wrapper that implements io.WriterTo or
 // io.ReaderFrom itself (upstream's connection holding early bytes) is kept: reading
 // around it would lose data.
-func raw(c net.Conn) net.Conn {
+func Raw(c net.Conn) net.Conn {
 	for range 8 {
 		if _, ok := c.(io.WriterTo); ok {
 			return c

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -60,7 +59,7 @@ func (r *Relay) proxyPipe(client, up net.Conn) {
 	r.active.Add(1)
 	defer r.active.Add(-1)
 	done := r.o.Metrics.Start(exit)
-	upBytes, downBytes, err := r.pipe(bare(client), bare(up))
+	upBytes, downBytes, err := r.pipe(proxy.Raw(client), proxy.Raw(up))
 	done(upBytes, downBytes)
 	// The copy closed the raw connections; closing the wrappers releases their tracking.
 	_ = client.Close()
@@ -68,27 +67,6 @@ func (r *Relay) proxyPipe(client, up net.Conn) {
 	if err != nil && r.o.Debug {
 		r.o.Log.Debug("proxied flow ended", "exit", exit, "err", err)
 	}
-}
-
-// bare looks through the relay's own tracking wrappers so the copy splices between the
-// TCP connections. A connection that carries bytes read ahead of the tunnel (it
-// implements io.WriterTo or io.ReaderFrom itself, like the proxy's buffered client or an
-// upstream's reply remainder) is kept as it is: reading around it would lose them.
-func bare(c net.Conn) net.Conn {
-	for range 8 {
-		if _, ok := c.(io.WriterTo); ok {
-			return c
-		}
-		if _, ok := c.(io.ReaderFrom); ok {
-			return c
-		}
-		tc, ok := c.(*trackedConn)
-		if !ok {
-			return c
-		}
-		c = tc.Conn
-	}
-	return c
 }
 
 // trackingListener registers every accepted connection with its pod, so closing the
