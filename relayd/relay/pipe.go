@@ -27,10 +27,12 @@ var errIdle = errors.New("idle timeout")
 // It returns the bytes carried from a to b (up) and from b to a (down).
 func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
 	done := make(chan struct{})
-	r.pipeAsync(a, b, func(u, d int64, e error) {
+	st := r.newPipe(a, b, func(u, d int64, e error) {
 		up, down, err = u, d, e
 		close(done)
 	})
+	go st.copyUp()
+	st.copyDown() // on the caller's goroutine, which waits anyway
 	<-done
 	return up, down, err
 }
@@ -40,27 +42,35 @@ func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
 // goroutine (and the stack it grew deciding the flow) is not kept for the life of the
 // flow: an idle flow costs two small copy stacks.
 func (r *Relay) pipeAsync(a, b net.Conn, finish func(up, down int64, err error)) {
-	st := &pipeState{a: a, b: b, finish: finish}
+	st := r.newPipe(a, b, finish)
+	go st.copyUp()
+	go st.copyDown()
+}
+
+func (r *Relay) newPipe(a, b net.Conn, finish func(up, down int64, err error)) *pipeState {
+	st := &pipeState{r: r, a: a, b: b, finish: finish, window: max(r.o.IdleTimeout/2, 100*time.Millisecond)}
 	st.last.Store(time.Now().UnixNano())
 	st.left.Store(2)
-	window := r.o.IdleTimeout / 2
-	if window < 100*time.Millisecond {
-		window = 100 * time.Millisecond
-	}
-	go func() {
-		n, err := r.copyDir(b, a, &st.last, window)
-		st.up = n
-		st.end(err)
-	}()
-	go func() {
-		n, err := r.copyDir(a, b, &st.last, window)
-		st.down = n
-		st.end(err)
-	}()
+	return st
+}
+
+// copyUp carries a to b, copyDown b to a.
+func (st *pipeState) copyUp() {
+	n, err := st.r.copyDir(st.b, st.a, &st.last, st.window)
+	st.up = n
+	st.end(err)
+}
+
+func (st *pipeState) copyDown() {
+	n, err := st.r.copyDir(st.a, st.b, &st.last, st.window)
+	st.down = n
+	st.end(err)
 }
 
 // pipeState is one flow's two directions.
 type pipeState struct {
+	r        *Relay
+	window   time.Duration // the idle check's read window: half the idle timeout
 	a, b     net.Conn
 	last     atomic.Int64 // when a direction last moved bytes (UnixNano)
 	left     atomic.Int32 // directions still copying
