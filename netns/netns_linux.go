@@ -188,6 +188,15 @@ func (h *Handle) Dial(ctx context.Context, mark uint32, network, addr string) (n
 	}, network, addr)
 }
 
+// DialAddrPort is Dial for an address already known: nothing to parse or resolve.
+func (h *Handle) DialAddrPort(ctx context.Context, mark uint32, ap netip.AddrPort) (net.Conn, error) {
+	c, err := h.dialAddr(ctx, mark, ap)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s in %s: %w", ap, h.path, err)
+	}
+	return c, nil
+}
+
 func (h *Handle) dialAddr(ctx context.Context, mark uint32, ap netip.AddrPort) (net.Conn, error) {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
@@ -240,7 +249,11 @@ func (h *Handle) dialAddr(ctx context.Context, mark uint32, ap netip.AddrPort) (
 		}
 		in = true
 	}
-	c, err := d.DialContext(ctx, network, ap.String())
+	var c net.Conn
+	tc, err := d.DialTCP(ctx, network, netip.AddrPort{}, ap)
+	if err == nil {
+		c = tc
+	}
 	if in {
 		leave() // no socket was made (Control never ran)
 	}

@@ -999,13 +999,20 @@ func TestHandle(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	conns := make(chan net.Conn, n)
-	for range n {
+	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			defer cancel()
-			c, err := h.Dial(ctx, 0x4243, "tcp4", ln.Addr().String())
+			// Half by text, half by address (DialAddrPort, what the relay's direct exit uses).
+			var c net.Conn
+			var err error
+			if i%2 == 0 {
+				c, err = h.Dial(ctx, 0x4243, "tcp4", ln.Addr().String())
+			} else {
+				c, err = h.DialAddrPort(ctx, 0x4243, ln.Addr().(*net.TCPAddr).AddrPort())
+			}
 			if err != nil {
 				errs <- err
 				return

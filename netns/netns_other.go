@@ -38,6 +38,9 @@ func (h *Handle) Listen(network, addr string) (net.Listener, error) {
 func (h *Handle) Dial(ctx context.Context, mark uint32, network, addr string) (net.Conn, error) {
 	return nil, errors.ErrUnsupported
 }
+func (h *Handle) DialAddrPort(ctx context.Context, mark uint32, ap netip.AddrPort) (net.Conn, error) {
+	return nil, errors.ErrUnsupported
+}
 
 type nftBackend struct{}
 

@@ -192,15 +192,14 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			r.record(d, f.At, "")
 			return nil, denied
 		case rules.ExitDirect:
-			target := t.String()
-			if dst.Addr().IsValid() {
-				target = dst.String() // the checked address: no second lookup
-			}
 			dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {
-				if resolveErr != nil {
+				switch {
+				case resolveErr != nil:
 					return nil, resolveErr // the same lookup would fail again
+				case dst.Addr().IsValid():
+					return r.dialAddrIn(ctx, p, w.Netns, dst) // the checked address: no second lookup
 				}
-				return r.dialIn(ctx, p, w.Netns, target)
+				return r.dialIn(ctx, p, w.Netns, t.String())
 			}
 		default:
 			dial = r.o.Exits[d.Exit]

@@ -300,6 +300,14 @@ func (r *Relay) dialIn(ctx context.Context, p *pod, nsPath, addr string) (net.Co
 	return r.o.dial(ctx, nsPath, r.o.Mark, "tcp", addr)
 }
 
+// dialAddrIn is dialIn for an address already known (no text to parse).
+func (r *Relay) dialAddrIn(ctx context.Context, p *pod, nsPath string, ap netip.AddrPort) (net.Conn, error) {
+	if p.ns != nil {
+		return p.ns.DialAddrPort(ctx, r.o.Mark, ap)
+	}
+	return r.o.dial(ctx, nsPath, r.o.Mark, "tcp", ap.String())
+}
+
 // Close stops serving a workload: its listener and every flow it carries are closed (the
 // netns is going away). It reports whether the id was open.
 func (r *Relay) Close(id string) bool {
@@ -526,7 +534,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		return
 	case rules.ExitDirect:
 		dial = func(ctx context.Context, w *api.Workload, dst Dest) (net.Conn, error) {
-			return r.dialIn(ctx, p, w.Netns, dst.Addr.String())
+			return r.dialAddrIn(ctx, p, w.Netns, dst.Addr)
 		}
 	default:
 		dial = r.o.Exits[d.Exit]
