@@ -102,6 +102,10 @@ func (c *Config) FlagRoutes() bool {
 type Upstream struct {
 	URL            string        `yaml:"url"`            // http://[user:pass@]host:port (CONNECT) or socks5://[user:pass@]host:port
 	ConnectTimeout time.Duration `yaml:"connectTimeout"` // default: Config.ConnectTimeout
+	// Pipeline (socks5 only) sends the SOCKS5 greeting and CONNECT request in one write,
+	// saving a round trip per connection; only for servers that read ahead, such as
+	// Dante (microsocks does not: every flow through it would time out).
+	Pipeline bool `yaml:"pipeline"`
 }
 
 // Containerd says which containerd socket and namespaces registrations are enriched from.
@@ -343,6 +347,9 @@ func (u *Upstream) fill(def time.Duration) error {
 	}
 	if p.Hostname() == "" || p.Port() == "" {
 		return fmt.Errorf("url %s needs a host and a port", Redact(u.URL))
+	}
+	if u.Pipeline && p.Scheme != "socks5" {
+		return fmt.Errorf("pipeline is for socks5 upstreams, not %s (a CONNECT is one round trip already)", Redact(u.URL))
 	}
 	return nil
 }

@@ -29,7 +29,11 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 	}
 	exits := map[string]relay.DialFunc{}
 	add := func(name string, u config.Upstream) error {
-		d, err := upstream.New(u.URL, u.ConnectTimeout, base)
+		var opts []upstream.Option
+		if u.Pipeline {
+			opts = append(opts, upstream.Pipeline())
+		}
+		d, err := upstream.New(u.URL, u.ConnectTimeout, base, opts...)
 		if err != nil {
 			return fmt.Errorf("exit %s (%s): %w", name, config.Redact(u.URL), err)
 		}

@@ -220,13 +220,19 @@ type realCase struct {
 	target  Target
 	wantErr error
 	errText string
+	opts    []Option
+	timeout time.Duration // 0: 3s
 }
 
 func runReal(t *testing.T, cases []realCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d, err := New(tc.url, 3*time.Second, nil)
+			timeout := tc.timeout
+			if timeout == 0 {
+				timeout = 3 * time.Second
+			}
+			d, err := New(tc.url, timeout, nil, tc.opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -289,6 +295,12 @@ func TestRealDante(t *testing.T) {
 			wantErr: ErrRefused, errText: "connection refused"},
 		{name: "down", url: "socks5://" + closedPort(t), target: Target{Host: "localhost", Port: uint16(echo)},
 			errText: "connection refused"},
+		// Dante reads a request sent ahead of its method choice.
+		{name: "pipelined ipv4", url: "socks5://" + dante, opts: []Option{Pipeline()},
+			target: Target{Addr: addrPort(t, "127.0.0.1", echo), Port: uint16(echo)}},
+		{name: "pipelined domain", url: "socks5://" + dante, opts: []Option{Pipeline()}, target: Target{Host: "localhost", Port: uint16(echo)}},
+		{name: "pipelined ruleset blocks", url: "socks5://" + dante, opts: []Option{Pipeline()},
+			target: Target{Host: "127.0.0.1", Port: uint16(blocked)}, wantErr: ErrRefused, errText: "not allowed by ruleset"},
 	})
 }
 
@@ -301,6 +313,9 @@ func TestRealMicrosocksAuth(t *testing.T) {
 		{name: "ip target", url: "socks5://bob:pa55@" + ms, target: Target{Addr: addrPort(t, "127.0.0.1", echo), Port: uint16(echo)}},
 		{name: "wrong password", url: "socks5://bob:nope@" + ms, target: target, wantErr: ErrAuth, errText: "rejected"},
 		{name: "no credentials", url: "socks5://" + ms, target: target, wantErr: ErrAuth, errText: "requires authentication"},
+		// microsocks drops what arrives with the greeting: why Pipeline is opt-in.
+		{name: "pipelined is not for microsocks", url: "socks5://bob:pa55@" + ms, target: target, opts: []Option{Pipeline()},
+			timeout: 300 * time.Millisecond, errText: "timed out"},
 	})
 }
 

@@ -64,7 +64,10 @@ func (e *ReplyError) Error() string {
 }
 func (e *ReplyError) Unwrap() error { return ErrRefused }
 
-type socksDialer struct{ common }
+type socksDialer struct {
+	common
+	pipeline bool // send greeting, credentials and request at once (Pipeline)
+}
 
 func (d *socksDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
 	req, err := connectRequest(t)
@@ -112,6 +115,9 @@ func connectRequest(t Target) ([]byte, error) {
 }
 
 func (d *socksDialer) handshake(ctx context.Context, conn net.Conn, req []byte) error {
+	if d.pipeline {
+		return d.pipelined(ctx, conn, req)
+	}
 	greet := []byte{socksVersion, 1, authNone}
 	if d.hasUser {
 		greet = []byte{socksVersion, 2, authNone, authUserPass}
@@ -119,33 +125,86 @@ func (d *socksDialer) handshake(ctx context.Context, conn net.Conn, req []byte) 
 	if _, err := conn.Write(greet); err != nil {
 		return d.handshakeErr(ctx, "send SOCKS5 greeting", err)
 	}
-	var b [4]byte
-	if _, err := io.ReadFull(conn, b[:2]); err != nil {
-		return d.handshakeErr(ctx, "read SOCKS5 method", err)
+	method, err := d.readMethod(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if method == authUserPass {
+		if _, err := conn.Write(d.credentials()); err != nil {
+			return d.handshakeErr(ctx, "send SOCKS5 credentials", err)
+		}
+		if err := d.readAuthReply(ctx, conn); err != nil {
+			return err
+		}
+	}
+	if _, err := conn.Write(req); err != nil {
+		return d.handshakeErr(ctx, "send SOCKS5 CONNECT", err)
+	}
+	return d.readReply(ctx, conn)
+}
+
+// pipelined sends the greeting, the credentials (if any) and the CONNECT request in one
+// write, then reads the answers to all three: one round trip instead of two or three.
+// With credentials it offers username/password alone, so the server cannot pick a method
+// whose sub-negotiation the pipelined bytes do not follow. RFC 1928 has the client wait
+// for the method choice; servers that read ahead (Dante) answer the same, servers that do
+// not (microsocks) lose the request and the dial times out, which is why it is opt-in.
+func (d *socksDialer) pipelined(ctx context.Context, conn net.Conn, req []byte) error {
+	msg := make([]byte, 0, 3+3+len(d.user)+len(d.pass)+len(req))
+	if d.hasUser {
+		msg = append(msg, socksVersion, 1, authUserPass)
+		msg = append(msg, d.credentials()...)
+	} else {
+		msg = append(msg, socksVersion, 1, authNone)
+	}
+	msg = append(msg, req...)
+	if _, err := conn.Write(msg); err != nil {
+		return d.handshakeErr(ctx, "send SOCKS5 greeting and CONNECT", err)
+	}
+	method, err := d.readMethod(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if method == authUserPass {
+		if err := d.readAuthReply(ctx, conn); err != nil {
+			return err
+		}
+	} else if d.hasUser {
+		return d.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, method)
+	}
+	return d.readReply(ctx, conn)
+}
+
+// readMethod reads the server's method choice and checks it is one we offered.
+func (d *socksDialer) readMethod(ctx context.Context, conn net.Conn) (byte, error) {
+	var b [2]byte
+	if _, err := io.ReadFull(conn, b[:]); err != nil {
+		return 0, d.handshakeErr(ctx, "read SOCKS5 method", err)
 	}
 	if b[0] != socksVersion {
-		return d.errorf("%w: not a SOCKS5 server (version byte 0x%02x)", ErrProtocol, b[0])
+		return 0, d.errorf("%w: not a SOCKS5 server (version byte 0x%02x)", ErrProtocol, b[0])
 	}
 	switch b[1] {
 	case authNone:
 	case authUserPass:
 		if !d.hasUser {
-			return d.errorf("%w: upstream chose username/password authentication, which we did not offer", ErrProtocol)
-		}
-		if err := d.userPass(ctx, conn); err != nil {
-			return err
+			return 0, d.errorf("%w: upstream chose username/password authentication, which we did not offer", ErrProtocol)
 		}
 	case authNoAcceptable:
 		if d.hasUser {
-			return d.errorf("%w: upstream accepts neither no-auth nor username/password", ErrAuth)
+			return 0, d.errorf("%w: upstream accepts neither no-auth nor username/password", ErrAuth)
 		}
-		return d.errorf("%w: upstream requires authentication and no credentials are configured", ErrAuth)
+		return 0, d.errorf("%w: upstream requires authentication and no credentials are configured", ErrAuth)
 	default:
-		return d.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, b[1])
+		return 0, d.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, b[1])
 	}
-	if _, err := conn.Write(req); err != nil {
-		return d.handshakeErr(ctx, "send SOCKS5 CONNECT", err)
-	}
+	return b[1], nil
+}
+
+// readReply reads the CONNECT reply, skipping the bound address exactly, so no tunnel
+// byte is consumed.
+func (d *socksDialer) readReply(ctx context.Context, conn net.Conn) error {
+	var b [4]byte
 	if _, err := io.ReadFull(conn, b[:4]); err != nil {
 		return d.handshakeErr(ctx, "read SOCKS5 reply", err)
 	}
@@ -155,7 +214,6 @@ func (d *socksDialer) handshake(ctx context.Context, conn net.Conn, req []byte) 
 	if b[1] != byte(ReplySucceeded) {
 		return d.errorf("%w", &ReplyError{Code: SOCKSReply(b[1])})
 	}
-	// Skip the bound address exactly, so no tunnel byte is consumed.
 	var skip int
 	switch b[3] {
 	case atypIPv4:
@@ -177,15 +235,17 @@ func (d *socksDialer) handshake(ctx context.Context, conn net.Conn, req []byte) 
 	return nil
 }
 
-func (d *socksDialer) userPass(ctx context.Context, conn net.Conn) error {
+// credentials is the RFC 1929 username/password request.
+func (d *socksDialer) credentials() []byte {
 	msg := make([]byte, 0, 3+len(d.user)+len(d.pass))
 	msg = append(msg, userPassVersion, byte(len(d.user)))
 	msg = append(msg, d.user...)
 	msg = append(msg, byte(len(d.pass)))
-	msg = append(msg, d.pass...)
-	if _, err := conn.Write(msg); err != nil {
-		return d.handshakeErr(ctx, "send SOCKS5 credentials", err)
-	}
+	return append(msg, d.pass...)
+}
+
+// readAuthReply reads the RFC 1929 status.
+func (d *socksDialer) readAuthReply(ctx context.Context, conn net.Conn) error {
 	var b [2]byte
 	if _, err := io.ReadFull(conn, b[:]); err != nil {
 		return d.handshakeErr(ctx, "read SOCKS5 auth reply", err)

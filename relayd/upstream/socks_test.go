@@ -13,12 +13,15 @@ import (
 )
 
 // fakeSOCKS is a scripted SOCKS5 server: it records the greeting and request and answers
-// with the given method, auth status and reply code.
+// with the given method, auth status and reply code. With ahead set it reads the whole
+// client side (greeting, credentials, request) before it answers anything, as a server
+// that reads ahead may: only a pipelining client gets through it.
 type fakeSOCKS struct {
 	method   byte
 	authOK   bool
 	reply    byte
 	replyTyp byte // address type in the reply
+	ahead    bool
 	requests chan []byte
 }
 
@@ -31,8 +34,18 @@ func (f *fakeSOCKS) handle(c net.Conn) {
 	if _, err := io.ReadFull(c, methods); err != nil {
 		return
 	}
-	_, _ = c.Write([]byte{5, f.method})
-	if f.method == 0xff {
+	var held []byte
+	answer := func(b ...byte) {
+		if f.ahead {
+			held = append(held, b...)
+			return
+		}
+		_, _ = c.Write(b)
+	}
+	flush := func() { _, _ = c.Write(held) }
+	answer(5, f.method)
+	if f.method == 0xff || !bytes.Contains(methods, []byte{f.method}) {
+		flush()
 		return
 	}
 	if f.method == 2 {
@@ -43,10 +56,11 @@ func (f *fakeSOCKS) handle(c net.Conn) {
 		_, _ = io.ReadFull(c, b[:])
 		_, _ = io.ReadFull(c, make([]byte, b[0]))
 		if !f.authOK {
-			_, _ = c.Write([]byte{1, 1})
+			answer(1, 1)
+			flush()
 			return
 		}
-		_, _ = c.Write([]byte{1, 0})
+		answer(1, 0)
 	}
 	req := make([]byte, 4)
 	if _, err := io.ReadFull(c, req); err != nil {
@@ -82,7 +96,8 @@ func (f *fakeSOCKS) handle(c net.Conn) {
 	if f.reply == 0 {
 		resp = append(resp, '!')
 	}
-	_, _ = c.Write(resp)
+	answer(resp...)
+	flush()
 	if f.reply == 0 {
 		_, _ = io.Copy(c, c)
 	}
@@ -97,6 +112,9 @@ func TestSOCKS5(t *testing.T) {
 		wantReq []byte
 		wantErr error
 		errText string
+		// pipelineOnly: the case differs without pipelining (a client that offers both
+		// methods accepts no-auth) and runs pipelined only.
+		pipelineOnly bool
 	}{
 		{name: "domain", srv: fakeSOCKS{method: 0},
 			target:  Target{Host: "example.com", Addr: netip.MustParseAddrPort("192.0.2.1:443"), Port: 443},
@@ -124,42 +142,75 @@ func TestSOCKS5(t *testing.T) {
 			target: Target{Host: "h", Port: 1}, wantErr: ErrRefused, errText: "unknown reply 0x42"},
 		{name: "method not offered", srv: fakeSOCKS{method: 2},
 			target: Target{Host: "h", Port: 1}, wantErr: ErrProtocol, errText: "did not offer"},
+		{name: "no-auth chosen over offered credentials", srv: fakeSOCKS{method: 0}, creds: "u:p@", pipelineOnly: true,
+			target: Target{Host: "h", Port: 1}, wantErr: ErrProtocol, errText: "did not offer"},
 		{name: "long host", srv: fakeSOCKS{method: 0},
 			target: Target{Host: strings.Repeat("a", 256), Port: 1}, wantErr: ErrTarget, errText: "256 bytes"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			srv := tt.srv
-			srv.requests = make(chan []byte, 1)
-			addr := fakeServer(t, srv.handle)
-			d, err := New("socks5://"+tt.creds+addr, time.Second, nil)
-			if err != nil {
-				t.Fatal(err)
+		for _, pipeline := range []bool{false, true} {
+			if tt.pipelineOnly && !pipeline {
+				continue
 			}
-			c, err := d.Dial(context.Background(), tt.target)
-			if tt.wantErr != nil {
-				if err == nil {
-					_ = c.Close()
-					t.Fatalf("Dial = nil error, want %v", tt.wantErr)
+			name := tt.name
+			var opts []Option
+			if pipeline {
+				// Against a server that answers only once it has read the request: a
+				// client that waited for each answer would time out.
+				name, opts = name+"/pipelined", []Option{Pipeline()}
+			}
+			t.Run(name, func(t *testing.T) {
+				srv := tt.srv
+				srv.ahead = pipeline
+				srv.requests = make(chan []byte, 1)
+				addr := fakeServer(t, srv.handle)
+				d, err := New("socks5://"+tt.creds+addr, time.Second, nil, opts...)
+				if err != nil {
+					t.Fatal(err)
 				}
-				if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.errText) || !strings.Contains(err.Error(), d.String()) {
-					t.Fatalf("Dial error %q, want %v naming %s and containing %q", err, tt.wantErr, d, tt.errText)
+				c, err := d.Dial(context.Background(), tt.target)
+				if tt.wantErr != nil {
+					if err == nil {
+						_ = c.Close()
+						t.Fatalf("Dial = nil error, want %v", tt.wantErr)
+					}
+					if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.errText) || !strings.Contains(err.Error(), d.String()) {
+						t.Fatalf("Dial error %q, want %v naming %s and containing %q", err, tt.wantErr, d, tt.errText)
+					}
+					return
 				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Dial: %v", err)
-			}
-			defer func() { _ = c.Close() }()
-			if got := <-srv.requests; !bytes.Equal(got, tt.wantReq) {
-				t.Errorf("request = % x, want % x", got, tt.wantReq)
-			}
-			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			_, _ = c.Write([]byte("x"))
-			buf := make([]byte, 2)
-			if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "!x" {
-				t.Fatalf("tunnel read %q, %v; want %q", buf, err, "!x")
-			}
-		})
+				if err != nil {
+					t.Fatalf("Dial: %v", err)
+				}
+				defer func() { _ = c.Close() }()
+				if got := <-srv.requests; !bytes.Equal(got, tt.wantReq) {
+					t.Errorf("request = % x, want % x", got, tt.wantReq)
+				}
+				_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+				_, _ = c.Write([]byte("x"))
+				buf := make([]byte, 2)
+				if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "!x" {
+					t.Fatalf("tunnel read %q, %v; want %q", buf, err, "!x")
+				}
+			})
+		}
+	}
+}
+
+// TestSOCKS5AheadNeedsPipeline shows the read-ahead server of TestSOCKS5's pipelined cases
+// tells the two clients apart: one that waits for each answer gets none from it.
+func TestSOCKS5AheadNeedsPipeline(t *testing.T) {
+	srv := fakeSOCKS{method: 0, ahead: true, requests: make(chan []byte, 1)}
+	d, err := New("socks5://"+fakeServer(t, srv.handle), 200*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := d.Dial(context.Background(), Target{Host: "h", Port: 1})
+	if err == nil {
+		_ = c.Close()
+		t.Fatal("a client waiting for the method choice got through a server that answers only after the request")
+	}
+	if !strings.Contains(err.Error(), "read SOCKS5 method: timed out") {
+		t.Fatalf("Dial error %q, want a timeout reading the method", err)
 	}
 }

@@ -82,13 +82,29 @@ var (
 	ErrTarget = errors.New("bad target")
 )
 
+// Option changes how New's Dialer speaks to its upstream.
+type Option func(*options)
+
+type options struct{ pipeline bool }
+
+// Pipeline makes a socks5 upstream's Dialer send its greeting, credentials and CONNECT
+// request in one write instead of waiting for each answer: one round trip per connection
+// instead of two (three with credentials). Only for servers that read a request sent
+// ahead of their answer, as Dante does; microsocks does not, and every dial through it
+// then times out. New refuses it for an http upstream, whose CONNECT is one round trip.
+func Pipeline() Option { return func(o *options) { o.pipeline = true } }
+
 // DefaultConnectTimeout is used when New is given a timeout of zero or less.
 const DefaultConnectTimeout = 10 * time.Second
 
 // New parses rawURL (http://[user:pass@]host:port or socks5://[user:pass@]host:port) and
 // returns a Dialer for it. connectTimeout bounds the TCP connect plus the handshake.
 // base opens the TCP connection to the upstream; nil uses a plain net.Dialer.
-func New(rawURL string, connectTimeout time.Duration, base DialFunc) (Dialer, error) {
+func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Option) (Dialer, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return nil, fmt.Errorf("upstream %q: %w", redact(rawURL), stripURL(err))
@@ -132,6 +148,9 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc) (Dialer, er
 	}
 	switch u.Scheme {
 	case "http":
+		if o.pipeline {
+			return nil, fmt.Errorf("upstream %q: pipelining is for socks5 upstreams (an http CONNECT is already one round trip)", c.name)
+		}
 		return &httpDialer{common: c}, nil
 	case "socks5":
 		if len(c.user) > 255 || len(c.pass) > 255 {
@@ -140,7 +159,7 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc) (Dialer, er
 		if c.hasUser && c.user == "" {
 			return nil, fmt.Errorf("upstream %q: empty socks5 username", c.name)
 		}
-		return &socksDialer{common: c}, nil
+		return &socksDialer{common: c, pipeline: o.pipeline}, nil
 	case "":
 		return nil, fmt.Errorf("upstream %q: missing scheme (want http:// or socks5://)", redact(rawURL))
 	default:

@@ -21,6 +21,7 @@ func TestNew(t *testing.T) {
 		url     string
 		want    string // String() of the dialer
 		wantErr string // substring of the error
+		opts    []Option
 	}{
 		{name: "http", url: "http://127.0.0.1:3128", want: "http://127.0.0.1:3128"},
 		{name: "http trailing slash", url: "http://proxy.example:3128/", want: "http://proxy.example:3128"},
@@ -39,11 +40,13 @@ func TestNew(t *testing.T) {
 		{name: "empty", url: "", wantErr: "want scheme://host:port"},
 		{name: "bad url keeps secret", url: "http://u:secret@h:1/%zz", wantErr: "invalid URL escape"},
 		{name: "empty socks user", url: "socks5://:p@h:1", wantErr: "empty socks5 username"},
+		{name: "socks5 pipelined", url: "socks5://u:p@h:1080", want: "socks5://h:1080", opts: []Option{Pipeline()}},
+		{name: "http pipelined", url: "http://u:secret@h:3128", wantErr: "pipelining is for socks5 upstreams", opts: []Option{Pipeline()}},
 		{name: "long socks user", url: "socks5://" + strings.Repeat("u", 256) + ":p@h:1", wantErr: "limited to 255"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := New(tt.url, time.Second, nil)
+			d, err := New(tt.url, time.Second, nil, tt.opts...)
 			if tt.wantErr != "" {
 				if err == nil {
 					t.Fatalf("New(%q) = %v, want error containing %q", tt.url, d, tt.wantErr)
