@@ -19,7 +19,7 @@ func init() {
 	register(Section{
 		Name: "fastpath",
 		Doc: "Kernel fast path (issue 9), on the relay section's topology, side by side in one run: " +
-			"iperf3 and the short-connection loop (medians of 5 round-robin runs, TIME_WAIT reuse on in the pod) for direct (no capture); kernel-decided " +
+			"iperf3 and the short-connection loop (medians of 6 round-robin runs, each starting one variant further along; every loop starts with no TIME_WAIT socket of an earlier one, and reuse on in the pod) for direct (no capture); kernel-decided " +
 			"flows (capture installed, the pod's plan accepts the server's /24 in the kernel through the " +
 			"cidr mark map, every other destination to the relay; conntrack watcher and audit on); the same " +
 			"without the watcher (what the table and conntrack cost alone); the same " +
@@ -56,7 +56,7 @@ func bigPolicy(n int) string {
 // fastpathRuns is how many round-robin runs the section makes: the differences it
 // measures (a few percent of connection rate) need more than the relay section's 3 on a
 // shared machine.
-const fastpathRuns = 5
+const fastpathRuns = 6 // one per variant: each is measured once in every position
 
 func runFastpath(ctx context.Context) ([]Row, error) {
 	b, err := newRelayBench("conntrack")
@@ -97,21 +97,22 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 		}
 	}
 	type variant struct {
-		name string
-		prep func() error
+		name   string
+		prep   func() error
+		daemon bool // kl-relayd decides: its own status counts the kernel records
 	}
 	variants := []variant{
-		{"direct", func() error { stopKernel(); return nil }},
-		{"kernel-decided", kernel(small, true)},
-		{"kernel-decided, no audit watcher", kernel(small, false)},
-		{"kernel-decided, 10k-rule table", kernel(big, true)},
+		{"direct", func() error { b.stopRelay(); stopKernel(); return nil }, false},
+		{"kernel-decided", kernel(small, true), false},
+		{"kernel-decided, no audit watcher", kernel(small, false), false},
+		{"kernel-decided, 10k-rule table", kernel(big, true), false},
 		// As deployed: kl-relayd's own fast path (the pod's plan is all direct, so its table
 		// has no redirect at all) with the watcher in the daemon, not in this process.
-		{"kernel-decided by kl-relayd (watcher in the daemon)", func() error { stopKernel(); return b.startRelay("") }},
+		{"kernel-decided by kl-relayd (watcher in the daemon)", func() error { stopKernel(); return b.startRelay("") }, true},
 		{"relayed (kl-relayd, noFastPath, direct exit)", func() error {
 			stopKernel()
 			return b.startRelayBin(b.bin, "", "noFastPath: true\n")
-		}},
+		}, false},
 	}
 	type result struct {
 		gbps, cps float64
@@ -132,9 +133,10 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 		p50, p99  []time.Duration
 	}, len(variants))
 	// Round robin: each run measures every variant once, so a change in the machine's
-	// load affects them alike; medians of the runs.
-	for range fastpathRuns {
-		for i, v := range variants {
+	// load affects them alike, and starts one variant further along (rotated), so each
+	// variant is measured once in every position; medians of the runs.
+	for round := range fastpathRuns {
+		for i, v := range rotated(variants, round, fastpathRuns) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -156,6 +158,9 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 				r.err = err
 				continue
 			}
+			if r.err = b.fresh(); r.err != nil {
+				continue
+			}
 			c, p50, p99, err := b.connLoop(ctx)
 			if err != nil {
 				r.err = err
@@ -163,10 +168,24 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 			}
 			sm := &samples[i]
 			sm.gbps, sm.cps, sm.p50, sm.p99 = append(sm.gbps, g), append(sm.cps, c), append(sm.p50, p50), append(sm.p99, p99)
-			if mgr != nil {
+			switch {
+			case mgr != nil:
 				time.Sleep(200 * time.Millisecond)
 				r.records += mgr.Status()[0].Flows
 				r.late += mgr.Status()[0].Late
+			case v.daemon:
+				// A new daemon every round: its counts are this round's.
+				time.Sleep(200 * time.Millisecond)
+				var st api.Status
+				if r.err = api.NewClient(b.socket, 2*time.Second).Call(ctx, "GET", "/v1/status", nil, &st); r.err != nil {
+					continue
+				}
+				if len(st.Kernel) != 1 {
+					r.err = fmt.Errorf("kl-relayd status: %d kernel workloads, want 1", len(st.Kernel))
+					continue
+				}
+				r.records += st.Kernel[0].Flows
+				r.late += st.Kernel[0].Late
 			}
 		}
 	}

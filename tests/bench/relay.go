@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"net"
 	"net/netip"
 	"os"
@@ -32,14 +33,14 @@ func init() {
 		Doc: "Data path on one netns topology (a pod netns 192.0.2.2 and a server netns 192.0.2.1 " +
 			"joined by a veth), side by side in one run: iperf3 (3 s, one stream), a Go stream (3 s, " +
 			"one connection writing 256 KiB blocks to a counting sink) and a short-connection loop " +
-			"(4 workers for 2 s: connect, 1 byte, echo, close), medians of 3 rounds; every round " +
-			"visits every variant in turn, so a load change on the shared machine hits them alike. " +
+			"(4 workers for 2 s: connect, 1 byte, echo, close; each loop starts with no TIME_WAIT socket left by an earlier one), medians of 3 rounds; every round " +
+			"visits every variant in turn, starting further along than the last (by 1/rounds of the list), so a load change on the shared machine hits them alike. " +
 			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
 			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
-			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante) and to a CONNECT (squid) " +
-			"upstream; and redsocks (Debian 0.5, splice on, its fastest setting) to the same upstreams. " +
+			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid) " +
+			"upstream; and redsocks (Debian 0.5) to the same upstreams, with splice on (its fastest setting: `vs redsocks`) and as configured by default (copies through libevent buffers, the setting the issue measured: `vs redsocks default`). " +
 			"`vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
@@ -159,7 +160,8 @@ type relayVariant struct {
 	idle  func() int      // the relaying process to weigh with idle connections (nil: none)
 	proc  func() int      // the relaying process whose CPU time the connection loop costs (nil: none)
 	alone string          // the row of this variant's upstream alone: its ceiling
-	red   string          // the redsocks row to compare with
+	red   string          // the redsocks row to compare with (splice on, its fastest)
+	redCp string          // the redsocks row in its default setting (buffer copies)
 }
 
 type relayResult struct {
@@ -198,15 +200,23 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		{name: "kl transparent, direct, relayed (noFastPath)", prep: func() error { return b.startRelayBin(b.bin, "", "noFastPath: true\n") },
 			iperf: true, idle: relayPid, proc: relayPid},
 		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
-		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante) }, iperf: true,
+		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante, true) }, iperf: true,
 			idle: func() int { return b.redsocksPid }, proc: redsocksPid, alone: "dante alone (no relay)"},
+		{name: "redsocks default (no splice) → dante", prep: func() error { return b.redsocks("socks5", benchDante, false) }, iperf: true,
+			proc: redsocksPid, alone: "dante alone (no relay)"},
 		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true, proc: relayPid,
-			alone: "dante alone (no relay)", red: "redsocks → dante"},
+			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
+		// The same with `pipeline: true` (the line continues the settings' proxy block):
+		// greeting and CONNECT in one write, a round trip less per connection.
+		{name: "kl → dante (socks5, pipelined)", prep: func() error { return b.startRelayBin(b.bin, danteURL, "  pipeline: true\n") }, iperf: true, proc: relayPid,
+			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
 		{name: "squid alone (no relay)", prep: b.clear, via: squidAlone},
-		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid) }, iperf: true, proc: redsocksPid,
+		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, true) }, iperf: true, proc: redsocksPid,
 			alone: "squid alone (no relay)"},
+		{name: "redsocks default (no splice) → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, false) }, iperf: true,
+			proc: redsocksPid, alone: "squid alone (no relay)"},
 		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true, proc: relayPid,
-			alone: "squid alone (no relay)", red: "redsocks → squid"},
+			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"},
 	}
 	if base := os.Getenv("KL_BENCH_BASE_BIN"); base != "" {
 		if !fileExists(base) {
@@ -216,12 +226,12 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		// effect side by side.
 		at := slices.IndexFunc(variants, func(v relayVariant) bool { return v.name == "kl → dante (socks5)" }) + 1
 		variants = slices.Insert(variants, at, relayVariant{name: "kl@base → dante (socks5)",
-			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, proc: relayPid, alone: "dante alone (no relay)", red: "redsocks → dante"})
+			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, proc: relayPid, alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"})
 		at = slices.IndexFunc(variants, func(v relayVariant) bool { return v.name == "kl transparent, direct, relayed (noFastPath)" }) + 1
 		variants = slices.Insert(variants, at, relayVariant{name: "kl@base transparent, direct, relayed (noFastPath)",
 			prep: func() error { return b.startRelayBin(base, "", "noFastPath: true\n") }, iperf: true, idle: relayPid, proc: relayPid})
 		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
-			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid"})
+			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"})
 	}
 	if only := os.Getenv("KL_BENCH_RELAY_ONLY"); only != "" {
 		// A focused run: the variants whose names contain one of these words, and direct.
@@ -249,8 +259,8 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		runs = n
 	}
-	for range runs {
-		for i, v := range variants {
+	for round := range runs {
+		for i, v := range rotated(variants, round, runs) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -272,6 +282,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			sg, err := b.stream(ctx, v.via)
 			if err != nil {
 				r.err = err
+				continue
+			}
+			if r.err = b.fresh(); r.err != nil {
 				continue
 			}
 			var cpu0 time.Duration
@@ -357,12 +370,31 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		if rs, ok := figs[v.red]; ok {
 			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
 		}
+		if rs, ok := figs[v.redCp]; ok {
+			cols = append(cols, Col{"vs redsocks default", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
+		}
 		if r.idleKiB != 0 {
 			cols = append(cols, Col{"idle KiB/conn", fmt.Sprintf("%.1f", r.idleKiB)})
 		}
 		rows = append(rows, Row{Name: v.name, Cols: cols})
 	}
 	return rows, nil
+}
+
+// rotated yields the variants of one round with their indexes, starting at a different
+// one each round (round r of n starts 1/n of the way further along), so no variant is
+// always measured first, or always right after the same other one: on this machine the
+// order alone moves a connection rate by 10% or more.
+func rotated[V any](variants []V, round, rounds int) iter.Seq2[int, V] {
+	return func(yield func(int, V) bool) {
+		start := round * len(variants) / max(rounds, 1)
+		for k := range variants {
+			i := (start + k) % len(variants)
+			if !yield(i, variants[i]) {
+				return
+			}
+		}
+	}
 }
 
 func firstLine(err error) string {
@@ -549,15 +581,17 @@ http_access deny all
 }
 
 // redsocks puts redsocks in front of the pod's traffic to the server (nftables redirect
-// of the iperf3 and echo ports), towards the given upstream.
-func (b *relayBench) redsocks(typ string, port int) error {
+// of the iperf3 and echo ports), towards the given upstream. splice turns on its splice
+// path; off, it is redsocks as configured by default, copying through libevent buffers (what
+// the relay issue measured at 0.07x direct).
+func (b *relayBench) redsocks(typ string, port int, splice bool) error {
 	b.stopRelay()
 	_ = netns.Remove(b.podPath)
 	_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
-	conf := filepath.Join(b.dir, "redsocks-"+typ+".conf")
+	conf := filepath.Join(b.dir, fmt.Sprintf("redsocks-%s-%t.conf", typ, splice))
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`base { log_debug = off; log_info = off; log = stderr; daemon = off; redirector = iptables; }
-redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s; splice = true; }
-`, benchRedsocks, benchSrvAddr, port, typ)), 0o644); err != nil {
+redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s; splice = %t; }
+`, benchRedsocks, benchSrvAddr, port, typ, splice)), 0o644); err != nil {
 		return err
 	}
 	if b.stopRedsocks != nil {
@@ -587,6 +621,19 @@ redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s;
 		return err
 	}
 	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", benchRedsocks), 10*time.Second)
+}
+
+// fresh ends the TIME_WAIT sockets the connection loops before left in the pod and the
+// server netns (ss -K), so every loop starts from the same state. tcp_tw_reuse alone is
+// not enough: connect's port search still walks the earlier loops' entries (60 s each),
+// and whichever variant runs later in a round looks slower for it.
+func (b *relayBench) fresh() error {
+	for _, ns := range []string{b.pod, b.srv} {
+		if err := sh("ip", "netns", "exec", ns, "ss", "-K", "-t", "state", "time-wait"); err != nil {
+			return fmt.Errorf("end TIME_WAIT sockets in %s: %w", ns, err)
+		}
+	}
+	return nil
 }
 
 // clear stops whatever relays the pod's traffic: its flows go straight to the server.

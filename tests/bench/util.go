@@ -134,10 +134,14 @@ func fmtNs(ns float64) string {
 	}
 }
 
-// ratio formats a/b as "12.3x" ("-" when b is zero).
+// ratio formats a/b as "0.97x" below 10, "12.3x" from there ("-" when b is zero): the
+// targets it is read against (0.97x, 0.45x) need the second digit.
 func ratio(a, b float64) string {
 	if b == 0 {
 		return "-"
+	}
+	if r := a / b; r < 10 {
+		return fmt.Sprintf("%.2fx", r)
 	}
 	return fmt.Sprintf("%.1fx", a/b)
 }
