@@ -134,10 +134,6 @@ func TestEventFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	recv := func(buf []byte) (int, error) {
-		n, _, err := unix.Recvfrom(fd, buf, unix.MSG_DONTWAIT)
-		return n, err
-	}
 	for _, port := range []string{"7001", "7002", "7003"} {
 		ln, err := netns.Listen(ns.Path, "tcp4", "127.0.0.1:"+port)
 		if err != nil {
@@ -157,10 +153,11 @@ func TestEventFilter(t *testing.T) {
 			s.Close()
 		}
 	}
+	// The events are queued before the first read: one recvmmsg returns them together.
 	marks := map[uint32]int{}
-	buf := make([]byte, 64<<10)
+	rb, biggest := newRecvBuf(), 0
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
-		n, err := recv(buf)
+		n, err := rb.recv(fd)
 		if err == unix.EAGAIN {
 			time.Sleep(20 * time.Millisecond)
 			continue
@@ -168,16 +165,25 @@ func TestEventFilter(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b := buf[:n]
-		for len(b) >= unix.SizeofNlMsghdr {
-			l := int(binary.NativeEndian.Uint32(b[0:4]))
-			if l < unix.SizeofNlMsghdr+nfgenHdrLen || l > len(b) {
-				t.Fatalf("bad message length %d of %d", l, len(b))
+		biggest = max(biggest, n)
+		for i := range n {
+			b, truncated := rb.msg(i)
+			if truncated {
+				t.Fatalf("event of %d bytes cut to its %d-byte slot", len(b), recvSlot)
 			}
-			mark, _, _ := parseCT(b[unix.SizeofNlMsghdr+nfgenHdrLen : l])
-			marks[mark]++
-			b = b[min(nlAlign(l), len(b)):]
+			for len(b) >= unix.SizeofNlMsghdr {
+				l := int(binary.NativeEndian.Uint32(b[0:4]))
+				if l < unix.SizeofNlMsghdr+nfgenHdrLen || l > len(b) {
+					t.Fatalf("bad message length %d of %d", l, len(b))
+				}
+				mark, _, _ := parseCT(b[unix.SizeofNlMsghdr+nfgenHdrLen : l])
+				marks[mark]++
+				b = b[min(nlAlign(l), len(b)):]
+			}
 		}
+	}
+	if biggest < 3 {
+		t.Errorf("the largest batch one recvmmsg returned held %d events, want the 3 queued ones together", biggest)
 	}
 	// Three connections to 7001 (NEW events; no table here limits them to NEW, so a
 	// DESTROY may follow for a connection whose state ended), none of the others.
