@@ -159,6 +159,14 @@ func (c Capture) build(ext extension) *Table {
 
 	if c.RejectQUIC || !c.IPv6 {
 		filter := Chain{Name: FilterChain, Type: ChainFilter, Priority: FilterPriority}
+		// This chain sees every packet the pod sends, and its blocks below can match no
+		// IPv4 TCP packet (no TCP at all when IPv6 is relayed too): those return at the
+		// first rule instead of walking every exemption, with the same outcome.
+		if c.IPv6 {
+			filter.Rules = append(filter.Rules, Rule{Match: []Match{MatchL4Proto{ProtoTCP}}, Action: Return})
+		} else {
+			filter.Rules = append(filter.Rules, Rule{Match: []Match{MatchNFProto{4}, MatchL4Proto{ProtoTCP}}, Action: Return})
+		}
 		filter.Rules = append(filter.Rules, exempt...)
 		if c.RejectQUIC {
 			filter.Rules = append(filter.Rules, Rule{

@@ -103,12 +103,21 @@ func TestProgramShape(t *testing.T) {
 			if got, want := len(p.Chains) == 2, tc.c.RejectQUIC || !tc.c.IPv6; got != want {
 				t.Errorf("filter chain present = %v, want %v", got, want)
 			}
-			// What is not captured is exactly what is not rejected.
+			// What is not captured is exactly what is not rejected: after a first rule that
+			// returns the TCP packets no block can match (all TCP when IPv6 is captured, IPv4
+			// TCP when it is not), the filter chain has the nat chain's exemptions.
 			if len(p.Chains) == 2 {
 				filter := p.Chains[1]
+				fast := "meta l4proto tcp return"
+				if !tc.c.IPv6 {
+					fast = "meta nfproto ipv4 meta l4proto tcp return"
+				}
+				if filter.Rules[0].String() != fast {
+					t.Errorf("first filter rule %s, want %s", filter.Rules[0], fast)
+				}
 				n := len(nat.Rules) - 1
-				if len(filter.Rules) < n || !slices.EqualFunc(nat.Rules[:n], filter.Rules[:n], func(a, b Rule) bool { return a.String() == b.String() }) {
-					t.Errorf("filter chain does not start with the nat chain's exemptions:\n%s", text)
+				if len(filter.Rules) < n+1 || !slices.EqualFunc(nat.Rules[:n], filter.Rules[1:n+1], func(a, b Rule) bool { return a.String() == b.String() }) {
+					t.Errorf("filter chain does not go on with the nat chain's exemptions:\n%s", text)
 				}
 			}
 			if !strings.HasPrefix(nat.Rules[0].String(), "meta mark ") {
