@@ -607,7 +607,7 @@ func TestReloadWhileFlowsRun(t *testing.T) {
 			continue
 		}
 		if gm[key(w)] == 0 {
-			t.Fatalf("no record for a kernel flow decided %s", key(w))
+			t.Fatalf("no record for a kernel flow decided %s; records %v, flows %v", key(w), multiset(got), multiset(want))
 		}
 		gm[key(w)]--
 	}
@@ -619,7 +619,7 @@ func TestReloadWhileFlowsRun(t *testing.T) {
 		case gm[y] > 0:
 			gm[y]--
 		default:
-			t.Fatalf("no record for a kernel flow decided %s or %s", x, y)
+			t.Fatalf("no record for a kernel flow decided %s or %s; records %v, flows %v", x, y, multiset(got), multiset(want))
 		}
 	}
 	t.Logf("%d flows during 5 reloads, %d kernel-decided, %d failed", flows, len(want), badFlow.Load())
