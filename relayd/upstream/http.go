@@ -18,7 +18,15 @@ const (
 	readBufSize    = 4096
 )
 
-type httpDialer struct{ common }
+type httpDialer struct {
+	common
+	auth string // the Proxy-Authorization header line, built once ("" without credentials)
+}
+
+// proxyAuthorization is the Basic Proxy-Authorization header line for user and pass.
+func proxyAuthorization(user, pass string) string {
+	return "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass)) + "\r\n"
+}
 
 // readers are the buffered readers of CONNECT answers, reused across dials: an answer
 // is read and its leftover copied out before the reader goes back.
@@ -43,17 +51,13 @@ func (d *httpDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
 func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (net.Conn, error) {
 	hp := t.String()
 	var b bytes.Buffer
-	b.Grow(128 + len(hp)*2)
+	b.Grow(64 + len(hp)*2 + len(d.auth))
 	b.WriteString("CONNECT ")
 	b.WriteString(hp)
 	b.WriteString(" HTTP/1.1\r\nHost: ")
 	b.WriteString(hp)
 	b.WriteString("\r\n")
-	if d.hasUser {
-		b.WriteString("Proxy-Authorization: Basic ")
-		b.WriteString(base64.StdEncoding.EncodeToString([]byte(d.user + ":" + d.pass)))
-		b.WriteString("\r\n")
-	}
+	b.WriteString(d.auth)
 	b.WriteString("\r\n")
 	if _, err := conn.Write(b.Bytes()); err != nil {
 		return nil, d.handshakeErr(ctx, "send CONNECT", err)

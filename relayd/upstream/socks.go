@@ -66,7 +66,8 @@ func (e *ReplyError) Unwrap() error { return ErrRefused }
 
 type socksDialer struct {
 	common
-	pipeline bool // send greeting, credentials and request at once (Pipeline)
+	pipeline bool   // send greeting, credentials and request at once (Pipeline)
+	auth     []byte // the username/password request, built once (nil without credentials)
 }
 
 func (d *socksDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
@@ -114,63 +115,54 @@ func connectRequest(t Target) ([]byte, error) {
 	return append(req, byte(p>>8), byte(p)), nil
 }
 
+// handshake negotiates the method, authenticates if the server asks to, and sends the
+// CONNECT request, waiting for each answer before the next message (RFC 1928).
+//
+// Pipelined, it sends the greeting, the credentials and the request in one write, then
+// reads the three answers: one round trip instead of two or three. The greeting then
+// offers only the method whose sub-negotiation follows it (username/password when
+// credentials are configured), so the server cannot pick another. Servers that read
+// ahead (Dante) answer the same; servers that do not (microsocks) lose the request and
+// the dial times out, which is why it is opt-in.
 func (d *socksDialer) handshake(ctx context.Context, conn net.Conn, req []byte) error {
-	if d.pipeline {
-		return d.pipelined(ctx, conn, req)
+	var first []byte
+	stage := "send SOCKS5 greeting"
+	switch {
+	case d.pipeline && d.hasUser:
+		first = append(append([]byte{socksVersion, 1, authUserPass}, d.auth...), req...)
+		stage = "send SOCKS5 greeting and CONNECT"
+	case d.pipeline:
+		first = append([]byte{socksVersion, 1, authNone}, req...)
+		stage = "send SOCKS5 greeting and CONNECT"
+	case d.hasUser:
+		first = []byte{socksVersion, 2, authNone, authUserPass}
+	default:
+		first = []byte{socksVersion, 1, authNone}
 	}
-	greet := []byte{socksVersion, 1, authNone}
-	if d.hasUser {
-		greet = []byte{socksVersion, 2, authNone, authUserPass}
-	}
-	if _, err := conn.Write(greet); err != nil {
-		return d.handshakeErr(ctx, "send SOCKS5 greeting", err)
-	}
-	method, err := d.readMethod(ctx, conn)
-	if err != nil {
-		return err
-	}
-	if method == authUserPass {
-		if _, err := conn.Write(d.credentials()); err != nil {
-			return d.handshakeErr(ctx, "send SOCKS5 credentials", err)
-		}
-		if err := d.readAuthReply(ctx, conn); err != nil {
-			return err
-		}
-	}
-	if _, err := conn.Write(req); err != nil {
-		return d.handshakeErr(ctx, "send SOCKS5 CONNECT", err)
-	}
-	return d.readReply(ctx, conn)
-}
-
-// pipelined sends the greeting, the credentials (if any) and the CONNECT request in one
-// write, then reads the answers to all three: one round trip instead of two or three.
-// With credentials it offers username/password alone, so the server cannot pick a method
-// whose sub-negotiation the pipelined bytes do not follow. RFC 1928 has the client wait
-// for the method choice; servers that read ahead (Dante) answer the same, servers that do
-// not (microsocks) lose the request and the dial times out, which is why it is opt-in.
-func (d *socksDialer) pipelined(ctx context.Context, conn net.Conn, req []byte) error {
-	msg := make([]byte, 0, 3+3+len(d.user)+len(d.pass)+len(req))
-	if d.hasUser {
-		msg = append(msg, socksVersion, 1, authUserPass)
-		msg = append(msg, d.credentials()...)
-	} else {
-		msg = append(msg, socksVersion, 1, authNone)
-	}
-	msg = append(msg, req...)
-	if _, err := conn.Write(msg); err != nil {
-		return d.handshakeErr(ctx, "send SOCKS5 greeting and CONNECT", err)
+	if _, err := conn.Write(first); err != nil {
+		return d.handshakeErr(ctx, stage, err)
 	}
 	method, err := d.readMethod(ctx, conn)
 	if err != nil {
 		return err
 	}
-	if method == authUserPass {
+	switch {
+	case method == authUserPass:
+		if !d.pipeline {
+			if _, err := conn.Write(d.auth); err != nil {
+				return d.handshakeErr(ctx, "send SOCKS5 credentials", err)
+			}
+		}
 		if err := d.readAuthReply(ctx, conn); err != nil {
 			return err
 		}
-	} else if d.hasUser {
+	case d.pipeline && d.hasUser:
 		return d.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, method)
+	}
+	if !d.pipeline {
+		if _, err := conn.Write(req); err != nil {
+			return d.handshakeErr(ctx, "send SOCKS5 CONNECT", err)
+		}
 	}
 	return d.readReply(ctx, conn)
 }
@@ -235,13 +227,13 @@ func (d *socksDialer) readReply(ctx context.Context, conn net.Conn) error {
 	return nil
 }
 
-// credentials is the RFC 1929 username/password request.
-func (d *socksDialer) credentials() []byte {
-	msg := make([]byte, 0, 3+len(d.user)+len(d.pass))
-	msg = append(msg, userPassVersion, byte(len(d.user)))
-	msg = append(msg, d.user...)
-	msg = append(msg, byte(len(d.pass)))
-	return append(msg, d.pass...)
+// userPassRequest is the RFC 1929 username/password request.
+func userPassRequest(user, pass string) []byte {
+	msg := make([]byte, 0, 3+len(user)+len(pass))
+	msg = append(msg, userPassVersion, byte(len(user)))
+	msg = append(msg, user...)
+	msg = append(msg, byte(len(pass)))
+	return append(msg, pass...)
 }
 
 // readAuthReply reads the RFC 1929 status.

@@ -151,7 +151,11 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 		if o.pipeline {
 			return nil, fmt.Errorf("upstream %q: pipelining is for socks5 upstreams (an http CONNECT is already one round trip)", c.name)
 		}
-		return &httpDialer{common: c}, nil
+		d := &httpDialer{common: c}
+		if c.hasUser {
+			d.auth = proxyAuthorization(c.user, c.pass)
+		}
+		return d, nil
 	case "socks5":
 		if len(c.user) > 255 || len(c.pass) > 255 {
 			return nil, fmt.Errorf("upstream %q: socks5 username and password are limited to 255 bytes", c.name)
@@ -159,7 +163,11 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 		if c.hasUser && c.user == "" {
 			return nil, fmt.Errorf("upstream %q: empty socks5 username", c.name)
 		}
-		return &socksDialer{common: c, pipeline: o.pipeline}, nil
+		d := &socksDialer{common: c, pipeline: o.pipeline}
+		if c.hasUser {
+			d.auth = userPassRequest(c.user, c.pass)
+		}
+		return d, nil
 	case "":
 		return nil, fmt.Errorf("upstream %q: missing scheme (want http:// or socks5://)", redact(rawURL))
 	default:
