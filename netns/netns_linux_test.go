@@ -225,15 +225,8 @@ func TestDialSetsMark(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rc, err := c.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mark int
-	var gerr error
-	rc.Control(func(fd uintptr) { mark, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK) })
-	if gerr != nil || mark != 0x4242 {
-		t.Errorf("SO_MARK = %#x, %v; want 0x4242", mark, gerr)
+	if mark := sockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK); mark != 0x4242 {
+		t.Errorf("SO_MARK = %#x; want 0x4242", mark)
 	}
 }
 
@@ -948,16 +941,7 @@ func TestHandle(t *testing.T) {
 	}
 	defer ln.Close()
 	// Plain TCP, not an MPTCP listener (Go's default).
-	lrc, err := ln.(*net.TCPListener).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var proto int
-	var perr error
-	if err := lrc.Control(func(fd uintptr) { proto, perr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL) }); err != nil || perr != nil {
-		t.Fatal(err, perr)
-	}
-	if proto != unix.IPPROTO_TCP {
+	if proto := sockopt(t, ln.(*net.TCPListener), unix.SOL_SOCKET, unix.SO_PROTOCOL); proto != unix.IPPROTO_TCP {
 		t.Errorf("listener protocol %d, want IPPROTO_TCP (%d)", proto, unix.IPPROTO_TCP)
 	}
 	accepted := make(chan *net.TCPConn, 64)
@@ -1090,4 +1074,22 @@ func TestHandle(t *testing.T) {
 		t.Error(err)
 	}
 	cur.Close()
+}
+
+// sockopt reads an integer socket option of c.
+func sockopt(t *testing.T, c syscall.Conn, level, opt int) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return v
 }

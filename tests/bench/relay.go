@@ -25,6 +25,7 @@ import (
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/upstream"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 func init() {
@@ -475,18 +476,7 @@ func (b *relayBench) setup() error {
 		return fmt.Errorf("echo server: %w", err)
 	}
 	b.onCleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				_, _ = io.Copy(c, c)
-			}()
-		}
-	}()
+	testutil.Accept(ln, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	// The sink counts what arrives for benchStream from the first byte on, then answers
 	// the count and the time it took (8 bytes each, big endian) and closes: the figure
 	// is what arrived, and no half-close is needed (squid ends a CONNECT tunnel at the
@@ -496,36 +486,27 @@ func (b *relayBench) setup() error {
 		return fmt.Errorf("sink server: %w", err)
 	}
 	b.onCleanup(func() { _ = sink.Close() })
-	go func() {
-		for {
-			c, err := sink.Accept()
+	testutil.Accept(sink, func(c net.Conn) {
+		buf := make([]byte, benchBlock)
+		var n uint64
+		var start time.Time
+		_ = c.SetReadDeadline(time.Now().Add(benchStream + 10*time.Second))
+		for start.IsZero() || time.Since(start) < benchStream {
+			k, err := c.Read(buf)
+			if n == 0 && k > 0 {
+				start = time.Now()
+			}
+			n += uint64(k)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer func() { _ = c.Close() }()
-				buf := make([]byte, benchBlock)
-				var n uint64
-				var start time.Time
-				_ = c.SetReadDeadline(time.Now().Add(benchStream + 10*time.Second))
-				for start.IsZero() || time.Since(start) < benchStream {
-					k, err := c.Read(buf)
-					if n == 0 && k > 0 {
-						start = time.Now()
-					}
-					n += uint64(k)
-					if err != nil {
-						return
-					}
-				}
-				took := time.Since(start)
-				_, _ = c.Write(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, n), uint64(took)))
-				// Drain until the sender closes: closing with unread bytes would reset the
-				// connection, and a reset can overtake the answer.
-				_, _ = io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, buf)
-			}()
 		}
-	}()
+		took := time.Since(start)
+		_, _ = c.Write(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, n), uint64(took)))
+		// Drain until the sender closes: closing with unread bytes would reset the
+		// connection, and a reset can overtake the answer.
+		_, _ = io.CopyBuffer(io.Discard, struct{ io.Reader }{c}, buf)
+	})
 	if _, _, err := b.start(b.srv, "iperf3", "-s", "-B", benchSrvAddr, "-p", strconv.Itoa(benchIperf)); err != nil {
 		return err
 	}

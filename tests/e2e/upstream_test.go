@@ -53,24 +53,15 @@ func (n *node) servers(ports ...int) *peers {
 	for _, port := range ports {
 		ln, err := netns.Listen(n.host.Path, "tcp", fmt.Sprintf(":%d", port))
 		must(t, err)
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-				p.mu.Lock()
-				p.seen[port] = append(p.seen[port], ra.Addr().Unmap())
-				p.mu.Unlock()
-				go func() {
-					defer c.Close()
-					fmt.Fprintf(c, "%s\n", netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()))
-					io.Copy(c, c)
-				}()
-			}
-		}()
+		testutil.Serve(t, ln, func(c net.Conn) {
+			// Recorded before the greeting, so a client that has read it is in seen.
+			ra := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+			p.mu.Lock()
+			p.seen[port] = append(p.seen[port], ra.Addr().Unmap())
+			p.mu.Unlock()
+			fmt.Fprintf(c, "%s\n", netip.AddrPortFrom(ra.Addr().Unmap(), ra.Port()))
+			io.Copy(c, c)
+		})
 	}
 	return p
 }

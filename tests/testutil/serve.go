@@ -9,6 +9,12 @@ import (
 // each on a goroutine of its own; the connection is closed when handle returns.
 func Serve(tb testing.TB, ln net.Listener, handle func(net.Conn)) {
 	tb.Cleanup(func() { ln.Close() })
+	Accept(ln, handle)
+}
+
+// Accept is Serve for a caller that closes ln itself (the bench): it returns at once and
+// serves until ln is closed.
+func Accept(ln net.Listener, handle func(net.Conn)) {
 	go func() {
 		for {
 			c, err := ln.Accept()
