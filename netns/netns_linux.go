@@ -249,11 +249,12 @@ func (h *Handle) dialAddr(ctx context.Context, mark uint32, ap netip.AddrPort) (
 		}
 		in = true
 	}
-	var c net.Conn
-	tc, err := d.DialTCP(ctx, network, netip.AddrPort{}, ap)
-	if err == nil {
-		c = tc
-	}
+	// DialContext, not DialTCP: DialTCP takes the local address as a value and binds
+	// even the zero one, so every dial would bind(2) port 0 before connect. Such a port
+	// is the socket's alone, where connect's own choice may be shared with connections
+	// to other destinations: bound, the pod could hold no more outgoing connections than
+	// its ephemeral range has ports, and each bind searches the range past TIME_WAIT ones.
+	c, err := d.DialContext(ctx, network, ap.String())
 	if in {
 		leave() // no socket was made (Control never ran)
 	}

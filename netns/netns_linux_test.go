@@ -230,6 +230,35 @@ func TestDialSetsMark(t *testing.T) {
 	}
 }
 
+// TestDialSharesEphemeralPorts: a dial leaves the choice of its local port to connect,
+// which may give one port to connections to different destinations; a socket bound to
+// port 0 first would hold its port alone. With one port in the netns's ephemeral range,
+// two dials to two destinations both succeed from that port.
+func TestDialSharesEphemeralPorts(t *testing.T) {
+	ns := testutil.NewNetns(t, "klport")
+	ns.Exec(t, "sysctl", "-qw", "net.ipv4.ip_local_port_range=40000 40000")
+	h, err := Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, port := range []uint16{7001, 7002} {
+		ln, err := Listen(ns.Path, "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		echo(t, ln, "ok")
+		c, err := h.DialAddrPort(context.Background(), 0x4242, netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port))
+		if err != nil {
+			t.Fatalf("dial port %d with one ephemeral port in the range: %v", port, err)
+		}
+		defer c.Close()
+		if got := c.LocalAddr().(*net.TCPAddr).Port; got != 40000 {
+			t.Errorf("dial to port %d left from port %d, want 40000 (the range's only port)", port, got)
+		}
+	}
+}
+
 // topology is a pod netns linked to a server netns, with the capture program installed
 // in the pod and plain TCP servers (tag "server") on the server side.
 type topology struct {
