@@ -115,13 +115,24 @@ func TestProgramShape(t *testing.T) {
 				if filter.Rules[0].String() != fast {
 					t.Errorf("first filter rule %s, want %s", filter.Rules[0], fast)
 				}
-				n := len(nat.Rules) - 1
-				if len(filter.Rules) < n+1 || !slices.EqualFunc(nat.Rules[:n], filter.Rules[1:n+1], func(a, b Rule) bool { return a.String() == b.String() }) {
+				exempt := slices.DeleteFunc(slices.Clone(nat.Rules[:len(nat.Rules)-1]), func(r Rule) bool { return r.String() == liveRule.String() })
+				n := len(exempt)
+				if len(filter.Rules) < n+1 || !slices.EqualFunc(exempt, filter.Rules[1:n+1], func(a, b Rule) bool { return a.String() == b.String() }) {
 					t.Errorf("filter chain does not go on with the nat chain's exemptions:\n%s", text)
 				}
 			}
 			if !strings.HasPrefix(nat.Rules[0].String(), "meta mark ") {
 				t.Errorf("first rule %s, want the relay mark exemption first", nat.Rules[0])
+			}
+			// The live check comes before the first rule that looks up a set, and its set
+			// is written last (see liveRule).
+			live := slices.IndexFunc(nat.Rules, func(r Rule) bool { return r.String() == liveRule.String() })
+			firstSet := slices.IndexFunc(nat.Rules, func(r Rule) bool { return strings.Contains(r.String(), "@") && r.String() != liveRule.String() })
+			if live < 0 || (firstSet >= 0 && firstSet < live) {
+				t.Errorf("live check at nat rule %d, first set lookup at %d:\n%s", live, firstSet, text)
+			}
+			if last := p.Sets[len(p.Sets)-1]; last.Name != LiveSet || len(last.PortRanges) != 1 || last.PortRanges[0] != (PortRange{0, 65535}) {
+				t.Errorf("last set %+v, want %s with every port", last, LiveSet)
 			}
 		})
 	}
@@ -227,8 +238,11 @@ func TestFakeInstallVerifyRemove(t *testing.T) {
 		{"redirect port", func(t *Table) {
 			r := &t.Chains[0].Rules[len(t.Chains[0].Rules)-1]
 			r.Action = Redirect{9999}
-		}, "chain nat_output has unexpected rule 10: meta l4proto tcp redirect to :9999\n" +
-			"chain nat_output is missing rule 10: meta l4proto tcp redirect to :15001"},
+		}, "chain nat_output has unexpected rule 11: meta l4proto tcp redirect to :9999\n" +
+			"chain nat_output is missing rule 11: meta l4proto tcp redirect to :15001"},
+		{"live check deleted", func(t *Table) {
+			t.Chains[0].Rules = slices.DeleteFunc(t.Chains[0].Rules, func(r Rule) bool { return r.String() == liveRule.String() })
+		}, "chain nat_output is missing rule 7: tcp dport != @live drop"},
 		{"chain deleted", func(t *Table) { t.Chains = t.Chains[:1] }, "chain filter_output is missing"},
 		{"chain moved", func(t *Table) { t.Chains[0].Priority = 0 }, "chain nat_output is type nat priority 0, want type nat priority -100"},
 		{"element deleted", func(t *Table) { t.Sets[2].Ports = t.Sets[2].Ports[1:] }, "set exclude_ports is missing element 22"},
@@ -289,8 +303,11 @@ func TestExtensionPlacement(t *testing.T) {
 	accept := Set{Name: "direct_v4", Type: SetIPv4, Addrs: mergeRanges(prefixes("203.0.113.0/24"))}
 	decision := Rule{Match: []Match{MatchDaddrSet{4, "direct_v4"}}, Action: Accept}
 	p := c.build(extension{sets: []Set{accept}, decisions: []Rule{decision}})
-	if got := p.Sets[len(p.Sets)-1].Name; got != "direct_v4" {
-		t.Errorf("last set = %s, want the extension's", got)
+	if got := p.Sets[len(p.Sets)-2].Name; got != "direct_v4" {
+		t.Errorf("last set but one = %s, want the extension's", got)
+	}
+	if got := p.Sets[len(p.Sets)-1].Name; got != LiveSet {
+		t.Errorf("last set = %s, want %s", got, LiveSet)
 	}
 	nat := p.Chains[0].Rules
 	if got := nat[len(nat)-2].String(); got != "ip daddr @direct_v4 accept" {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -248,6 +249,34 @@ func TestInstalled(t *testing.T) {
 	}
 	if _, err := InstalledWith(f, "/nothing"); err == nil {
 		t.Error("Installed on a netns without a table passed")
+	}
+	// A table written before the live check existed still reads as its capture; one that
+	// lost only the rule (or only the set) does not.
+	c := goldenCaptures[4].c
+	for _, tc := range []struct {
+		name string
+		edit func(*Table)
+		ok   bool
+	}{
+		{"no live set or rule", func(t *Table) { *t = *withoutLive(t) }, true},
+		{"live set without its rule", func(t *Table) {
+			t.Chains[0].Rules = slices.DeleteFunc(t.Chains[0].Rules, func(r Rule) bool { return r.String() == liveRule.String() })
+		}, false},
+		{"live rule without its set", func(t *Table) {
+			t.Sets = slices.DeleteFunc(t.Sets, func(s Set) bool { return s.Name == LiveSet })
+		}, false},
+	} {
+		if err := InstallWith(f, "/ns", c); err != nil {
+			t.Fatal(err)
+		}
+		tc.edit(f.Tables["/ns"])
+		got, err := InstalledWith(f, "/ns")
+		if tc.ok && (err != nil || got.Render() != c.Render()) {
+			t.Errorf("%s: Installed = %v, %v; want the capture", tc.name, got, err)
+		}
+		if !tc.ok && err == nil {
+			t.Errorf("%s: Installed passed", tc.name)
+		}
 	}
 }
 

@@ -41,7 +41,7 @@ func FuzzCapture(f *testing.F) {
 		}
 		p := c.Program()
 		for _, s := range p.Sets {
-			if s.Type == SetPort {
+			if s.Type != SetIPv4 && s.Type != SetIPv6 {
 				continue
 			}
 			var in []netip.Prefix

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // Installed reads the capture program installed in nsPath back as the Capture that
@@ -28,10 +29,28 @@ func InstalledWith(b Backend, nsPath string) (Capture, error) {
 	if err != nil {
 		return Capture{}, fmt.Errorf("nftables table inet %s in %s: %w", TableName, nsPath, err)
 	}
-	if d := Diff(c.Program(), c.withoutDecisions(got)); len(d) > 0 {
+	want := c.Program()
+	if !slices.ContainsFunc(got.Sets, func(s Set) bool { return s.Name == LiveSet }) {
+		want = withoutLive(want) // written before the live check existed: still a capture
+	}
+	if d := Diff(want, c.withoutDecisions(got)); len(d) > 0 {
 		return Capture{}, &VerifyError{NS: nsPath, Diffs: d}
 	}
 	return c, nil
+}
+
+// withoutLive is t without the live set and its rule: the program as kl wrote it before
+// it had them. Reading such a table back still gives its capture, so that an upgraded
+// daemon can add kernel decisions to a pod set up by the previous version (the table it
+// then writes has the live check).
+func withoutLive(t *Table) *Table {
+	out := &Table{Name: t.Name}
+	out.Sets = slices.DeleteFunc(slices.Clone(t.Sets), func(s Set) bool { return s.Name == LiveSet })
+	for _, ch := range t.Chains {
+		ch.Rules = slices.DeleteFunc(slices.Clone(ch.Rules), func(r Rule) bool { return r.String() == liveRule.String() })
+		out.Chains = append(out.Chains, ch)
+	}
+	return out
 }
 
 // captureOf infers the Capture fields from a table; the caller checks that the inferred

@@ -108,6 +108,14 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 			}
 			out = append(out, loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
 				&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID})
+		case MatchDportNotInSet:
+			s, ok := sets[m.Set]
+			if !ok {
+				return nil, fmt.Errorf("set %s is not in the table", m.Set)
+			}
+			out = append(out, loadMeta(expr.MetaKeyL4PROTO), cmpEq([]byte{m.Proto}),
+				loadPayload(expr.PayloadBaseTransportHeader, 2, 2),
+				&expr.Lookup{SourceRegister: reg, SetName: s.Name, SetID: s.ID, Invert: true})
 		default:
 			return nil, fmt.Errorf("match %s has no kernel encoding", m)
 		}
@@ -272,7 +280,12 @@ func parseRule(es []expr.Any) (Rule, bool) {
 				if len(c.Data) != 1 {
 					return r, false
 				}
-				_, lookup := at(3).(*expr.Lookup)
+				l, lookup := at(3).(*expr.Lookup)
+				if p, ok := at(2).(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader && lookup && l.Invert {
+					r.Match = append(r.Match, MatchDportNotInSet{Proto: c.Data[0], Set: l.SetName})
+					i += 4
+					continue
+				}
 				if p, ok := at(2).(*expr.Payload); ok && p.Base == expr.PayloadBaseTransportHeader && !lookup {
 					if rg, ok := at(3).(*expr.Range); ok && len(rg.FromData) == 2 && len(rg.ToData) == 2 {
 						r.Match = append(r.Match, MatchDportRange{Proto: c.Data[0],

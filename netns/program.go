@@ -180,6 +180,13 @@ type MatchDport struct {
 // MatchDportSet matches the transport destination port (th dport) against a port set.
 type MatchDportSet struct{ Set string }
 
+// MatchDportNotInSet matches packets of one transport protocol whose destination port is
+// not in a port set.
+type MatchDportNotInSet struct {
+	Proto uint8
+	Set   string
+}
+
 // MatchDportRange matches the destination port of one transport protocol against an
 // inclusive range.
 type MatchDportRange struct {
@@ -199,14 +206,15 @@ type Counter struct{}
 func (Counter) isMatch()       {}
 func (Counter) String() string { return "counter" }
 
-func (MatchMark) isMatch()     {}
-func (MatchOif) isMatch()      {}
-func (MatchNFProto) isMatch()  {}
-func (MatchL4Proto) isMatch()  {}
-func (MatchDaddr) isMatch()    {}
-func (MatchDaddrSet) isMatch() {}
-func (MatchDport) isMatch()    {}
-func (MatchDportSet) isMatch() {}
+func (MatchMark) isMatch()          {}
+func (MatchOif) isMatch()           {}
+func (MatchNFProto) isMatch()       {}
+func (MatchL4Proto) isMatch()       {}
+func (MatchDaddr) isMatch()         {}
+func (MatchDaddrSet) isMatch()      {}
+func (MatchDport) isMatch()         {}
+func (MatchDportSet) isMatch()      {}
+func (MatchDportNotInSet) isMatch() {}
 
 func (m MatchMark) String() string    { return fmt.Sprintf("meta mark 0x%08x", m.Mark) }
 func (m MatchOif) String() string     { return fmt.Sprintf("oif %q", m.Name) }
@@ -229,6 +237,9 @@ func (m MatchDaddrSet) String() string {
 }
 func (m MatchDport) String() string    { return fmt.Sprintf("%s dport %d", protoName(m.Proto), m.Port) }
 func (m MatchDportSet) String() string { return "th dport @" + m.Set }
+func (m MatchDportNotInSet) String() string {
+	return fmt.Sprintf("%s dport != @%s", protoName(m.Proto), m.Set)
+}
 
 func familyKeyword(v4 bool) string {
 	if v4 {
