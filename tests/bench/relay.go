@@ -37,12 +37,13 @@ func init() {
 			"(4 workers for 2 s: connect, 1 byte, echo, close; each loop starts with no TIME_WAIT socket left by an earlier one), medians of 3 rounds; every round " +
 			"visits every variant in turn, starting further along than the last (by 1/rounds of the list), so a load change on the shared machine hits them alike. " +
 			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
-			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); each upstream " +
+			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); the issue's reference, a bare Go " +
+			"splice relay (accept, original destination, dial, io.Copy both ways: nothing of kl's decision, audit or metrics) behind the same capture table; each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
 			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid) " +
 			"upstream; and redsocks (Debian 0.5) to the same upstreams, with splice on (its fastest setting: `vs redsocks`) and as configured by default (copies through libevent buffers, the setting the issue measured: `vs redsocks default`). " +
-			"`vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
+			"`vs bare relay` is kl-relayd relaying over the bare relay. `vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
 			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
@@ -90,8 +91,8 @@ type relayBench struct {
 	socket       string
 	bin          string
 	podCapture   bool
-	redsocksPid  int
-	stopRedsocks func()
+	otherPid     int    // the relay that is not kl-relayd: redsocks or the bare relay
+	stopOther    func() // stops it and removes what it put in the pod
 }
 
 func (b *relayBench) onCleanup(f func()) { b.cleanups = append(b.cleanups, f) }
@@ -163,6 +164,7 @@ type relayVariant struct {
 	alone string          // the row of this variant's upstream alone: its ceiling
 	red   string          // the redsocks row to compare with (splice on, its fastest)
 	redCp string          // the redsocks row in its default setting (buffer copies)
+	bare  string          // the bare relay's row, the issue's reference for relaying
 }
 
 type relayResult struct {
@@ -192,19 +194,21 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	relayPid := func() int { return b.relay.Process.Pid }
-	redsocksPid := func() int { return b.redsocksPid }
+	otherPid := func() int { return b.otherPid }
 	variants := []relayVariant{
 		{name: "direct", prep: b.clear, iperf: true},
 		// With the kernel fast path (the default) kl-relayd programs the pod's table so the
 		// kernel carries these flows itself; without it the relay carries them.
 		{name: "kl transparent, direct", prep: func() error { return b.startRelayBin(b.bin, "") }, iperf: true, proc: relayPid},
 		{name: "kl transparent, direct, relayed (noFastPath)", prep: func() error { return b.startRelayBin(b.bin, "", "noFastPath: true\n") },
-			iperf: true, idle: relayPid, proc: relayPid},
+			iperf: true, idle: relayPid, proc: relayPid, bare: bareRow},
+		// The issue's reference relay, in the same rounds (tests/bench/bare.go).
+		{name: bareRow, prep: b.startBare, iperf: true, idle: otherPid, proc: otherPid},
 		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
 		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante, true) }, iperf: true,
-			idle: func() int { return b.redsocksPid }, proc: redsocksPid, alone: "dante alone (no relay)"},
+			idle: otherPid, proc: otherPid, alone: "dante alone (no relay)"},
 		{name: "redsocks default (no splice) → dante", prep: func() error { return b.redsocks("socks5", benchDante, false) }, iperf: true,
-			proc: redsocksPid, alone: "dante alone (no relay)"},
+			proc: otherPid, alone: "dante alone (no relay)"},
 		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true, proc: relayPid,
 			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
 		// The same with `pipeline: true` (the line continues the settings' proxy block):
@@ -212,10 +216,10 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		{name: "kl → dante (socks5, pipelined)", prep: func() error { return b.startRelayBin(b.bin, danteURL, "  pipeline: true\n") }, iperf: true, proc: relayPid,
 			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
 		{name: "squid alone (no relay)", prep: b.clear, via: squidAlone},
-		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, true) }, iperf: true, proc: redsocksPid,
+		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, true) }, iperf: true, proc: otherPid,
 			alone: "squid alone (no relay)"},
 		{name: "redsocks default (no splice) → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, false) }, iperf: true,
-			proc: redsocksPid, alone: "squid alone (no relay)"},
+			proc: otherPid, alone: "squid alone (no relay)"},
 		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true, proc: relayPid,
 			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"},
 	}
@@ -230,7 +234,7 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			prep: func() error { return b.startRelayBin(base, danteURL) }, iperf: true, proc: relayPid, alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"})
 		at = slices.IndexFunc(variants, func(v relayVariant) bool { return v.name == "kl transparent, direct, relayed (noFastPath)" }) + 1
 		variants = slices.Insert(variants, at, relayVariant{name: "kl@base transparent, direct, relayed (noFastPath)",
-			prep: func() error { return b.startRelayBin(base, "", "noFastPath: true\n") }, iperf: true, idle: relayPid, proc: relayPid})
+			prep: func() error { return b.startRelayBin(base, "", "noFastPath: true\n") }, iperf: true, idle: relayPid, proc: relayPid, bare: bareRow})
 		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
 			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"})
 	}
@@ -370,6 +374,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		if rs, ok := figs[v.red]; ok {
 			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
+		}
+		if br, ok := figs[v.bare]; ok {
+			cols = append(cols, Col{"vs bare relay", fmt.Sprintf("%s thr, %s conn/s", ratio(f.gbps, br.gbps), ratio(f.cps, br.cps))})
 		}
 		if rs, ok := figs[v.redCp]; ok {
 			cols = append(cols, Col{"vs redsocks default", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
@@ -575,22 +582,9 @@ redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s;
 `, benchRedsocks, benchSrvAddr, port, typ, splice)), 0o644); err != nil {
 		return err
 	}
-	if b.stopRedsocks != nil {
-		b.stopRedsocks()
-		b.stopRedsocks = nil
-	}
-	cmd, _, err := b.start(b.pod, "redsocks", "-c", conf)
-	if err != nil {
+	if err := b.startOther(func() { _ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench") },
+		"redsocks", "-c", conf); err != nil {
 		return err
-	}
-	b.redsocksPid = cmd.Process.Pid // ip netns exec execs redsocks in place
-	// Stop this redsocks when the next variant starts (and still at cleanup).
-	stop := b.cleanups[len(b.cleanups)-1]
-	var once sync.Once
-	b.cleanups[len(b.cleanups)-1] = func() { once.Do(stop) }
-	b.stopRedsocks = func() {
-		once.Do(stop)
-		_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
 	}
 	rules := fmt.Sprintf("table ip klbench {\n chain out {\n  type nat hook output priority -100;\n  ip daddr %s tcp dport { %d, %d, %d } redirect to :%d\n }\n}",
 		benchSrvAddr, benchIperf, benchEchoPort, benchSinkPort, benchRedsocks)
@@ -602,6 +596,33 @@ redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s;
 		return err
 	}
 	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", benchRedsocks), 10*time.Second)
+}
+
+// startOther starts a relay other than kl-relayd in the pod (stopping the one before);
+// undo removes what was installed for it when it is stopped, at the next variant or at
+// cleanup.
+func (b *relayBench) startOther(undo func(), name string, args ...string) error {
+	b.stopOtherRelay()
+	cmd, _, err := b.start(b.pod, name, args...)
+	if err != nil {
+		return err
+	}
+	b.otherPid = cmd.Process.Pid // ip netns exec execs the program in place
+	stop := b.cleanups[len(b.cleanups)-1]
+	var once sync.Once
+	b.cleanups[len(b.cleanups)-1] = func() { once.Do(stop) }
+	b.stopOther = func() {
+		once.Do(stop)
+		undo()
+	}
+	return nil
+}
+
+func (b *relayBench) stopOtherRelay() {
+	if b.stopOther != nil {
+		b.stopOther()
+		b.stopOther = nil
+	}
 }
 
 // fresh ends the TIME_WAIT sockets the connection loops before left in the pod and the
@@ -620,10 +641,7 @@ func (b *relayBench) fresh() error {
 // clear stops whatever relays the pod's traffic: its flows go straight to the server.
 func (b *relayBench) clear() error {
 	b.stopRelay()
-	if b.stopRedsocks != nil {
-		b.stopRedsocks()
-		b.stopRedsocks = nil
-	}
+	b.stopOtherRelay()
 	return nil
 }
 
@@ -635,10 +653,7 @@ func (b *relayBench) startRelay(proxyURL string) error { return b.startRelayBin(
 // extra settings lines are appended to the daemon's settings file.
 func (b *relayBench) startRelayBin(bin, proxyURL string, extra ...string) error {
 	b.stopRelay()
-	if b.stopRedsocks != nil {
-		b.stopRedsocks()
-		b.stopRedsocks = nil
-	}
+	b.stopOtherRelay()
 	rulesPath := filepath.Join(b.dir, "rules.yaml")
 	rulesText := "default: direct\n"
 	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nidleTimeout: 5m\nconnectTimeout: 3s\n",
