@@ -13,6 +13,14 @@ import (
 // errIdle ends a flow that moved no bytes either way for the idle timeout.
 var errIdle = errors.New("idle timeout")
 
+// chunk bounds the bytes one copy call moves when it can be bounded (see pipe).
+const chunk = 256 << 10
+
+// epoch is the origin of the monotonic times a flow keeps as integers (mono).
+var epoch = time.Now()
+
+func mono() int64 { return int64(time.Since(epoch)) }
+
 // pipe copies bytes both ways between a and b until both directions have ended, then
 // closes both. Between two *net.TCPConn io.Copy uses splice(2), so payload never enters
 // user space. A clean end of one direction (EOF) is passed on as a half-close
@@ -23,6 +31,16 @@ var errIdle = errors.New("idle timeout")
 // timeout (a read deadline), records progress when a window moved bytes, and ends the
 // flow only when neither direction has moved anything for the whole timeout. A window
 // that expires loses nothing: splice waits for readability before it takes any data.
+// A copy call also returns after a chunk, so that a direction whose source never runs
+// dry records progress while its peer reads slowly: it counts as moving as long as it
+// writes a chunk per idle timeout.
+//
+// Writes have no deadline while both directions copy: the other direction's windows end
+// the flow (closing both connections) when nothing moved. Once one direction has ended
+// cleanly, nothing else would wake the other from a write its peer never takes, so it
+// then writes under a deadline of the idle timeout, renewed per chunk or window. That
+// deadline ends the flow when it expires: splice has already drained the bytes it could
+// not write, so the copy cannot resume.
 //
 // It returns the bytes carried from a to b (up) and from b to a (down).
 func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
@@ -49,22 +67,20 @@ func (r *Relay) pipeAsync(a, b net.Conn, finish func(up, down int64, err error))
 
 func (r *Relay) newPipe(a, b net.Conn, finish func(up, down int64, err error)) *pipeState {
 	st := &pipeState{r: r, a: a, b: b, finish: finish, window: max(r.o.IdleTimeout/2, 100*time.Millisecond)}
-	st.last.Store(time.Now().UnixNano())
+	st.up.init(b, a)
+	st.down.init(a, b)
+	st.last.Store(mono())
 	st.left.Store(2)
 	return st
 }
 
 // copyUp carries a to b, copyDown b to a.
 func (st *pipeState) copyUp() {
-	n, err := st.r.copyDir(st.b, st.a, &st.last, st.window)
-	st.up = n
-	st.end(err)
+	st.end(st.copy(&st.up, &st.down))
 }
 
 func (st *pipeState) copyDown() {
-	n, err := st.r.copyDir(st.a, st.b, &st.last, st.window)
-	st.down = n
-	st.end(err)
+	st.end(st.copy(&st.down, &st.up))
 }
 
 // pipeState is one flow's two directions.
@@ -72,12 +88,55 @@ type pipeState struct {
 	r        *Relay
 	window   time.Duration // the idle check's read window: half the idle timeout
 	a, b     net.Conn
-	last     atomic.Int64 // when a direction last moved bytes (UnixNano)
+	up, down dir
+	last     atomic.Int64 // when a direction last moved bytes (mono)
 	left     atomic.Int32 // directions still copying
-	up, down int64        // each written by its direction before it counts itself out
+	writeBy  atomic.Int64 // the write deadline of the direction left alone (mono; 0: none)
 	once     sync.Once
 	first    error
 	finish   func(up, down int64, err error)
+}
+
+// dir is one direction of a flow.
+type dir struct {
+	dst, src net.Conn
+	// splice is dst when both ends are *net.TCPConn (copyOnce).
+	splice *net.TCPConn
+	// lr is src bounded to a chunk per copy call; lr.R is nil when src is a wrapper with
+	// a WriteTo of its own, which a LimitedReader would hide (upstream's buffered
+	// connection splices through it): such a direction copies unbounded, as one call.
+	lr io.LimitedReader
+	n  int64 // bytes copied, written by the direction before it counts itself out
+}
+
+func (d *dir) init(dst, src net.Conn) {
+	d.dst, d.src = dst, src
+	_, tcp := src.(*net.TCPConn)
+	if t, ok := dst.(*net.TCPConn); ok && tcp {
+		d.splice = t
+	}
+	// A LimitedReader keeps a *net.TCPConn's splice reachable (spliceFrom unwraps it),
+	// whatever dst is.
+	if _, wt := src.(io.WriterTo); tcp || !wt {
+		d.lr.R = src
+	}
+}
+
+func (d *dir) chunked() bool { return d.lr.R != nil }
+
+// copyOnce is one copy call: at most a chunk when the direction is chunked, to EOF or an
+// error otherwise. Between two *net.TCPConn it calls the splicing ReadFrom directly
+// rather than through io.Copy and TCPConn.WriteTo's generic fallback (fewer frames on
+// the stack an idle flow keeps, no wrapper allocated per window).
+func (d *dir) copyOnce() (int64, error) {
+	if !d.chunked() {
+		return io.Copy(d.dst, d.src)
+	}
+	d.lr.N = chunk
+	if d.splice != nil {
+		return d.splice.ReadFrom(&d.lr)
+	}
+	return io.Copy(d.dst, &d.lr)
 }
 
 // end counts one direction out; an error aborts both.
@@ -87,7 +146,7 @@ func (st *pipeState) end(err error) {
 	}
 	if st.left.Add(-1) == 0 {
 		st.abort(nil)
-		st.finish(st.up, st.down, st.first)
+		st.finish(st.up.n, st.down.n, st.first)
 	}
 }
 
@@ -103,49 +162,67 @@ func (st *pipeState) abort(err error) {
 	})
 }
 
-// copyDir copies src to dst until EOF (then half-closes dst) or an error, and returns
-// the bytes copied.
-func (r *Relay) copyDir(dst, src net.Conn, last *atomic.Int64, window time.Duration) (total int64, _ error) {
-	idle := r.o.IdleTimeout.Nanoseconds()
+// copy copies d until EOF (then half-closes its dst) or an error; other is the flow's
+// other direction.
+func (st *pipeState) copy(d, other *dir) error {
+	idle := st.r.o.IdleTimeout
 	for {
-		if err := src.SetReadDeadline(time.Now().Add(window)); err != nil {
-			return total, err
+		now := time.Now()
+		if err := d.src.SetReadDeadline(now.Add(st.window)); err != nil {
+			return err
 		}
-		n, err := copyOnce(dst, src)
-		total += n
-		now := time.Now().UnixNano()
+		// left is 1 only after the other direction has ended (and set the first write
+		// deadline, which this one now renews).
+		if d.chunked() && st.left.Load() == 1 {
+			if err := st.writeDeadline(d.dst, now); err != nil {
+				return err
+			}
+		}
+		n, err := d.copyOnce()
+		d.n += n
+		t := mono()
 		if n > 0 {
-			last.Store(now)
+			st.last.Store(t)
 		}
 		switch {
+		case err == nil && d.chunked() && d.lr.N == 0:
+			// A whole chunk: copy on (EOF, if it is next, shows as a call that moved
+			// less than a chunk).
 		case err == nil:
-			if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			if cw, ok := d.dst.(interface{ CloseWrite() error }); ok {
 				if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
-					return total, err
+					return err
 				}
 			}
-			return total, nil
+			// The other direction copies alone from now on: bound its writes.
+			if other.chunked() {
+				_ = st.writeDeadline(other.dst, time.Now())
+			}
+			return nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if now-last.Load() < idle {
+			// Past the write deadline the error may be the write's, and the bytes it
+			// held are gone: the flow ends rather than resuming the copy.
+			if w := st.writeBy.Load(); w != 0 && t >= w {
+				return errIdle
+			}
+			if t-st.last.Load() < int64(idle) {
 				continue
 			}
-			return total, errIdle
+			return errIdle
 		default:
-			return total, err
+			return err
 		}
 	}
 }
 
-// copyOnce is io.Copy; between two *net.TCPConn it calls the splicing ReadFrom directly
-// rather than through TCPConn.WriteTo's generic fallback (fewer frames on the stack an
-// idle flow keeps, no wrapper allocated per window).
-func copyOnce(dst, src net.Conn) (int64, error) {
-	if d, ok := dst.(*net.TCPConn); ok {
-		if s, ok := src.(*net.TCPConn); ok {
-			return d.ReadFrom(s)
-		}
-	}
-	return io.Copy(dst, src)
+// writeDeadline bounds writes to c, the connection of the direction left alone, to the
+// idle timeout from now, and records the deadline for copy's check. Only one direction
+// is ever left alone, and the direction that ended sets it before it counts itself out
+// (st.left), so the deadline recorded is the one in force whenever it can have expired.
+func (st *pipeState) writeDeadline(c net.Conn, now time.Time) error {
+	idle := st.r.o.IdleTimeout
+	st.writeBy.Store(int64(now.Sub(epoch) + idle))
+	return c.SetWriteDeadline(now.Add(idle))
 }
 
 func isReset(err error) bool {
