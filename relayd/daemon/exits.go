@@ -39,6 +39,9 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		}
 		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 			ctx = context.WithValue(ctx, nsKey{}, w.Netns)
+			// The upstream resolves dst.Host when it is set, which the relay does only
+			// when the name decided the flow; otherwise it gets the address the policy
+			// checked, never a name the workload merely claimed (SNI, Host).
 			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
 		}
 		return nil
@@ -46,6 +49,7 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 	if cfg.Gateway {
 		// The operator opted in (KL_EGRESS_GATEWAY=1): the node's own network, i.e. the
 		// daemon's netns. Without the opt-in a policy naming gateway is refused at load.
+		// As for an upstream, a name is dialed only when it decided the flow.
 		exits[rules.ExitGateway] = func(ctx context.Context, _ *api.Workload, dst relay.Dest) (net.Conn, error) {
 			t := upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port}
 			return netns.Dial(ctx, "", cfg.Mark, "tcp", t.String())

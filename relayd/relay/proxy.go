@@ -162,9 +162,14 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				f.Process = r.owner(k, w.ID, id)
 			}
 		}
-		// A name whose address rules could match (cidr rules, the metadata guard) is
-		// resolved once here; a direct dial then goes to the address that was checked.
+		// A name whose address rules could match (cidr rules, the pattern form) is
+		// resolved once here and decided for every address it has (decideEach); a direct
+		// dial then tries the addresses that were checked, and no exit looks the name up
+		// again unless the name itself decided (nameDecided).
+		var checked []netip.AddrPort // the resolved addresses the decision holds for, in dial order
 		var resolveErr error
+		var d rules.Decision
+		decided := false
 		if an, ok := pol.(addrNeeder); ok && t.Host != "" && !dst.Addr().IsValid() && an.NeedsAddr() {
 			rctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 			addrs, err := r.o.resolve(rctx, t.Host)
@@ -175,11 +180,13 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			if err != nil {
 				resolveErr = err
 			} else {
-				dst = netip.AddrPortFrom(addrs[0].Unmap(), port)
-				f.Dst = dst
+				d, checked = decideEach(pol, &f, addrs, port)
+				dst, decided = f.Dst, true
 			}
 		}
-		d := pol.Decide(&f)
+		if !decided {
+			d = pol.Decide(&f)
+		}
 		r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
 		if r.o.Debug {
 			r.o.Log.Debug("decision", "workload", w.ID, "flow", id, "host", t.Host, "dst", dst, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
@@ -196,13 +203,30 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				switch {
 				case resolveErr != nil:
 					return nil, resolveErr // the same lookup would fail again
+				case len(checked) > 0:
+					return r.dialEach(ctx, p, w.Netns, checked) // no second lookup
 				case dst.Addr().IsValid():
-					return r.dialAddrIn(ctx, p, w.Netns, dst) // the checked address: no second lookup
+					return r.dialAddrIn(ctx, p, w.Netns, dst)
 				}
 				return r.dialIn(ctx, p, w.Netns, t.String())
 			}
 		default:
 			dial = r.o.Exits[d.Exit]
+			switch {
+			case nameDecided(pol, &f, d):
+				// The exit resolves the name itself.
+			case dst.Addr().IsValid():
+				f.Host = "" // the address that was checked, not the name (see nameDecided)
+			case resolveErr != nil && !destinationFree(d) && dial != nil:
+				// The name did not resolve here, so the address rules never saw an
+				// address, and the decision (a port rule, the default, `*`) is one they
+				// could have preempted: the far side would resolve the name to an address
+				// nothing checked. Fail as a direct dial of it fails.
+				dial = func(context.Context, *api.Workload, Dest) (net.Conn, error) { return nil, resolveErr }
+			}
+			// Otherwise no address is known and none could change the decision (the
+			// policy has no address rules, or a label, image or process rule decided):
+			// the exit gets the name, the only destination there is.
 		}
 		if dial == nil {
 			r.count("refused")
@@ -214,7 +238,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		dctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 		defer cancel()
 		dialStart := time.Now()
-		c, err := dial(withFlow(dctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: t.Host, Port: port})
+		c, err := dial(withFlow(dctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: port})
 		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
 			r.record(d, f.At, audit.Reason(err))
@@ -233,4 +257,63 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		}
 		return tc, nil
 	}
+}
+
+// decideEach decides flow f for every address its name resolved to, in the resolver's
+// order, and returns the flow's decision and the addresses it holds for; f.Dst is left
+// at the first of them (the denied one when the flow is denied).
+//
+// One denied address denies the flow. Deciding per address and dialing only the allowed
+// ones would keep the relay's own dial off the denied address, but a name that also
+// points somewhere the policy forbids is not one to carry: an exit handed the name picks
+// among its addresses on its own, and whether the flow goes out would hang on the order
+// of a DNS answer that its owner chooses. Otherwise the first address's decision is the
+// flow's, and only the addresses decided exactly the same way are kept: an address
+// another rule sends to another exit is not dialed through this one.
+func decideEach(pol Decider, f *rules.Flow, addrs []netip.Addr, port uint16) (rules.Decision, []netip.AddrPort) {
+	var d rules.Decision
+	var same []netip.AddrPort
+	for i, a := range addrs {
+		f.Dst = netip.AddrPortFrom(a.Unmap(), port)
+		di := pol.Decide(f)
+		if di.Exit == rules.ExitDeny {
+			return di, nil
+		}
+		if i == 0 {
+			d = di
+		}
+		if di == d {
+			same = append(same, f.Dst)
+		}
+	}
+	f.Dst = same[0]
+	return d, same
+}
+
+// destinationFree reports whether d came from a tier that is walked before any rule on
+// the destination (label, image, process): any address would have been decided the same.
+func destinationFree(d rules.Decision) bool {
+	switch d.Dimension {
+	case rules.DimLabel, rules.DimImage, rules.DimProcess:
+		return true
+	}
+	return false
+}
+
+// dialEach dials the addresses in order from the pod's netns until one connects, as a
+// dial of a name does (netns.Dial): an IPv4-only pod on a dual-stack node may be handed
+// an IPv6 address first. The error is the last address's alone: a joined error would
+// carry every address in its text, and audit.Reason redacts only the first.
+func (r *Relay) dialEach(ctx context.Context, p *pod, nsPath string, addrs []netip.AddrPort) (net.Conn, error) {
+	var err error
+	for _, ap := range addrs {
+		var c net.Conn
+		if c, err = r.dialAddrIn(ctx, p, nsPath, ap); err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
 }

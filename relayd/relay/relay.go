@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,11 +53,15 @@ type OwnerFinder interface {
 	Forget(k sockowner.Key)
 }
 
-// Dest is where a flow was going.
+// Dest is where an exit takes a flow.
 type Dest struct {
-	Addr netip.AddrPort // the original destination; Addr invalid when only Host is known (proxy mode)
-	Host string         // its hostname when known ("" in plain transparent capture)
-	Port uint16         // the destination port (always set)
+	Addr netip.AddrPort // the address the policy checked; invalid when only Host is known (proxy mode)
+	// Host is the hostname for the exit to dial (and resolve on its side) instead of
+	// Addr. It is set only when the decision rested on the name, or when no address is
+	// known and none could have changed the decision (nameDecided, proxyDial); otherwise
+	// it is "", also when the flow carried a name.
+	Host string
+	Port uint16 // the destination port (always set)
 }
 
 // DialFunc connects a flow of workload w to dst through one exit. The returned
@@ -538,6 +543,12 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		}
 	default:
 		dial = r.o.Exits[d.Exit]
+		if !nameDecided(pol, &f, d) {
+			// The exit goes to the address that was checked, the one the workload
+			// connected to: the name is the client's word (SNI, Host), not where it goes.
+			// From here f is the flow as the exit sees it (FlowFrom).
+			f.Host = ""
+		}
 	}
 	if dial == nil {
 		r.count("refused")
@@ -577,6 +588,63 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		r.active.Add(-1)
 		r.flowWG.Done()
 	})
+}
+
+// nameDecided reports whether decision d for flow f rested on f's hostname, so that an
+// exit may be handed the name (an upstream, the gateway or the attach side then resolves
+// it on its own side) rather than the address the policy checked: a domain rule matched
+// the name, a pattern rule's HOST is a host glob (not `*`, an address or a prefix), or a
+// script answers otherwise for the same flow without its name (it looked at the name,
+// not only at the address dnsResolve gives it).
+//
+// The name is the client's own word (TLS SNI, HTTP Host, the CONNECT target). Handing it
+// over in any other case would let a workload send a flow the policy decided for one
+// address to whatever the name resolves to on the far side: with `cidr: 127.0.0.0/8,
+// action: proxy`, a connection to 127.0.0.1 saying `Host: anything` would be proxied to
+// anything.
+//
+// That holds for the default too. The name matched no rule and neither did the address;
+// but the address the far side would resolve the name to was never checked, and a cidr
+// rule (or a prefix pattern) could have denied it or sent it elsewhere. What the far
+// side's own resolution would buy (its DNS view, its choice among addresses) is given up
+// for a flow that goes where it was checked to go. Label, image and process decisions
+// do not depend on the destination, but when an address is known they get it as well:
+// it is the destination the workload asked for.
+func nameDecided(pol Decider, f *rules.Flow, d rules.Decision) bool {
+	if f.Host == "" {
+		return false
+	}
+	switch d.Dimension {
+	case rules.DimDomain:
+		return true
+	case rules.DimPattern:
+		if rd, ok := pol.(ruleDescriber); ok && d.Rule > 0 {
+			return hostPattern(rd.Rule(d.Rule).Value)
+		}
+		fallthrough
+	case rules.DimScript:
+		g := *f
+		g.Host = ""
+		return pol.Decide(&g) != d
+	}
+	return false
+}
+
+// ruleDescriber is a Decider that describes its rules (*rules.Policy).
+type ruleDescriber interface{ Rule(i int) rules.RuleInfo }
+
+// hostPattern reports whether a pattern rule, in its canonical text (RuleInfo.Value),
+// matches on a host glob: HOST[:PORT] whose HOST is not `*`, an address or a prefix.
+func hostPattern(v string) bool {
+	if strings.HasPrefix(v, "[") || strings.Count(v, ":") > 1 {
+		return false // an IPv6 address or prefix
+	}
+	host, _, _ := strings.Cut(v, ":")
+	if host == "*" || strings.Contains(host, "/") {
+		return false
+	}
+	_, err := netip.ParseAddr(host)
+	return err != nil
 }
 
 // owner looks up the process behind connection k. A failure is an explicit unknown
