@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,11 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // freePort returns a TCP port nothing listens on right now (in the test's own netns,
@@ -388,17 +392,49 @@ func TestBuildExits(t *testing.T) {
 	if gw == nil {
 		t.Fatal("no gateway exit with KL_EGRESS_GATEWAY=1")
 	}
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	// The gateway dials from the daemon's own netns: here a test netns with a network
+	// address, entered by this goroutine's thread as the daemon's would be its own.
+	ns := testutil.NewNetns(t, "klgw")
+	ns.Exec(t, "ip", "link", "set", "lo", "up")
+	ns.Exec(t, "ip", "addr", "add", "192.0.2.1/32", "dev", "lo")
+	err = netns.Do(ns.Path, func() error {
+		ln, err := net.Listen("tcp", ":0")
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		port := uint16(ln.Addr().(*net.TCPAddr).Port)
+		w := &api.Workload{Netns: "/nonexistent"}
+		c, err := gw(context.Background(), w, relay.Dest{Addr: netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), port), Port: port})
+		if err != nil {
+			return fmt.Errorf("gateway dial from the daemon's own netns: %w", err)
+		}
+		c.Close()
+		// Nothing on the node itself, by address or by a name that resolves to it, though
+		// the listener answers on every one of these addresses.
+		for _, dst := range []relay.Dest{
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port), Port: port},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("::1"), port), Port: port},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("::ffff:127.0.0.1"), port), Port: port},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("0.0.0.0"), port), Port: port},
+			{Addr: netip.AddrPortFrom(netip.MustParseAddr("169.254.169.254"), port), Port: port},
+			{Host: "localhost", Port: port},
+		} {
+			c, err := gw(context.Background(), w, dst)
+			if err == nil {
+				c.Close()
+				t.Errorf("gateway dial to %v/%q went through", dst.Addr, dst.Host)
+				continue
+			}
+			if !errors.Is(err, errOnNode) {
+				t.Errorf("gateway dial to %v/%q: %v, want the on-node refusal", dst.Addr, dst.Host, err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	ap := ln.Addr().(*net.TCPAddr).AddrPort()
-	c, err := gw(context.Background(), &api.Workload{Netns: "/nonexistent"}, relay.Dest{Addr: ap, Port: ap.Port()})
-	if err != nil {
-		t.Fatalf("gateway dial from the daemon's own netns: %v", err)
-	}
-	c.Close()
 }
 
 func TestMetricsEndpoint(t *testing.T) {

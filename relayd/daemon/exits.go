@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
@@ -51,8 +53,7 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		// daemon's netns. Without the opt-in a policy naming gateway is refused at load.
 		// As for an upstream, a name is dialed only when it decided the flow.
 		exits[rules.ExitGateway] = func(ctx context.Context, _ *api.Workload, dst relay.Dest) (net.Conn, error) {
-			t := upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port}
-			return netns.Dial(ctx, "", cfg.Mark, "tcp", t.String())
+			return dialGateway(ctx, cfg.Mark, dst)
 		}
 	}
 	if cfg.Proxy != nil {
@@ -66,4 +67,45 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		}
 	}
 	return exits, nil
+}
+
+// errOnNode refuses a gateway destination on the node itself. It names no address: it
+// ends up in audit records.
+var errOnNode = errors.New("gateway: destination is on the node itself (loopback, link-local or unspecified): refused")
+
+// dialGateway dials dst from the daemon's own netns, the node's network. A destination
+// on the node itself is refused, also when a name resolves to one: loopback (the node's
+// kubelet, containerd, its local services), link-local (169.254.169.254, the cloud
+// metadata service and the node's credentials) and unspecified addresses. A pod reaches
+// none of them from its own netns, and the gateway must not lend it the node's. A name
+// is resolved here once and its addresses are tried in order.
+func dialGateway(ctx context.Context, mark uint32, dst relay.Dest) (net.Conn, error) {
+	addrs := []netip.Addr{dst.Addr.Addr()}
+	if dst.Host != "" {
+		var err error
+		if addrs, err = net.DefaultResolver.LookupNetIP(ctx, "ip", dst.Host); err != nil {
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+	}
+	err := errOnNode
+	for _, a := range addrs {
+		if a = a.Unmap(); onNode(a) {
+			continue
+		}
+		var c net.Conn
+		if c, err = netns.Dial(ctx, "", mark, "tcp", netip.AddrPortFrom(a, dst.Port).String()); err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+// onNode reports whether a is an address of the node itself rather than of a network:
+// loopback, link-local, unspecified, or IPv4 0.0.0.0/8 (which Linux also treats as local).
+func onNode(a netip.Addr) bool {
+	return !a.IsValid() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() ||
+		(a.Is4() && a.As4()[0] == 0)
 }
