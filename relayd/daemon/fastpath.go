@@ -9,9 +9,10 @@ import (
 
 // The kernel fast path (package fastpath) of transparent workloads: on registration (and
 // restore) the pod's table gets the kernel-decidable part of its policy, a reload swaps
-// every pod's table, the reap loop puts back decisions a plain capture reinstall removed.
-// A failure is logged only: the pod keeps its plain capture and the relay decides every
-// flow, as without the fast path. Callers hold d.mu, so a registration and a reload never
+// every pod's table, the reap loop puts back decisions a plain capture reinstall removed
+// and those of older rules a failed swap left in place. A failure is logged only: the pod
+// keeps the table it had (its plain capture, or the decisions last installed, which the
+// reap loop and the next reload replace) and the relay decides every other flow. Callers hold d.mu, so a registration and a reload never
 // install plans of different policies out of order.
 
 // fastAdd installs w's kernel decisions under the live policy (w exactly as the relay
@@ -43,7 +44,7 @@ func (d *Daemon) fastRegister(w api.Workload) {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		e, ok := d.regs[w.ID]
-		if d.fastClosed || !ok || e.Registration.Workload.Netns != w.Netns || e.Registration.Workload.Mode != api.ModeTransparent || d.fast.Verify(w.ID) == nil {
+		if d.fastClosed || !ok || e.Registration.Workload.Netns != w.Netns || e.Registration.Workload.Mode != api.ModeTransparent || d.fast.Verify(w.ID, d.policy.Load()) == nil {
 			return
 		}
 		if err := d.fastAdd(e.Registration.Workload); err != nil {
@@ -66,13 +67,35 @@ func (d *Daemon) fastReload() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.fast.Reload(d.policy.Load()); err != nil {
-		d.log.Error("kernel fast path reload: the previous tables stay for these workloads", "err", err)
+		d.log.Error("kernel fast path reload: the previous tables stay for these workloads until the reap loop or the next reload installs them", "err", err)
+	}
+}
+
+// fastRepair installs the live policy's decisions for the workloads a failed install
+// left on older ones (a reload that found the rules unchanged: nothing else to swap).
+func (d *Daemon) fastRepair() {
+	if d.fast == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, id := range d.fast.Stale(d.policy.Load()) {
+		e, ok := d.regs[id]
+		if !ok || e.Registration.Workload.Mode != api.ModeTransparent {
+			continue
+		}
+		if err := d.fastAdd(e.Registration.Workload); err != nil {
+			d.log.Warn("kernel decisions of the live rules not installed; the workload keeps its previous table", "workload", id, "err", err)
+		} else {
+			d.log.Info("kernel decisions installed again", "workload", id)
+		}
 	}
 }
 
 // fastVerify checks every transparent workload's table (d.mu held) and installs the
-// kernel decisions again where they are missing or changed: a kl-cni ADD or CHECK, or an
-// OCI hook that installed the capture after registering, left the plain capture.
+// kernel decisions again where they are missing, changed or not the live policy's: a
+// kl-cni ADD or CHECK, or an OCI hook that installed the capture after registering, left
+// the plain capture, or a reload's table swap failed.
 func (d *Daemon) fastVerify() {
 	if d.fast == nil {
 		return
@@ -82,7 +105,7 @@ func (d *Daemon) fastVerify() {
 		if w.Mode != api.ModeTransparent {
 			continue
 		}
-		err := d.fast.Verify(id)
+		err := d.fast.Verify(id, d.policy.Load())
 		if err == nil {
 			continue
 		}

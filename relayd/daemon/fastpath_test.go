@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/fastpath"
+	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
@@ -62,7 +66,7 @@ func TestFastPathVerifyReinstalls(t *testing.T) {
 	if tb := table(); !strings.Contains(tb, "ct mark set") {
 		t.Fatalf("kernel decisions not reinstalled by the check:\n%s\n%s", tb, logs.String())
 	}
-	if err := d.fast.Verify("fp"); err != nil {
+	if err := d.fast.Verify("fp", d.policy.Load()); err != nil {
 		t.Errorf("Verify after the reinstall: %v", err)
 	}
 
@@ -126,5 +130,73 @@ func TestFastPathVerifyReinstalls(t *testing.T) {
 	}
 	if st := d2.Status(); st.FastPath || len(st.Kernel) != 0 {
 		t.Errorf("noFastPath status = %v %+v", st.FastPath, st.Kernel)
+	}
+}
+
+// TestFastPathFailedSwapRepaired: a reload whose table swap fails for a workload leaves it
+// on the previous rules' kernel decisions only until the next reload (even of unchanged
+// rules) or the reap loop's check, which install the live ones; status shows the error
+// meanwhile. (A fake backend: no privileges needed.)
+func TestFastPathFailedSwapRepaired(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	var logs bytes.Buffer
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := netns.NewFake()
+	d.fast = fastpath.New(fastpath.Options{Backend: f, NoWatch: true, RedirectPort: cfg.RedirectPort})
+	defer d.fastClose()
+	w := api.Workload{ID: "fp", Netns: "/ns/fp", Mode: api.ModeTransparent, Source: "cni"}
+	if err := netns.InstallWith(f, w.Netns, netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark}); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	d.regs[w.ID] = registry.Entry{Registration: api.Registration{Workload: w}}
+	err = d.fastAdd(w)
+	d.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := func() api.KernelStatus {
+		t.Helper()
+		var s api.Status
+		d.fastStatus(&s)
+		if len(s.Kernel) != 1 {
+			t.Fatalf("kernel status %+v", s.Kernel)
+		}
+		return s.Kernel[0]
+	}
+	for i, repair := range []string{"reload of the same rules", "reap check"} {
+		src := fmt.Sprintf("default: direct\nrules:\n  - cidr: 192.0.2.%d/32\n    action: deny\n", i)
+		if err := os.WriteFile(cfg.Rules, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before := kernel().Policy
+		f.ApplyErr = errors.New("boom")
+		if err := d.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		f.ApplyErr = nil
+		live := d.policy.Load().Hash()
+		if k := kernel(); k.Error == "" || k.Policy != before || k.Policy == live {
+			t.Fatalf("%s: status after a failed swap %+v, want the error and the previous policy", repair, k)
+		}
+		switch repair {
+		case "reload of the same rules":
+			if err := d.Reload(); err != nil {
+				t.Fatal(err)
+			}
+		case "reap check":
+			d.mu.Lock()
+			d.fastVerify()
+			d.mu.Unlock()
+		}
+		if k := kernel(); k.Error != "" || k.Policy != live {
+			t.Errorf("%s: status %+v, want the live policy %.12s installed\n%s", repair, k, live, logs.String())
+		}
+		if err := d.fast.Verify(w.ID, d.policy.Load()); err != nil {
+			t.Errorf("%s: Verify: %v", repair, err)
+		}
 	}
 }

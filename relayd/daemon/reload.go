@@ -40,6 +40,8 @@ func (d *Daemon) Reload() error {
 	d.metrics.Reloaded(now, "")
 	d.rules = api.RulesStatus{Path: d.cfg.Rules, Hash: p.Hash(), LoadedAt: now}
 	if old != nil && old.Hash() == p.Hash() {
+		// The same rules: only workloads whose table swap failed before need them.
+		d.fastRepair()
 		return nil
 	}
 	d.log.Info("rules loaded", "path", d.cfg.Rules, "hash", p.Hash())

@@ -31,10 +31,19 @@ import (
 	"github.com/kl-egress/kl/rules"
 )
 
-// The conntrack mark of a kernel-decided connection: Tag in the top byte, the plan's
-// generation (per pod, counting installs) in the next, the decision's id (its entry
+// The conntrack mark of a kernel-decided connection: Tag in the top byte, the
+// generation of the pod's table that set it in the next, the decision's id (its entry
 // index + 1 in the plan) in the low 16 bits. Marks without the tag are not kl's kernel
 // decisions (the relay's own connections carry none).
+//
+// A generation names one id table of one pod, so it must never name two while a mark of
+// the first may still come: eight bits wrap after 256 install rounds (a round is every
+// Add and every Reload on the node), and a pod that failed a reload, or that still has
+// events of older tables queued, must not see its number reused. Each install therefore
+// takes the round's number unless the pod still knows that number (its installed table's
+// or one of the keepGens kept for late events), and then the next one it does not know
+// (pod.genFor). At most keepGens numbers are known, so one is always free; the mark keeps
+// its layout, and pods installed in the same round still share one compiled table.
 const (
 	Tag      uint32 = 0x6b000000
 	TagMask  uint32 = 0xff000000
@@ -43,8 +52,9 @@ const (
 	// MaxEntries is how many plan entries can carry their own mark; entries past it
 	// (only in plans of more than 65535 rules) go to the relay, which decides them alike.
 	MaxEntries = int(idMask)
-	// keepGens is how many past generations of a pod's id table are kept, so that a
-	// connection marked just before a reload is still recorded with its own decision.
+	// keepGens is how many generations of a pod's id table are kept (the installed one
+	// and those before it), so that a connection marked just before a reload is still
+	// recorded with its own decision.
 	keepGens = 16
 )
 
@@ -150,7 +160,7 @@ type Manager struct {
 	backend netns.Backend
 
 	mu   sync.Mutex
-	gen  uint8 // the last install round's generation
+	gen  uint8 // the last install round's generation (node-wide; a pod may skip it)
 	pods map[string]*pod
 	poll *poller // the pods' conntrack event sockets (Linux; started by the first watch)
 	hits map[hitKey]uint64
@@ -161,13 +171,15 @@ type hitKey struct {
 	dim  string
 }
 
+// pod is one registered pod. Pod (labels, image) and capture change only with imu and
+// the manager's mu held: installs read them under imu, Verify under mu.
 type pod struct {
 	Pod
 	imu     sync.Mutex // one install at a time
 	capture netns.Capture
-	gen     uint8
+	gen     uint8                         // of the installed table (when plan is set)
 	gens    map[uint8][]rules.KernelEntry // id tables by generation (entries by id-1)
-	order   []uint8                       // generations in install order, oldest first
+	order   []uint8                       // installed generations, oldest first; the last is gen
 	plan    *rules.KernelPlan
 	policy  string
 	flows   uint64
@@ -175,8 +187,10 @@ type pod struct {
 	overrun uint64
 	unknown uint64
 	late    uint64
-	err     string
+	err     string // of the last install, when it failed
 	stop    func()
+	nsDev   uint64 // the netns the watcher reads (watch_linux.go)
+	nsIno   uint64
 }
 
 // New returns a Manager.
@@ -192,28 +206,29 @@ func New(o Options) *Manager {
 }
 
 // Add registers a pod: it installs the pod's kernel decisions under policy p and starts
-// watching its conntrack events. Adding an id again replaces the registration. On error
-// nothing of the pod is kept and its table is unchanged (the relay decides everything).
+// watching its conntrack events. On error nothing of the pod is kept and its table is
+// unchanged (the relay decides everything).
+//
+// Adding an id again in the same netns (a refresh, the daemon's repair) updates the pod
+// in place: its watcher stays, with whatever events are queued in it, and so do the
+// generations it knows, so flows of its earlier tables are still recorded with their own
+// decisions. If that install fails the pod stays as it was (its previous table is still
+// in place and watched) with the error in its status, and Verify fails until an install
+// succeeds. Adding an id in another netns replaces the registration.
 func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	if pd.ID == "" || pd.Netns == "" {
 		return errors.New("fastpath: pod id and netns path are required")
 	}
-	m.Remove(pd.ID)
-	var c netns.Capture
-	if pd.Capture != nil {
-		c = *pd.Capture
-	} else {
-		got, err := m.installed(pd.Netns)
-		if err != nil {
-			return fmt.Errorf("fastpath: pod %s: %w", pd.ID, err)
-		}
-		c = got
-		if c.RedirectPort == 0 {
-			c.RedirectPort = m.o.RedirectPort
-		}
+	m.mu.Lock()
+	old := m.pods[pd.ID]
+	m.mu.Unlock()
+	if old != nil && old.Netns == pd.Netns && (m.o.NoWatch || old.sameNetns()) {
+		return m.update(old, pd, p)
 	}
-	if err := c.Validate(); err != nil {
-		return fmt.Errorf("fastpath: pod %s: %w", pd.ID, err)
+	m.Remove(pd.ID)
+	c, err := m.captureOf(pd)
+	if err != nil {
+		return err
 	}
 	// The pod's plan state exists before its table does, so no event can arrive for a
 	// mark the manager does not know yet.
@@ -231,15 +246,73 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 		}
 		po.stop = stop
 	}
-	if err := m.install(po, m.newRound(p)); err != nil {
+	po.imu.Lock()
+	err = m.install(po, m.newRound(p))
+	po.imu.Unlock()
+	if err != nil {
 		m.Remove(pd.ID)
 		return err
 	}
 	return nil
 }
 
-// round is one install round (an Add, or a Reload across every pod): one generation,
-// and plans and tables shared by the pods that have the same labels, image and capture.
+// update is Add of a registered pod in the same netns.
+func (m *Manager) update(po *pod, pd Pod, p *rules.Policy) error {
+	po.imu.Lock()
+	defer po.imu.Unlock()
+	// The labels and image are the registration's from now on, even if this install
+	// fails: a Reload meanwhile must compute the plan of the workload as it is.
+	m.mu.Lock()
+	po.Labels, po.Image = pd.Labels, pd.Image
+	m.mu.Unlock()
+	var err error
+	if !m.o.NoWatch {
+		if err = m.rewatch(po); err != nil {
+			err = fmt.Errorf("fastpath: pod %s: watch conntrack: %w", po.ID, err)
+		}
+	}
+	var c netns.Capture
+	if err == nil {
+		c, err = m.captureOf(pd)
+	}
+	if err == nil {
+		m.mu.Lock()
+		po.Capture, po.capture = pd.Capture, c
+		m.mu.Unlock()
+		err = m.install(po, m.newRound(p))
+	}
+	if err != nil {
+		m.mu.Lock()
+		po.err = err.Error()
+		m.mu.Unlock()
+	}
+	return err
+}
+
+// captureOf returns the capture program of pd: its own, or the one installed in its netns.
+func (m *Manager) captureOf(pd Pod) (netns.Capture, error) {
+	var c netns.Capture
+	if pd.Capture != nil {
+		c = *pd.Capture
+	} else {
+		got, err := m.installed(pd.Netns)
+		if err != nil {
+			return c, fmt.Errorf("fastpath: pod %s: %w", pd.ID, err)
+		}
+		c = got
+		if c.RedirectPort == 0 {
+			c.RedirectPort = m.o.RedirectPort
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("fastpath: pod %s: %w", pd.ID, err)
+	}
+	return c, nil
+}
+
+// round is one install round (an Add, or a Reload across every pod): one generation
+// (which a pod skips if it still knows it, see genFor), and plans and tables shared by the
+// pods that have the same labels, image, capture and generation.
 type round struct {
 	p      *rules.Policy
 	gen    uint8
@@ -271,8 +344,8 @@ func workloadKey(labels map[string]string, image string) string {
 	return b.String()
 }
 
-// table returns the plan and the compiled table of po in this round.
-func (r *round) table(po *pod) (*rules.KernelPlan, *netns.Table, error) {
+// table returns the plan and the compiled table of po in this round, marking with gen.
+func (r *round) table(po *pod, gen uint8) (*rules.KernelPlan, *netns.Table, error) {
 	wk := workloadKey(po.Labels, po.Image)
 	r.mu.Lock()
 	plan := r.plans[wk]
@@ -283,13 +356,13 @@ func (r *round) table(po *pod) (*rules.KernelPlan, *netns.Table, error) {
 		r.plans[wk] = plan
 		r.mu.Unlock()
 	}
-	tk := wk + "\x01" + po.capture.Render()
+	tk := wk + "\x01" + po.capture.Render() + "\x01" + string(rune(gen))
 	r.mu.Lock()
 	t := r.tables[tk]
 	r.mu.Unlock()
 	if t == nil {
 		var err error
-		if t, err = po.capture.ProgramWith(Compile(plan, r.gen)); err != nil {
+		if t, err = po.capture.ProgramWith(Compile(plan, gen)); err != nil {
 			return nil, nil, err
 		}
 		r.mu.Lock()
@@ -299,34 +372,52 @@ func (r *round) table(po *pod) (*rules.KernelPlan, *netns.Table, error) {
 	return plan, t, nil
 }
 
-// install installs po's plan of this round. The id table of the new generation is
-// published before the table goes in, and older generations stay decodable for a while,
-// so every event finds the decision its mark was set by.
+// genFor returns the generation po's next table marks with: the round's, or the next
+// number after it that po does not know (po.imu held). A known number may still be on
+// marks: of the installed table, or of connections whose events are queued or late.
+func (po *pod) genFor(r *round) uint8 {
+	g := r.gen
+	for slices.Contains(po.order, g) {
+		g++
+	}
+	return g
+}
+
+// install installs po's plan of this round (po.imu held). The id table of the new
+// generation is published before the table goes in (its first connections' events may
+// be read before apply returns), and the generation is kept only once its table is in:
+// a failed install leaves the pod's generations as they were, so the installed table's
+// is never evicted. Older generations stay decodable for keepGens installs, so every
+// event finds the decision its mark was set by.
 func (m *Manager) install(po *pod, r *round) error {
-	po.imu.Lock()
-	defer po.imu.Unlock()
-	plan, t, err := r.table(po)
+	gen := po.genFor(r)
+	plan, t, err := r.table(po, gen)
 	if err != nil {
-		return fmt.Errorf("fastpath: pod %s: %w", po.ID, err)
+		err = fmt.Errorf("fastpath: pod %s: %w", po.ID, err)
+		m.mu.Lock()
+		po.err = err.Error()
+		m.mu.Unlock()
+		return err
 	}
 	m.mu.Lock()
-	po.gens[r.gen] = plan.Entries // shared, read-only
-	po.order = slices.DeleteFunc(po.order, func(g uint8) bool { return g == r.gen })
-	po.order = append(po.order, r.gen)
-	for len(po.order) > keepGens {
-		delete(po.gens, po.order[0])
-		po.order = po.order[1:]
-	}
+	po.gens[gen] = plan.Entries // shared, read-only
 	m.mu.Unlock()
 	err = m.apply(po.Netns, t)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
+		// The transaction did not commit: no mark of gen exists.
+		delete(po.gens, gen)
 		po.err = err.Error()
 		return fmt.Errorf("fastpath: pod %s: %w", po.ID, err)
 	}
-	po.gen, po.plan, po.policy, po.err = r.gen, plan, r.p.Hash(), ""
-	m.log.Debug("kernel decisions installed", "pod", po.ID, "generation", r.gen, "entries", len(plan.Entries)-1, "kernel_share", plan.Share())
+	po.order = append(po.order, gen)
+	for len(po.order) > keepGens {
+		delete(po.gens, po.order[0])
+		po.order = po.order[1:]
+	}
+	po.gen, po.plan, po.policy, po.err = gen, plan, r.p.Hash(), ""
+	m.log.Debug("kernel decisions installed", "pod", po.ID, "generation", gen, "entries", len(plan.Entries)-1, "kernel_share", plan.Share())
 	return nil
 }
 
@@ -335,8 +426,9 @@ const reloadWorkers = 4
 
 // Reload installs every pod's plan under the new policy, one atomic table swap per pod,
 // with the plans and tables of identical pods computed once. A pod whose install fails
-// keeps its previous table (and decisions) and reports the error in its status; the
-// errors are returned joined.
+// keeps its previous table (and decisions) and reports the error in its status, and
+// Verify under p fails for it until an Add (the daemon's repair) installs p's decisions;
+// the errors are returned joined.
 func (m *Manager) Reload(p *rules.Policy) error {
 	m.mu.Lock()
 	pods := make([]*pod, 0, len(m.pods))
@@ -354,7 +446,10 @@ func (m *Manager) Reload(p *rules.Policy) error {
 		go func() {
 			defer wg.Done()
 			for po := range work {
-				if err := m.install(po, r); err != nil {
+				po.imu.Lock()
+				err := m.install(po, r)
+				po.imu.Unlock()
+				if err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -370,8 +465,9 @@ func (m *Manager) Reload(p *rules.Policy) error {
 	return errors.Join(errs...)
 }
 
-// Remove stops watching a pod. Its table is left as it is: kl-cni DEL (or the hook's
-// poststop) removes it with the netns. Removing an unknown id does nothing.
+// Remove stops watching a pod, after recording the events already queued for it. Its
+// table is left as it is: kl-cni DEL (or the hook's poststop) removes it with the netns.
+// Removing an unknown id does nothing.
 func (m *Manager) Remove(id string) {
 	m.mu.Lock()
 	po := m.pods[id]
@@ -382,32 +478,60 @@ func (m *Manager) Remove(id string) {
 	}
 }
 
-// Verify checks that a pod's table still holds exactly its capture and the kernel
-// decisions last installed (a periodic check for the daemon: a hand edit, or a kl-cni
-// ADD that reinstalled the plain capture, shows here).
-func (m *Manager) Verify(id string) error {
+// Verify checks that a pod's kernel decisions are those of policy p (the live one) and
+// that its table still holds exactly its capture and those decisions: a periodic check
+// for the daemon, which adds the pod again when it fails. A failed install (a Reload's
+// table swap that left the previous policy's decisions in place), a hand edit, or a
+// kl-cni ADD that reinstalled the plain capture shows here.
+func (m *Manager) Verify(id string, p *rules.Policy) error {
 	m.mu.Lock()
 	po := m.pods[id]
-	var plan *rules.KernelPlan
-	var gen uint8
+	var (
+		plan        *rules.KernelPlan
+		gen         uint8
+		policy, bad string
+		ns          string
+		c           netns.Capture
+	)
 	if po != nil {
-		plan, gen = po.plan, po.gen
+		plan, gen, policy, bad, ns, c = po.plan, po.gen, po.policy, po.err, po.Netns, po.capture
 	}
 	m.mu.Unlock()
-	if po == nil {
+	switch {
+	case po == nil:
 		return fmt.Errorf("fastpath: pod %s is not registered", id)
-	}
-	if plan == nil {
+	case bad != "":
+		return fmt.Errorf("fastpath: pod %s: last install failed: %s", id, bad)
+	case plan == nil:
 		return fmt.Errorf("fastpath: pod %s has no kernel decisions installed", id)
+	case policy != p.Hash():
+		return fmt.Errorf("fastpath: pod %s has the kernel decisions of policy %.12s, not of the live %.12s", id, policy, p.Hash())
 	}
 	d := Compile(plan, gen)
 	if m.backend == nil {
-		return netns.VerifyDecisions(po.Netns, po.capture, d)
+		return netns.VerifyDecisions(ns, c, d)
 	}
-	return netns.VerifyDecisionsWith(m.backend, po.Netns, po.capture, d)
+	return netns.VerifyDecisionsWith(m.backend, ns, c, d)
 }
 
-// Close stops every watcher.
+// Stale returns the ids of the pods whose kernel decisions are not those of policy p
+// (a Reload's install failed for them) or whose last install failed, sorted: what the
+// daemon installs again when a reload finds the rules unchanged.
+func (m *Manager) Stale(p *rules.Policy) []string {
+	h := p.Hash()
+	m.mu.Lock()
+	var ids []string
+	for id, po := range m.pods {
+		if po.err != "" || po.policy != h {
+			ids = append(ids, id)
+		}
+	}
+	m.mu.Unlock()
+	slices.Sort(ids)
+	return ids
+}
+
+// Close stops every watcher, after recording the events queued in it.
 func (m *Manager) Close() error {
 	m.mu.Lock()
 	ids := make([]string, 0, len(m.pods))

@@ -1,7 +1,9 @@
 package fastpath
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -162,17 +164,17 @@ func TestManagerRecordsAndReload(t *testing.T) {
 	if len(hits) != 2 || hits[0] != (audit.Hit{Rule: 0, Dimension: "default", Count: 1}) || hits[1] != (audit.Hit{Rule: 1, Dimension: "cidr", Count: 2}) {
 		t.Errorf("hits %+v", hits)
 	}
-	if err := m.Verify("a"); err != nil {
+	if err := m.Verify("a", p2); err != nil {
 		t.Errorf("Verify: %v", err)
 	}
 	if err := netns.InstallWith(f, "/ns/a", capture); err != nil { // kl-cni ADD again
 		t.Fatal(err)
 	}
-	if err := m.Verify("a"); err == nil {
+	if err := m.Verify("a", p2); err == nil {
 		t.Error("Verify passed on a table without the decisions")
 	}
 	m.Remove("a")
-	if err := m.Verify("a"); err == nil {
+	if err := m.Verify("a", p2); err == nil {
 		t.Error("Verify of a removed pod passed")
 	}
 	if len(m.Status()) != 0 {
@@ -238,5 +240,120 @@ func BenchmarkRecord(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		m.record(po, mark)
+	}
+}
+
+// A pod whose table swap failed in a Reload keeps the previous policy's table: Verify
+// under the live policy fails for it (so the daemon's check adds it again), its status
+// says why, and however many installs fail, the generation its installed table marks
+// with stays decodable. A failed re-Add keeps the pod as it was; a good one installs the
+// live policy and keeps the earlier generations.
+func TestFailedReloadIsRepaired(t *testing.T) {
+	f := netns.NewFake()
+	var s sink
+	m := New(Options{Sink: &s, Backend: f, NoWatch: true})
+	defer m.Close()
+	c := capture
+	p1 := policy(t, cidrPolicy)
+	pd := Pod{ID: "a", Netns: "/ns/a", Capture: &c}
+	if err := m.Add(pd, p1); err != nil {
+		t.Fatal(err)
+	}
+	po := m.pods["a"]
+	old := po.gen
+	p2 := policy(t, "default: proxy\nrules:\n  - cidr: 192.0.2.0/24\n    action: deny\n")
+	f.ApplyErr = errTest
+	for i := range keepGens + 1 {
+		if err := m.Reload(p2); err == nil {
+			t.Fatalf("reload %d with a failing backend passed", i)
+		}
+	}
+	f.ApplyErr = nil
+	if err := m.Verify("a", p2); err == nil {
+		t.Error("Verify under the live policy passed for a pod still on the previous one")
+	}
+	if st := m.Status()[0]; st.Error == "" || st.Policy != p1.Hash() || st.Generation != old {
+		t.Errorf("status after failed reloads %+v, want the error, policy %.12s, generation %d", st, p1.Hash(), old)
+	}
+	if got := m.Stale(p2); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Stale = %v, want [a]", got)
+	}
+	// A flow the installed table decided (192.0.2.1: cidr rule 1, id 2).
+	if !m.record(po, Mark(old, 2)) || s.recs[len(s.recs)-1].Note != "cluster" {
+		t.Fatalf("flow of the installed table (generation %d) not recorded as rule 1: unknown=%d, generations %v", old, po.unknown, po.order)
+	}
+
+	f.ApplyErr = errTest
+	if err := m.Add(pd, p2); err == nil {
+		t.Fatal("re-Add with a failing backend passed")
+	}
+	f.ApplyErr = nil
+	if m.pods["a"] != po || m.Status()[0].Error == "" || m.Verify("a", p2) == nil {
+		t.Fatalf("a failed re-Add did not keep the pod with its error: %+v", m.Status())
+	}
+	if err := m.Add(pd, p2); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Verify("a", p2); err != nil {
+		t.Errorf("Verify after the repair: %v", err)
+	}
+	if st := m.Status()[0]; st.Error != "" || st.Policy != p2.Hash() || len(m.Stale(p2)) != 0 {
+		t.Errorf("status after the repair %+v", st)
+	}
+	if m.pods["a"] != po || !m.record(po, Mark(old, 2)) || s.recs[len(s.recs)-1].Note != "cluster" {
+		t.Error("the repair forgot the generation of the table it replaced")
+	}
+}
+
+// A generation is never given to a pod's new table while the pod still knows it: after
+// 256 install rounds (other pods' registrations count) a reload would otherwise reuse
+// the number the pod's live table marks with, and the queued events of that table would
+// be decoded with the new policy's entries.
+func TestGenerationNotReused(t *testing.T) {
+	// Add and keepGens-1 reloads take generations 1 to keepGens; after 240 to 255 more
+	// rounds the reload's number is one of them.
+	for _, others := range []int{240, 254, 255} {
+		t.Run(fmt.Sprint(others), func(t *testing.T) {
+			f := netns.NewFake()
+			var s sink
+			m := New(Options{Sink: &s, Backend: f, NoWatch: true})
+			defer m.Close()
+			c := capture
+			p1 := policy(t, cidrPolicy)
+			if err := m.Add(Pod{ID: "a", Netns: "/ns/a", Capture: &c}, p1); err != nil {
+				t.Fatal(err)
+			}
+			po := m.pods["a"]
+			// Reloads the pod takes part in, then registrations of another pod.
+			for range keepGens - 1 {
+				if err := m.Reload(p1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			known := slices.Clone(po.order)
+			for range others {
+				if err := m.Add(Pod{ID: "b", Netns: "/ns/b", Capture: &c}, p1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p2 := policy(t, "default: direct\nrules:\n  - port: 22\n    action: deny\n  - cidr: 198.51.100.0/24\n    action: direct\n    note: other\n")
+			if err := m.Reload(p2); err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(known, po.gen) {
+				t.Fatalf("reload gave the pod generation %d, which its earlier tables %v mark with", po.gen, known)
+			}
+			// The queued events of every earlier table still kept (the oldest made room for
+			// the new one): p1's entry 2 (rule 1, note cluster).
+			for _, g := range known[1:] {
+				s.recs = nil
+				if !m.record(po, Mark(g, 2)) || s.recs[0].Note != "cluster" {
+					t.Errorf("flow marked by the generation %d table recorded as %+v, want rule 1 of the old policy", g, s.recs)
+				}
+			}
+			if err := netns.VerifyDecisionsWith(f, "/ns/a", capture, Compile(p2.Plan(nil, ""), po.gen)); err != nil {
+				t.Errorf("installed table: %v", err)
+			}
+		})
 	}
 }

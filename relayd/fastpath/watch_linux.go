@@ -27,7 +27,9 @@ import (
 //   - Events are read in batches: the sockets sit in a private epoll set that no
 //     thread blocks on, polled on a timer (see poller), so a burst of connections costs
 //     a wake-up per round, not one per connection (a context switch is the dearest part
-//     of a short connection on a small machine). Records come at most pollIdle late.
+//     of a short connection on a small machine). Records come at most pollIdle late,
+//     and a socket is read to the end before it is closed (a pod's removal, the
+//     daemon's shutdown), so the events queued meanwhile still become records.
 //   - A drain reads up to recvBatch events per system call (recvmmsg(2)): netlink hands
 //     out one event per datagram, and a system call per event was half of what the
 //     watcher cost (kl-relayd's CPU per kernel-decided connection: 11 µs before, 6 after).
@@ -73,8 +75,14 @@ const (
 // watch starts watching the pod's conntrack events: a netlink socket opened inside the
 // pod netns, subscribed before watch returns (so the pod's first connection is seen) and
 // added to the manager's poller. A socket error other than an overrun is counted as
-// lost and the socket reopened. stop removes the socket and closes it.
+// lost and the socket reopened. stop reads what is queued, removes the socket and closes
+// it.
 func (m *Manager) watch(po *pod) (stop func(), err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(po.Netns, &st); err != nil {
+		return nil, fmt.Errorf("conntrack event socket: %w", err)
+	}
+	po.nsDev, po.nsIno = st.Dev, st.Ino
 	fd, err := openEvents(po.Netns)
 	if err != nil {
 		return nil, err
@@ -90,6 +98,30 @@ func (m *Manager) watch(po *pod) (stop func(), err error) {
 	return func() { p.remove(po) }, nil
 }
 
+// rewatch opens po's event socket again if it has none: its watcher gave up reopening a
+// broken one. A pod added again keeps its watcher, so this is where it comes back.
+func (m *Manager) rewatch(po *pod) error {
+	p, err := m.poller()
+	if err != nil {
+		return err
+	}
+	if p.has(po) {
+		return nil
+	}
+	fd, err := openEvents(po.Netns)
+	if err != nil {
+		return err
+	}
+	return p.add(po, fd)
+}
+
+// sameNetns reports whether po's netns path still names the netns its watcher reads (a
+// sandbox recreated under the same id and path is another netns).
+func (po *pod) sameNetns() bool {
+	var st unix.Stat_t
+	return po.stop != nil && unix.Stat(po.Netns, &st) == nil && st.Dev == po.nsDev && st.Ino == po.nsIno
+}
+
 // poller returns the manager's poller, starting it on first use.
 func (m *Manager) poller() (*poller, error) {
 	m.mu.Lock()
@@ -101,7 +133,7 @@ func (m *Manager) poller() (*poller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("conntrack event poller: %w", err)
 	}
-	p := &poller{m: m, ep: ep, socks: map[int32]*watched{}, quit: make(chan struct{}), done: make(chan struct{})}
+	p := &poller{m: m, ep: ep, socks: map[int32]*watched{}, buf: newRecvBuf(), quit: make(chan struct{}), done: make(chan struct{})}
 	go p.run()
 	m.poll = p
 	return p, nil
@@ -129,8 +161,9 @@ func (m *Manager) closePoller() {
 type poller struct {
 	m     *Manager
 	ep    int
-	mu    sync.Mutex // the epoll set and socks; held by a round
+	mu    sync.Mutex // the epoll set, socks and buf; held by a round
 	socks map[int32]*watched
+	buf   *recvBuf
 	quit  chan struct{}
 	done  chan struct{}
 }
@@ -140,9 +173,15 @@ type watched struct {
 	fd int
 }
 
+// add watches fd as po's socket, unless po has one already (a reopen after a socket
+// error and a rewatch raced): then fd is closed, so no event is read twice.
 func (p *poller) add(po *pod, fd int) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.hasLocked(po) {
+		unix.Close(fd)
+		return nil
+	}
 	if err := unix.EpollCtl(p.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}); err != nil {
 		unix.Close(fd)
 		return fmt.Errorf("conntrack event poller: %w", err)
@@ -151,14 +190,39 @@ func (p *poller) add(po *pod, fd int) error {
 	return nil
 }
 
+func (p *poller) has(po *pod) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.hasLocked(po)
+}
+
+func (p *poller) hasLocked(po *pod) bool {
+	for _, w := range p.socks {
+		if w.po == po {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *poller) remove(po *pod) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, w := range p.socks {
 		if w.po == po {
-			p.closeSock(w)
+			p.finish(w)
 		}
 	}
+}
+
+// finish reads what is queued in w's socket, then closes it (p.mu held). Flows the kernel
+// decided up to now get their records; closing at once would drop up to a poll round of
+// them at every removal and at shutdown.
+func (p *poller) finish(w *watched) {
+	if _, err := p.drain(w); err != nil {
+		p.m.lost(w.po, 1)
+	}
+	p.closeSock(w)
 }
 
 func (p *poller) closeSock(w *watched) {
@@ -170,7 +234,6 @@ func (p *poller) closeSock(w *watched) {
 func (p *poller) run() {
 	defer close(p.done)
 	evs := make([]unix.EpollEvent, 128)
-	buf := newRecvBuf()
 	wait := pollIdle
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -179,14 +242,14 @@ func (p *poller) run() {
 		case <-p.quit:
 			p.mu.Lock()
 			for _, w := range p.socks {
-				p.closeSock(w)
+				p.finish(w)
 			}
 			unix.Close(p.ep)
 			p.mu.Unlock()
 			return
 		case <-t.C:
 		}
-		if p.round(evs, buf) > 0 {
+		if p.round(evs) > 0 {
 			wait = pollBusy
 		} else {
 			wait = min(2*wait, pollIdle)
@@ -196,7 +259,7 @@ func (p *poller) run() {
 }
 
 // round drains every socket with events queued and returns how many messages it read.
-func (p *poller) round(evs []unix.EpollEvent, buf *recvBuf) int {
+func (p *poller) round(evs []unix.EpollEvent) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	read := 0
@@ -211,7 +274,11 @@ func (p *poller) round(evs []unix.EpollEvent, buf *recvBuf) int {
 		}
 		for _, ev := range evs[:n] {
 			if w := p.socks[ev.Fd]; w != nil {
-				read += p.drain(w, buf)
+				got, err := p.drain(w)
+				read += got
+				if err != nil {
+					p.fail(w, err)
+				}
 			}
 		}
 		if n < len(evs) {
@@ -221,9 +288,10 @@ func (p *poller) round(evs []unix.EpollEvent, buf *recvBuf) int {
 }
 
 // drain reads w's socket until it is empty (or a batch comes back short: what arrives
-// meanwhile waits for the next round) and returns how many messages it read.
-func (p *poller) drain(w *watched, buf *recvBuf) int {
-	read := 0
+// meanwhile waits for the next round) and returns how many messages it read, and the
+// socket's error if it broke (p.mu held).
+func (p *poller) drain(w *watched) (int, error) {
+	buf, read := p.buf, 0
 	for {
 		n, err := buf.recv(w.fd)
 		switch err {
@@ -239,11 +307,11 @@ func (p *poller) drain(w *watched, buf *recvBuf) int {
 				p.m.handle(w.po, msg)
 			}
 			if n < recvBatch {
-				return read
+				return read, nil
 			}
 			continue
 		case unix.EAGAIN:
-			return read
+			return read, nil
 		case unix.EINTR:
 			continue
 		case unix.ENOBUFS:
@@ -253,8 +321,7 @@ func (p *poller) drain(w *watched, buf *recvBuf) int {
 			p.m.overrun(w.po)
 			continue
 		}
-		p.fail(w, err)
-		return read
+		return read, err
 	}
 }
 
@@ -299,7 +366,8 @@ func (b *recvBuf) msg(i int) ([]byte, bool) {
 	return b.data[i*recvSlot : i*recvSlot+int(h.Len)], h.Hdr.Flags&unix.MSG_TRUNC != 0
 }
 
-// fail closes a broken socket, counts it as lost and reopens it in the background.
+// fail closes a broken socket, counts it as lost and reopens it in the background (p.mu
+// held).
 func (p *poller) fail(w *watched, err error) {
 	m, po := p.m, w.po
 	m.lost(po, 1)

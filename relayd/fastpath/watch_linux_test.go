@@ -3,6 +3,7 @@ package fastpath
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -189,5 +190,117 @@ func TestEventFilter(t *testing.T) {
 	// DESTROY may follow for a connection whose state ended), none of the others.
 	if marks[0x6b010002] < 3 || len(marks) != 1 {
 		t.Errorf("events received by mark: %v, want only 0x6b010002 (at least 3)", marks)
+	}
+}
+
+// Events queued in a pod's socket when it stops being watched become records: Remove
+// (deregistration) and Close (the daemon's shutdown) read the socket before closing it,
+// and adding the pod again in the same netns (a refresh, the daemon's repair) keeps the
+// socket and the generations its queued marks name. The connections here are decided by
+// a table of the test's own, marking with the pod's generation, and read by no poll
+// round before the step under test.
+func TestQueuedEventsRecorded(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	for _, step := range []string{"remove", "close", "add again"} {
+		t.Run(step, func(t *testing.T) {
+			ns := testutil.NewNetns(t, "klqe")
+			var s sink
+			m := New(Options{Sink: &s, Backend: netns.NewFake()})
+			defer m.Close()
+			c := capture
+			pd := Pod{ID: "a", Netns: ns.Path, Capture: &c}
+			p := policy(t, cidrPolicy)
+			if err := m.Add(pd, p); err != nil {
+				t.Fatal(err)
+			}
+			po := m.pods["a"]
+			rules := filepath.Join(t.TempDir(), "t.nft")
+			if err := os.WriteFile(rules, []byte(fmt.Sprintf("table inet klqe {\n chain out {\n  type filter hook output priority 0; policy accept;\n"+
+				"  tcp dport 7001 ct mark set 0x%08x ct event set new\n }\n}\n", Mark(po.gen, 2))), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ns.Exec(t, "nft", "-f", rules)
+			ln, err := netns.Listen(ns.Path, "tcp4", "127.0.0.1:7001")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			// The poller's rounds wait while the flows run, so they are all queued.
+			m.poll.mu.Lock()
+			for range 5 {
+				c, err := netns.Dial(context.Background(), ns.Path, 0, "tcp4", "127.0.0.1:7001")
+				if err != nil {
+					m.poll.mu.Unlock()
+					t.Fatal(err)
+				}
+				sc, err := ln.Accept()
+				if err != nil {
+					m.poll.mu.Unlock()
+					t.Fatal(err)
+				}
+				c.Close()
+				sc.Close()
+			}
+			m.poll.mu.Unlock()
+			records := func() int {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return len(s.recs)
+			}
+			switch step {
+			case "remove":
+				m.Remove("a")
+			case "close":
+				m.Close()
+			case "add again":
+				if err := m.Add(pd, policy(t, "default: direct\n")); err != nil {
+					t.Fatal(err)
+				}
+				if m.pods["a"] != po {
+					t.Fatal("adding the pod again in its netns replaced its watcher")
+				}
+				for deadline := time.Now().Add(2 * time.Second); records() < 5 && time.Now().Before(deadline); {
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			if n := records(); n != 5 {
+				t.Errorf("5 kernel-decided flows queued, %d records (unknown marks %d)", n, po.unknown)
+			}
+			s.mu.Lock()
+			for _, r := range s.recs {
+				if r.Note != "cluster" {
+					t.Errorf("record %+v, want rule 1 of the policy the flows were marked under", r)
+				}
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+// Adding a pod again in its netns brings back a watcher that gave up reopening its
+// socket; a sandbox recreated under the same id in another netns gets a watcher of its
+// own.
+func TestAddAgainWatcher(t *testing.T) {
+	a, b := testutil.NewNetns(t, "klra"), testutil.NewNetns(t, "klrb")
+	m := New(Options{Backend: netns.NewFake()})
+	defer m.Close()
+	c := capture
+	p := policy(t, cidrPolicy)
+	if err := m.Add(Pod{ID: "x", Netns: a.Path, Capture: &c}, p); err != nil {
+		t.Fatal(err)
+	}
+	po := m.pods["x"]
+	m.poll.remove(po) // what a watcher that gave up leaves
+	if err := m.Add(Pod{ID: "x", Netns: a.Path, Capture: &c}, p); err != nil {
+		t.Fatal(err)
+	}
+	if m.pods["x"] != po || !m.poll.has(po) {
+		t.Error("adding the pod again did not bring its watcher back")
+	}
+	if err := m.Add(Pod{ID: "x", Netns: b.Path, Capture: &c}, p); err != nil {
+		t.Fatal(err)
+	}
+	if m.pods["x"] == po || m.pods["x"].Netns != b.Path || m.poll.has(po) || !m.poll.has(m.pods["x"]) {
+		t.Error("a registration in another netns kept the first netns's watcher")
 	}
 }

@@ -8,6 +8,10 @@ func (m *Manager) watch(po *pod) (stop func(), err error) {
 	return nil, errors.ErrUnsupported
 }
 
+func (m *Manager) rewatch(po *pod) error { return errors.ErrUnsupported }
+
+func (po *pod) sameNetns() bool { return false }
+
 type poller struct{}
 
 func (m *Manager) closePoller() {}
