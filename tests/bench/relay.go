@@ -81,18 +81,18 @@ func median[T float64 | time.Duration](v []T) T {
 
 // relayBench is the topology and the processes it runs; cleanup undoes all of it.
 type relayBench struct {
-	dir          string
-	pod, srv     string // netns names
-	podPath      string
-	cleanups     []func()
-	relay        *exec.Cmd
-	relayDone    chan struct{}
-	relayLog     *bytes.Buffer
-	socket       string
-	bin          string
-	podCapture   bool
-	otherPid     int    // the relay that is not kl-relayd: redsocks or the bare relay
-	stopOther    func() // stops it and removes what it put in the pod
+	dir        string
+	pod, srv   string // netns names
+	podPath    string
+	cleanups   []func()
+	relay      *exec.Cmd
+	relayDone  chan struct{}
+	relayLog   *bytes.Buffer
+	socket     string
+	bin        string
+	podCapture bool
+	otherPid   int    // the relay that is not kl-relayd: redsocks or the bare relay
+	stopOther  func() // stops it and removes what it put in the pod
 }
 
 func (b *relayBench) onCleanup(f func()) { b.cleanups = append(b.cleanups, f) }
