@@ -192,9 +192,20 @@ func (h *Handle) Dial(ctx context.Context, mark uint32, network, addr string) (n
 func (h *Handle) DialAddrPort(ctx context.Context, mark uint32, ap netip.AddrPort) (net.Conn, error) {
 	c, err := h.dialAddr(ctx, mark, ap)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s in %s: %w", ap, h.path, err)
+		return nil, fmt.Errorf("dial in %s: %w", where(h.path), err)
 	}
 	return c, nil
+}
+
+// where names a netns in errors. The errors of the dials never name their destination
+// in their own words: they reach audit records and logs (through audit.Reason, which can
+// only take addresses out of the net package's errors) and those must not hold it.
+// The destination stays in the wrapped *net.OpError, *net.AddrError or *net.DNSError.
+func where(nsPath string) string {
+	if nsPath == "" {
+		return "the current netns"
+	}
+	return nsPath
 }
 
 func (h *Handle) dialAddr(ctx context.Context, mark uint32, ap netip.AddrPort) (net.Conn, error) {
@@ -350,15 +361,15 @@ func dial(ctx context.Context, nsPath string, dialOne func(context.Context, neti
 	case "tcp6":
 		family = "ip6"
 	default:
-		return nil, fmt.Errorf("dial %s in %s: network %q is not tcp, tcp4 or tcp6", addr, nsPath, network)
+		return nil, fmt.Errorf("dial in %s: network %q is not tcp, tcp4 or tcp6", where(nsPath), network)
 	}
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
+		return nil, fmt.Errorf("dial in %s: %w", where(nsPath), err) // a *net.AddrError
 	}
 	port, err := net.DefaultResolver.LookupPort(ctx, network, portStr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
+		return nil, fmt.Errorf("dial in %s: port: %w", where(nsPath), err) // a *net.DNSError
 	}
 	var ips []netip.Addr
 	if ip, err := netip.ParseAddr(host); err == nil {
@@ -366,14 +377,14 @@ func dial(ctx context.Context, nsPath string, dialOne func(context.Context, neti
 	} else {
 		ips, err = net.DefaultResolver.LookupNetIP(ctx, family, host)
 		if err != nil {
-			return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, err)
+			return nil, fmt.Errorf("dial in %s: %w", where(nsPath), err) // a *net.DNSError
 		}
 	}
 	var errs []error
 	for _, ip := range ips {
 		ip = ip.Unmap()
 		if (family == "ip4" && !ip.Is4()) || (family == "ip6" && ip.Is4()) {
-			errs = append(errs, fmt.Errorf("%s is not an %s address", ip, family))
+			errs = append(errs, &net.AddrError{Err: "not an " + family + " address", Addr: ip.String()})
 			continue
 		}
 		c, err := dialOne(ctx, netip.AddrPortFrom(ip, uint16(port)))
@@ -385,7 +396,7 @@ func dial(ctx context.Context, nsPath string, dialOne func(context.Context, neti
 			break
 		}
 	}
-	return nil, fmt.Errorf("dial %s in %s: %w", addr, nsPath, errors.Join(errs...))
+	return nil, fmt.Errorf("dial in %s: %w", where(nsPath), errors.Join(errs...))
 }
 
 // dialAddr connects one socket made by socket to ap.

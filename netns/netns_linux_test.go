@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/tests/testutil"
 	"golang.org/x/sys/unix"
 )
@@ -1121,4 +1122,76 @@ func sockopt(t *testing.T, c syscall.Conn, level, opt int) int {
 		t.Fatal(gerr)
 	}
 	return v
+}
+
+// TestDialErrorsNameNoDestination: what a failed dial says, once audit.Reason has cleaned
+// it, names neither the destination's address nor its name, whichever way the dial went
+// (by address or by name, through a handle or a path, one address or several). The relay
+// writes exactly that text into audit records and its log (SPEC §5).
+func TestDialErrorsNameNoDestination(t *testing.T) {
+	ns := testutil.NewNetns(t, "klerr")
+	ln, err := Listen(ns.Path, "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().(*net.TCPAddr).AddrPort() // nothing listens there once closed
+	ln.Close()
+	port := fmt.Sprint(closed.Port())
+	h, err := Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close()
+	t.Cleanup(func() { h.Close() })
+	// localhost: a name /etc/hosts answers (with 127.0.0.1, and ::1 where listed).
+	secrets := []string{"127.0.0.1", "::1", "fd00::", "192.0.2.", "localhost", "no-such-name.invalid", ":" + port}
+	for _, tt := range []struct {
+		name string
+		dial func(context.Context) (net.Conn, error)
+	}{
+		{"handle, address, refused", func(ctx context.Context) (net.Conn, error) { return h.DialAddrPort(ctx, 0x539, closed) }},
+		{"handle, text, refused", func(ctx context.Context) (net.Conn, error) { return h.Dial(ctx, 0x539, "tcp", closed.String()) }},
+		{"handle, name, all refused", func(ctx context.Context) (net.Conn, error) { return h.Dial(ctx, 0x539, "tcp", "localhost:"+port) }},
+		{"handle, name, wrong family", func(ctx context.Context) (net.Conn, error) { return h.Dial(ctx, 0x539, "tcp6", "localhost:"+port) }},
+		{"handle, address, unreachable", func(ctx context.Context) (net.Conn, error) {
+			return h.DialAddrPort(ctx, 0x539, netip.MustParseAddrPort("192.0.2.7:"+port))
+		}},
+		{"handle, closed", func(ctx context.Context) (net.Conn, error) { return gone.DialAddrPort(ctx, 0x539, closed) }},
+		{"path, text, refused", func(ctx context.Context) (net.Conn, error) { return Dial(ctx, ns.Path, 0x539, "tcp", closed.String()) }},
+		{"path, name, all refused", func(ctx context.Context) (net.Conn, error) {
+			return Dial(ctx, ns.Path, 0x539, "tcp", "localhost:"+port)
+		}},
+		{"path, wrong family", func(ctx context.Context) (net.Conn, error) {
+			return Dial(ctx, ns.Path, 0x539, "tcp4", "[fd00::1]:"+port)
+		}},
+		{"path, unknown name", func(ctx context.Context) (net.Conn, error) {
+			return Dial(ctx, ns.Path, 0x539, "tcp", "no-such-name.invalid:"+port)
+		}},
+		{"path, unknown port", func(ctx context.Context) (net.Conn, error) {
+			return Dial(ctx, ns.Path, 0x539, "tcp", "localhost:no-such-name.invalid")
+		}},
+		{"path, no port", func(ctx context.Context) (net.Conn, error) { return Dial(ctx, ns.Path, 0x539, "tcp", "localhost") }},
+		{"current netns, name", func(ctx context.Context) (net.Conn, error) { return Dial(ctx, "", 0x539, "tcp", "localhost:"+port) }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			c, err := tt.dial(ctx)
+			if err == nil {
+				c.Close()
+				t.Fatal("dial succeeded")
+			}
+			got := audit.Reason(err)
+			t.Logf("%q", got)
+			for _, s := range secrets {
+				if strings.Contains(got, s) {
+					t.Errorf("audit.Reason(%q) = %q, names %q", err, got, s)
+				}
+			}
+		})
+	}
 }

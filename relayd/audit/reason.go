@@ -1,22 +1,29 @@
 package audit
 
 import (
-	"errors"
 	"net"
+	"net/netip"
 	"strings"
 )
 
 // Reason turns an error into a Record.Reason without the destination: the text of any
 // *net.OpError in the chain loses its addresses ("dial tcp 203.0.113.7:443: connect:
-// connection refused" becomes "dial tcp: connect: connection refused") and a
-// *net.DNSError loses the name it looked up. Upstream proxy addresses (the operator's
-// configuration, not the flow's) are kept.
+// connection refused" becomes "dial tcp: connect: connection refused"), a *net.DNSError
+// loses the name it looked up and a *net.AddrError the address it names. Every branch of
+// a joined error is cleaned, not only the first. Upstream proxy addresses (the
+// operator's configuration, not the flow's) are kept.
+//
+// Only those errors carry the destination in a form Reason can find: an error that
+// formats a destination into its own text must not be given to it. As a last guard, an
+// IP address literal left anywhere else in the text becomes "<address>" (one in a URL,
+// as in an upstream's name "socks5://192.0.2.1:1080", stays); host names cannot be
+// recognised that way.
 func Reason(err error) string {
 	if err == nil {
 		return ""
 	}
 	s := err.Error()
-	for e := err; e != nil; e = unwrapOne(e) {
+	walk(err, func(e error) bool {
 		switch v := e.(type) {
 		case *net.OpError:
 			clean := v.Op
@@ -35,19 +42,79 @@ func Reason(err error) string {
 			s = strings.Replace(s, v.Error(), clean, 1)
 		case *net.AddrError:
 			s = strings.Replace(s, v.Error(), v.Err, 1)
+		default:
+			return true
 		}
-	}
-	return s
+		return false // its text is replaced whole: nothing below it is left to clean
+	})
+	return scrubAddrs(s)
 }
 
-func unwrapOne(err error) error {
-	if u, ok := err.(interface{ Unwrap() []error }); ok {
-		if es := u.Unwrap(); len(es) > 0 {
-			return es[0]
-		}
-		return nil
+// walk calls fn for err and, depth first, for every error it wraps (all of a joined
+// error's) while fn returns true.
+func walk(err error, fn func(error) bool) {
+	if err == nil || !fn(err) {
+		return
 	}
-	return errors.Unwrap(err)
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			walk(e, fn)
+		}
+	case interface{ Unwrap() error }:
+		walk(u.Unwrap(), fn)
+	}
+}
+
+// scrubAddrs replaces IP address literals (with or without a port, IPv6 with or without
+// brackets) with "<address>", except inside a URL ("scheme://" right before it).
+func scrubAddrs(s string) string {
+	isAddrByte := func(c byte) bool {
+		return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' ||
+			c == '.' || c == ':' || c == '[' || c == ']'
+	}
+	var b strings.Builder
+	last := 0 // s[:last] is written to b
+	for i := 0; i < len(s); {
+		if !isAddrByte(s[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(s) && isAddrByte(s[j]) {
+			j++
+		}
+		// A word only: "ad" in "bad" is no candidate, nor is the run in "5s".
+		word := (i == 0 || !isWordByte(s[i-1])) && (j == len(s) || !isWordByte(s[j]))
+		lit := strings.TrimRight(s[i:j], ".:") // "…:443: connect" ends the literal at 443
+		if word && isAddrLiteral(lit) && !strings.HasSuffix(s[:i], "//") {
+			b.WriteString(s[last:i])
+			b.WriteString("<address>")
+			last = i + len(lit)
+		}
+		i = j
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+func isWordByte(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '-'
+}
+
+// isAddrLiteral reports whether s is an IP address or an address with a port.
+func isAddrLiteral(s string) bool {
+	if !strings.ContainsAny(s, ".:") {
+		return false
+	}
+	if _, err := netip.ParseAddrPort(s); err == nil {
+		return true
+	}
+	_, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	return err == nil
 }
 
 // Redacted wraps err so that its text is Reason(err) (no destination) while errors.Is and

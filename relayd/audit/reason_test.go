@@ -35,6 +35,17 @@ func TestReason(t *testing.T) {
 			"resolve: lookup failed: no such host", "secret.example"},
 		{"op without net", &net.OpError{Op: "read", Addr: &net.TCPAddr{IP: net.IPv4(203, 0, 113, 9), Port: 1}, Err: errors.New("reset")},
 			"read: reset", "203.0.113.9"},
+		{"joined", fmt.Errorf("dial in /run/netns/p: %w", errors.Join(
+			&net.AddrError{Err: "not an ip6 address", Addr: "192.0.2.4"},
+			&net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.ParseIP("2001:db8::5"), Port: 443}, Err: syscall.ECONNREFUSED})),
+			"dial in /run/netns/p: not an ip6 address\ndial tcp: connection refused", "2001:db8::5"},
+		{"joined first", errors.Join(dialErr, dialErr), "dial tcp: connect: connection refused\ndial tcp: connect: connection refused", addr},
+		{"address in words", fmt.Errorf("dial %s in : %w", addr, syscall.ECONNREFUSED), "dial <address> in : connection refused", addr},
+		{"ipv6 in words", errors.New("to [2001:db8::7]:80, 2001:db8::8 or 192.0.2.9."), "to <address>, <address> or <address>.", "2001:db8"},
+		{"upstream kept", fmt.Errorf("upstream socks5://192.0.2.1:1080: connect: %w", dialErr),
+			"upstream socks5://192.0.2.1:1080: connect: dial tcp: connect: connection refused", addr},
+		{"not addresses", errors.New("bad port \"abc\" after 5s, HTTP/1.1 rule 12.3 at 10:30 (mark 0x4b4c, tcp4: 1.2.3)"),
+			"bad port \"abc\" after 5s, HTTP/1.1 rule 12.3 at 10:30 (mark 0x4b4c, tcp4: 1.2.3)", ""},
 		{"plain", errors.New("denied by policy"), "denied by policy", ""},
 		{"context", context.DeadlineExceeded, "context deadline exceeded", ""},
 	}
