@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/kl-egress/kl/relayd/upstream"
@@ -164,11 +165,36 @@ func dialStatus(err error) (int, string) {
 	return http.StatusBadGateway, f.String()
 }
 
-// origin is the kept-alive connection to the destination of forwarded requests.
+// origin is the kept-alive connection to the destination of forwarded requests. Every
+// read and write on it (through Read and Write, which br uses) must make progress within
+// idle; while until is set, reads end at that time instead (the wait for response
+// headers). An origin that stops answering cannot hold the handler.
 type origin struct {
-	conn net.Conn
-	br   *bufio.Reader
-	key  string
+	conn  net.Conn
+	br    *bufio.Reader // reads through Read
+	key   string
+	idle  time.Duration
+	until time.Time
+}
+
+func (s *Server) newOrigin(conn net.Conn, key string) *origin {
+	o := &origin{conn: conn, key: key, idle: s.idleTimeout()}
+	o.br = bufio.NewReaderSize(o, 4096)
+	return o
+}
+
+func (o *origin) Read(p []byte) (int, error) {
+	d := o.until
+	if d.IsZero() {
+		d = time.Now().Add(o.idle)
+	}
+	_ = o.conn.SetReadDeadline(d)
+	return o.conn.Read(p)
+}
+
+func (o *origin) Write(p []byte) (int, error) {
+	_ = o.conn.SetWriteDeadline(time.Now().Add(o.idle))
+	return o.conn.Write(p)
 }
 
 func (o *origin) close() {
@@ -176,6 +202,63 @@ func (o *origin) close() {
 		_ = o.conn.Close()
 	}
 }
+
+// idleWriter writes to a client connection that must take each write within idle (a
+// client that stops reading a forwarded response does not hold the handler).
+type idleWriter struct {
+	c    net.Conn
+	idle time.Duration
+}
+
+func (w idleWriter) Write(p []byte) (int, error) {
+	_ = w.c.SetWriteDeadline(time.Now().Add(w.idle))
+	return w.c.Write(p)
+}
+
+// idleBody is a forwarded request's body, read from the client within idle per read.
+type idleBody struct {
+	io.ReadCloser
+	c    net.Conn
+	idle time.Duration
+}
+
+func (b idleBody) Read(p []byte) (int, error) {
+	_ = b.c.SetReadDeadline(time.Now().Add(b.idle))
+	return b.ReadCloser.Read(p)
+}
+
+// watchClient notices the client going away while a forwarded request waits for its
+// answer: it peeks at the client's next byte, and if the connection ends instead (EOF, a
+// reset; a half-close counts, as in net/http's server) it closes the origin connection,
+// which ends the wait. Bytes that arrive (a pipelined request) stay buffered in br and
+// end the watch. stop ends the watch and returns once br is free to use again; it
+// reports whether the client went away.
+func watchClient(c net.Conn, br *bufio.Reader, o *origin) (stop func() bool) {
+	if br.Buffered() > 0 {
+		return func() bool { return false }
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	var stopping atomic.Bool
+	gone := make(chan bool, 1)
+	go func() {
+		_, err := br.Peek(1)
+		left := err != nil && !stopping.Load()
+		if left {
+			_ = o.conn.Close()
+		}
+		gone <- left
+	}()
+	return func() bool {
+		stopping.Store(true)
+		_ = c.SetReadDeadline(aLongTimeAgo)
+		left := <-gone
+		_ = c.SetReadDeadline(time.Time{})
+		return left
+	}
+}
+
+// aLongTimeAgo is a deadline in the past: setting it wakes a blocked read at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 	lr := &io.LimitedReader{R: c, N: s.maxHeaderBytes()}
@@ -187,7 +270,7 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 		if !first {
 			wait = s.idleTimeout()
 		}
-		_ = c.SetReadDeadline(time.Now().Add(wait))
+		_ = c.SetDeadline(time.Now().Add(wait)) // the wait, and an error reply
 		req, t, err := readProxyRequest(br, lr, s.maxHeaderBytes())
 		if err != nil {
 			var br *badRequest
@@ -202,7 +285,7 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			_ = c.Close()
 			return
 		}
-		_ = c.SetReadDeadline(time.Time{})
+		_ = c.SetDeadline(time.Time{})
 		if req.Method == http.MethodConnect {
 			o.close()
 			o = nil
@@ -280,25 +363,45 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			s.log().Debug("http proxy: dial failed", "target", key, "status", status, "err", err)
 			return false, nil
 		}
-		o = &origin{conn: up, br: bufio.NewReaderSize(up, 4096), key: key}
+		o = s.newOrigin(up, key)
 	}
+	cw := idleWriter{c, s.idleTimeout()}
 	if expect != "" {
-		if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+		if _, err := io.WriteString(cw, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
 			return false, o
 		}
 	}
-	if err := req.Write(o.conn); err != nil {
-		writeError(c, http.StatusBadGateway, "sending the request failed")
+	if req.Body != nil && req.Body != http.NoBody {
+		req.Body = idleBody{req.Body, c, s.idleTimeout()}
+	}
+	if err := req.Write(o); err != nil {
+		writeError(cw, http.StatusBadGateway, "sending the request failed")
 		s.log().Debug("http proxy: write to origin failed", "target", key, "err", err)
 		o.close()
 		return false, nil
 	}
+	// The request is sent: the answer's headers are due within the idle timeout as a
+	// whole (an origin trickling them cannot stretch it), and a client that leaves
+	// meanwhile ends the wait.
+	o.until = time.Now().Add(s.idleTimeout())
+	stopWatch := watchClient(c, cbr, o)
 	var resp *http.Response
 	for {
 		var err error
 		resp, err = http.ReadResponse(o.br, req)
 		if err != nil {
-			writeError(c, http.StatusBadGateway, "no valid response from the destination")
+			if stopWatch() {
+				s.log().Debug("http proxy: client left before the answer", "target", key)
+				o.close()
+				return false, nil
+			}
+			status, msg := http.StatusBadGateway, "no valid response from the destination"
+			// A deadline in the middle of a header line reads as a malformed answer.
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(o.until) {
+				status, msg = http.StatusGatewayTimeout, "the destination did not answer in time"
+			}
+			writeError(cw, status, msg)
 			s.log().Debug("http proxy: read from origin failed", "target", key, "err", err)
 			o.close()
 			return false, nil
@@ -310,19 +413,25 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 		// everything but a second 100.
 		if resp.StatusCode != http.StatusContinue || expect == "" {
 			removeHopHeaders(resp.Header)
-			if err := resp.Write(c); err != nil {
+			if err := resp.Write(cw); err != nil {
+				stopWatch()
 				o.close()
 				return false, nil
 			}
 		}
 	}
+	o.until = time.Time{}
+	if stopWatch() {
+		o.close()
+		return false, nil
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if !upgrade {
-			writeError(c, http.StatusBadGateway, "the destination switched protocols unasked")
+			writeError(cw, http.StatusBadGateway, "the destination switched protocols unasked")
 			o.close()
 			return false, nil
 		}
-		if err := resp.Write(c); err != nil {
+		if err := resp.Write(cw); err != nil {
 			o.close()
 			return false, nil
 		}
@@ -334,7 +443,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	clientKeep := !req.Close && req.ProtoAtLeast(1, 1) && framed
 	originKeep := !resp.Close && framed
 	resp.Close = !clientKeep
-	err := resp.Write(c)
+	err := resp.Write(cw)
 	_ = resp.Body.Close()
 	if err != nil {
 		o.close()
@@ -350,6 +459,9 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 // tunnelAfterUpgrade relays raw bytes after a 101 answer (WebSocket and friends),
 // including what either side already sent behind the headers.
 func (s *Server) tunnelAfterUpgrade(c net.Conn, cbr *bufio.Reader, o *origin) {
+	// The tunnel has its own idle handling (pipe): no deadline of the exchange stays.
+	_ = c.SetDeadline(time.Time{})
+	_ = o.conn.SetDeadline(time.Time{})
 	if n := cbr.Buffered(); n > 0 {
 		b, _ := cbr.Peek(n)
 		if _, err := o.conn.Write(b); err != nil {

@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/tests/testutil"
+)
+
+// origin registers name as an origin served by handle and returns a channel closed when
+// handle returns (the origin saw the proxy's connection end, or gave up).
+func (w *world) origin(t *testing.T, name string, handle func(c net.Conn)) <-chan struct{} {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	testutil.Serve(t, ln, func(c net.Conn) {
+		defer close(done)
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		handle(c)
+	})
+	w.mu.Lock()
+	w.names[name] = ln.Addr().String()
+	w.mu.Unlock()
+	return done
+}
+
+// TestHTTPForwardStalls: a forwarded request whose origin or client stops taking part
+// ends within the idle timeout (the origin's answer headers: within it as a whole), and
+// a client that leaves while the origin thinks ends the exchange at once, whatever the
+// timeout; the origin connection is closed in every case. (Before, each of them held
+// the handler and both connections until the origin gave up.)
+func TestHTTPForwardStalls(t *testing.T) {
+	silent := func(c net.Conn) { _, _ = io.Copy(io.Discard, c) } // reads, never answers
+	const idle = 300 * time.Millisecond
+	tests := []struct {
+		name   string
+		idle   time.Duration
+		within time.Duration // the origin connection is closed this soon
+		origin func(c net.Conn)
+		client func(t *testing.T, c net.Conn, br *bufio.Reader)
+	}{
+		{"origin never answers", idle, 2 * time.Second, silent, func(t *testing.T, c net.Conn, br *bufio.Reader) {
+			_, _ = io.WriteString(c, "GET http://o.test/ HTTP/1.1\r\nHost: o.test\r\n\r\n")
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusGatewayTimeout {
+				t.Errorf("answer %v, %v; want 504", resp, err)
+			}
+		}},
+		{"origin trickles headers", idle, 2 * time.Second, func(c net.Conn) {
+			_, _ = http.ReadRequest(bufio.NewReader(c))
+			for _, b := range []byte("HTTP/1.1 200 OK\r\nX-Slow: 1234567890\r\n") {
+				if _, err := c.Write([]byte{b}); err != nil {
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}, func(t *testing.T, c net.Conn, br *bufio.Reader) {
+			_, _ = io.WriteString(c, "GET http://o.test/ HTTP/1.1\r\nHost: o.test\r\n\r\n")
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusGatewayTimeout {
+				t.Errorf("answer %v, %v; want 504", resp, err)
+			}
+		}},
+		{"client leaves while the origin thinks", time.Minute, 2 * time.Second, silent, func(t *testing.T, c net.Conn, br *bufio.Reader) {
+			_, _ = io.WriteString(c, "GET http://o.test/ HTTP/1.1\r\nHost: o.test\r\n\r\n")
+			time.Sleep(100 * time.Millisecond)
+			c.Close()
+		}},
+		// The socket buffers fill first (megabytes on loopback).
+		{"client stops reading the answer", idle, 8 * time.Second, func(c net.Conn) {
+			_, _ = http.ReadRequest(bufio.NewReader(c))
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+			big := make([]byte, 64<<10)
+			for {
+				if _, err := c.Write(big); err != nil {
+					return
+				}
+			}
+		}, func(t *testing.T, c net.Conn, br *bufio.Reader) {
+			_ = c.(*net.TCPConn).SetReadBuffer(4096)
+			_, _ = io.WriteString(c, "GET http://o.test/ HTTP/1.1\r\nHost: o.test\r\n\r\n")
+			// and reads nothing
+		}},
+		{"client stalls in its body", idle, 2 * time.Second, silent, func(t *testing.T, c net.Conn, br *bufio.Reader) {
+			_, _ = io.WriteString(c, "POST http://o.test/ HTTP/1.1\r\nHost: o.test\r\nContent-Length: 100\r\n\r\nonly ten b")
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusBadGateway {
+				t.Errorf("answer %v, %v; want 502", resp, err)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newWorld()
+			closed := w.origin(t, "o.test", tt.origin)
+			httpAddr, _ := w.serve(t, &Server{IdleTimeout: tt.idle})
+			c, br := dialProxy(t, httpAddr)
+			start := time.Now()
+			tt.client(t, c, br)
+			select {
+			case <-closed:
+			case <-time.After(tt.within):
+				t.Errorf("origin connection still open %v later (idle timeout %v)", time.Since(start), tt.idle)
+			}
+		})
+	}
+}
+
+// TestHTTPForwardPipelinedWhileWaiting: a request the client sends while the previous
+// one waits for its answer is not mistaken for the client leaving, nor lost.
+func TestHTTPForwardPipelinedWhileWaiting(t *testing.T) {
+	w := newWorld()
+	w.origin(t, "slow.origin.test", func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			time.Sleep(300 * time.Millisecond)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.URL.Path), req.URL.Path)
+		}
+	})
+	httpAddr, _ := w.serve(t, &Server{IdleTimeout: time.Minute})
+	c, br := dialProxy(t, httpAddr)
+	_, _ = io.WriteString(c, "GET http://slow.origin.test/one HTTP/1.1\r\nHost: slow.origin.test\r\n\r\n")
+	time.Sleep(100 * time.Millisecond) // the first is at the origin now
+	_, _ = io.WriteString(c, "GET http://slow.origin.test/two HTTP/1.1\r\nHost: slow.origin.test\r\n\r\n")
+	for _, want := range []string{"/one", "/two"} {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer for %s: %v", want, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if string(body) != want {
+			t.Fatalf("answer %q, want %q", body, want)
+		}
+	}
+	if n := len(w.dialed()); n != 1 {
+		t.Errorf("%d dials, want 1 (the origin connection kept)", n)
+	}
+}
