@@ -531,6 +531,43 @@ func TestSOCKS5BadRequests(t *testing.T) {
 	}
 }
 
+// TestSOCKS5SlowDial: a dial that takes longer than the handshake timeout but succeeds
+// gets its success reply and a working tunnel (the handshake deadline does not span the
+// dial, which has its own timeout).
+func TestSOCKS5SlowDial(t *testing.T) {
+	w := newWorld()
+	port := w.echoOrigin(t, "echo.test")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := &Server{HandshakeTimeout: 200 * time.Millisecond, Log: w.logger(),
+		Dial: func(ctx context.Context, tg upstream.Target) (net.Conn, error) {
+			time.Sleep(500 * time.Millisecond) // slow, then fine
+			return w.dial(ctx, tg)
+		}}
+	go s.ServeSOCKS5(ctx, ln)
+	c, br := dialProxy(t, ln.Addr().String())
+	host := "echo.test"
+	req := append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}, host...)
+	_, _ = c.Write(append(req, byte(port>>8), byte(port)))
+	reply := make([]byte, 2+10) // method selection, then the reply with an IPv4 address
+	if _, err := io.ReadFull(br, reply); err != nil || reply[3] != 0x00 {
+		t.Fatalf("replies % x, %v; want success", reply, err)
+	}
+	_, _ = io.WriteString(c, "ping\n")
+	for _, want := range []string{"hello\n", "ping\n"} {
+		if line, err := br.ReadString('\n'); err != nil || line != want {
+			t.Fatalf("through the tunnel: %q, %v; want %q", line, err, want)
+		}
+	}
+	if logs := w.logs.String(); strings.Contains(logs, "echo.test") {
+		t.Errorf("log names the destination:\n%s", logs)
+	}
+}
+
 func TestServeStopsOnCancel(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -201,7 +201,12 @@ func (s *Server) serveSOCKSConn(ctx context.Context, c net.Conn) {
 		_ = c.Close()
 		return
 	}
+	// The handshake is read; the dial has its own timeout, and a deadline left armed
+	// across it would drop the reply to a dial that succeeded late (the flow already
+	// audited as carried). The reply gets a short one of its own.
+	_ = c.SetDeadline(time.Time{})
 	up, err := s.Dial(ctx, t)
+	_ = c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 	if err != nil {
 		f := classify(err)
 		_, _ = c.Write(socksReply(replyFor(f), nil))
@@ -214,6 +219,6 @@ func (s *Server) serveSOCKSConn(ctx context.Context, c net.Conn) {
 		_ = c.Close()
 		return
 	}
-	_ = c.SetDeadline(time.Time{})
+	_ = c.SetWriteDeadline(time.Time{})
 	s.pipe(c, up)
 }
