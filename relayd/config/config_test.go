@@ -137,7 +137,50 @@ func TestLoadRefusesReadableSecrets(t *testing.T) {
 }
 
 func TestRedact(t *testing.T) {
-	if got := Redact("socks5://u:pw@h:1080"); strings.Contains(got, "pw") {
-		t.Errorf("Redact = %q", got)
+	for _, tt := range []struct{ in, want string }{
+		{"socks5://u:pw@h:1080", "socks5://h:1080"},
+		{"http://h:3128/", "http://h:3128"},
+		{"http://kl:1234/Secr3t@proxy.example:3128", "(malformed url)"},
+		{"socks5://kl:99#TopSecret@proxy.example:1080", "(malformed url)"},
+		{"http://kl:77#", "(malformed url)"},
+		{"http://kl:88?TopSecret@proxy.example:3128", "(malformed url)"},
+		{"http://kl:abc/TopSecret@proxy.example:3128", "(unparsable url)"},
+	} {
+		if got := Redact(tt.in); got != tt.want {
+			t.Errorf("Redact(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+// TestParseHidesMangledCredentials: a password with an unencoded '/', '?', '#' or '%'
+// makes url.Parse put part of it in the path, query, fragment, "host:port" or its own
+// error message. Such a url is refused (it used to pass when it parsed: the daemon then
+// failed to build the exit and printed the url), and the error names the field and the
+// problem, never that text.
+func TestParseHidesMangledCredentials(t *testing.T) {
+	tests := []struct {
+		in      string
+		wantErr string
+		hidden  []string
+	}{
+		{"proxy: {url: 'http://kl:1234/Secr3t@proxy.example:3128'}\n", "proxy: url has a path", []string{"1234", "Secr3t"}},
+		{"exits: {b: {url: 'socks5://kl:99#TopSecret@proxy.example:1080'}}\n", "exits: b: url has a fragment", []string{"99", "TopSecret"}},
+		{"proxy: {url: 'http://kl:77#'}\n", "proxy: url has a fragment", []string{"77"}},
+		{"proxy: {url: 'http://kl:88?TopSecret@proxy.example:3128'}\n", "proxy: url has a query", []string{"88", "TopSecret"}},
+		{"proxy: {url: 'http://kl:abc/TopSecret@proxy.example:3128'}\n", "proxy: url does not parse", []string{"abc", "TopSecret"}},
+		{"proxy: {url: 'http://kl:123456/'}\n", "proxy: url: bad port", []string{"123456"}},
+		{"proxy: {url: 'socks5:kl:secret@proxy.example:1080'}\n", "proxy: url: want scheme://host:port", []string{"secret"}},
+	}
+	for _, tt := range tests {
+		_, err := Parse("t.yaml", []byte(tt.in))
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("Parse(%q) = %v, want an error saying %q", tt.in, err, tt.wantErr)
+			continue
+		}
+		for _, h := range tt.hidden {
+			if strings.Contains(err.Error(), h) {
+				t.Errorf("Parse(%q) = %q, shows %q", tt.in, err, h)
+			}
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -105,28 +106,33 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 	for _, opt := range opts {
 		opt(&o)
 	}
+	// No error here quotes the URL or any part of it that may hold credentials: a
+	// password with an unencoded '/', '?' or '#' ends the authority early and lands in
+	// the path, query or fragment (or in url.Parse's own message), and the "host:port"
+	// before it is then the user name and the start of the password.
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("upstream %q: %w", redact(rawURL), stripURL(err))
+		return nil, errors.New("upstream url does not parse" + encodeHint)
 	}
-	if u.Opaque != "" || u.Host == "" {
-		return nil, fmt.Errorf("upstream %q: want scheme://host:port", redact(rawURL))
+	switch {
+	case u.Opaque != "" || u.Host == "":
+		return nil, errors.New("upstream url: want scheme://host:port")
+	case u.Path != "" && u.Path != "/":
+		return nil, errors.New("upstream url has a path (want scheme://host:port)" + encodeHint)
+	case u.RawQuery != "" || u.ForceQuery:
+		return nil, errors.New("upstream url has a query (want scheme://host:port)" + encodeHint)
+	case u.Fragment != "" || strings.Contains(rawURL, "#"):
+		return nil, errors.New("upstream url has a fragment (want scheme://host:port)" + encodeHint)
 	}
-	if u.Path != "" && u.Path != "/" {
-		return nil, fmt.Errorf("upstream %q: unexpected path %q (want scheme://host:port)", redact(rawURL), u.Path)
-	}
-	if u.RawQuery != "" || u.ForceQuery {
-		return nil, fmt.Errorf("upstream %q: unexpected query (want scheme://host:port)", redact(rawURL))
-	}
-	if u.Fragment != "" {
-		return nil, fmt.Errorf("upstream %q: unexpected fragment (want scheme://host:port)", redact(rawURL))
-	}
+	// A port that is no number may be the start of a password ("http://u:pw/"): not
+	// quoted either, nor the host before it.
 	host, portStr, err := net.SplitHostPort(u.Host)
-	if err != nil || host == "" {
-		return nil, fmt.Errorf("upstream %q: want host:port after the scheme", redact(rawURL))
+	if p, perr := strconv.ParseUint(portStr, 10, 16); err == nil && (perr != nil || p == 0) {
+		return nil, errors.New("upstream url: bad port (want 1 to 65535)" + encodeHint)
 	}
-	if p, err := strconv.ParseUint(portStr, 10, 16); err != nil || p == 0 {
-		return nil, fmt.Errorf("upstream %q: bad port %q", redact(rawURL), portStr)
+	name := u.Scheme + "://" + u.Host
+	if err != nil || host == "" {
+		return nil, fmt.Errorf("upstream %s: want host:port after the scheme", name)
 	}
 	if connectTimeout <= 0 {
 		connectTimeout = DefaultConnectTimeout
@@ -136,7 +142,7 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 		base = d.DialContext
 	}
 	c := common{
-		name:    u.Scheme + "://" + u.Host,
+		name:    name,
 		addr:    u.Host,
 		timeout: connectTimeout,
 		base:    base,
@@ -169,38 +175,15 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 		}
 		return d, nil
 	case "":
-		return nil, fmt.Errorf("upstream %q: missing scheme (want http:// or socks5://)", redact(rawURL))
+		return nil, fmt.Errorf("upstream %s: missing scheme (want http:// or socks5://)", c.name)
 	default:
-		return nil, fmt.Errorf("upstream %q: unsupported scheme %q (want http:// or socks5://)", redact(rawURL), u.Scheme)
+		return nil, fmt.Errorf("upstream %s: unsupported scheme %q (want http:// or socks5://)", c.name, u.Scheme)
 	}
 }
 
-// redact drops credentials from a URL for error messages.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		// Cannot parse: cut everything before a '@' to be safe.
-		for i := len(raw) - 1; i >= 0; i-- {
-			if raw[i] == '@' {
-				return "…@" + raw[i+1:]
-			}
-		}
-		return raw
-	}
-	if u.User != nil {
-		u.User = url.User("xxx")
-	}
-	return u.String()
-}
-
-// stripURL removes the (possibly credential-bearing) URL from a url.Error.
-func stripURL(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
-}
+// encodeHint is the likely cause of an upstream URL that does not parse as
+// scheme://host:port.
+const encodeHint = "; percent-encode any '/', '?', '#', '@' or '%' in the user name or password"
 
 type common struct {
 	name    string // scheme://host:port, no credentials

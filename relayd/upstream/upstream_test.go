@@ -34,11 +34,11 @@ func TestNew(t *testing.T) {
 		{name: "no port", url: "http://h", wantErr: "want host:port"},
 		{name: "zero port", url: "http://h:0", wantErr: "bad port"},
 		{name: "big port", url: "http://h:70000", wantErr: "bad port"},
-		{name: "path", url: "http://h:1/x", wantErr: `unexpected path "/x"`},
-		{name: "query", url: "http://h:1?a=b", wantErr: "unexpected query"},
-		{name: "fragment", url: "http://h:1#f", wantErr: "unexpected fragment"},
+		{name: "path", url: "http://h:1/x", wantErr: "has a path"},
+		{name: "query", url: "http://h:1?a=b", wantErr: "has a query"},
+		{name: "fragment", url: "http://h:1#f", wantErr: "has a fragment"},
 		{name: "empty", url: "", wantErr: "want scheme://host:port"},
-		{name: "bad url keeps secret", url: "http://u:secret@h:1/%zz", wantErr: "invalid URL escape"},
+		{name: "bad url keeps secret", url: "http://u:secret@h:1/%zz", wantErr: "does not parse"},
 		{name: "empty socks user", url: "socks5://:p@h:1", wantErr: "empty socks5 username"},
 		{name: "socks5 pipelined", url: "socks5://u:p@h:1080", want: "socks5://h:1080", opts: []Option{Pipeline()}},
 		{name: "http pipelined", url: "http://u:secret@h:3128", wantErr: "pipelining is for socks5 upstreams", opts: []Option{Pipeline()}},
@@ -66,6 +66,39 @@ func TestNew(t *testing.T) {
 				t.Fatalf("New(%q).String() = %q, want %q", tt.url, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestNewHidesMangledCredentials: a password with an unencoded '/', '?', '#' or '%'
+// makes url.Parse put part of it in the path, query, fragment, the "port" or its own
+// error message; New's error names the problem, never that text.
+func TestNewHidesMangledCredentials(t *testing.T) {
+	tests := []struct {
+		url     string
+		wantErr string
+		hidden  []string
+	}{
+		{"http://kl:1234/Secr3t@proxy.example:3128", "has a path", []string{"1234", "Secr3t"}},
+		{"socks5://kl:99#TopSecret@proxy.example:1080", "has a fragment", []string{"99", "TopSecret"}},
+		{"socks5://kl:99#@proxy.example:1080", "has a fragment", []string{"99"}},
+		{"http://kl:77#", "has a fragment", []string{"77"}},
+		{"http://kl:abc/TopSecret@proxy.example:3128", "does not parse", []string{"abc", "TopSecret"}},
+		{"http://kl:88?TopSecret@proxy.example:3128", "has a query", []string{"88", "TopSecret"}},
+		{"http://kl:123456/", "bad port", []string{"123456"}},
+		{"http://kl:T%pSecret@proxy.example:3128", "does not parse", []string{"pSecret", "%pS"}},
+		{"http://kl:Top Secret@proxy.example:3128", "does not parse", []string{"Top", "Secret"}},
+	}
+	for _, tt := range tests {
+		_, err := New(tt.url, time.Second, nil)
+		if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("New(%q) = %v, want an error saying %q", tt.url, err, tt.wantErr)
+			continue
+		}
+		for _, h := range tt.hidden {
+			if strings.Contains(err.Error(), h) {
+				t.Errorf("New(%q) = %q, shows %q", tt.url, err, h)
+			}
+		}
 	}
 }
 
