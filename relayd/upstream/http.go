@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 )
@@ -68,18 +69,21 @@ func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (ne
 		br.Reset(nil)
 		readers.Put(br)
 	}()
-	code, reason, err := readResponseHead(br)
+	code, _, err := readResponseHead(br)
 	if err != nil {
 		return nil, d.handshakeErr(ctx, "read CONNECT reply", err)
 	}
+	// Errors say the status code with its standard text, not the upstream's reason
+	// phrase: a proxy may put the target in it ("502 cannot reach host.example"), and
+	// these errors end up in audit records, which never carry a destination.
 	switch {
 	case code >= 200 && code < 300:
 	case code == 407 && d.hasUser:
-		return nil, d.errorf("%w: credentials rejected (%d %s)", ErrAuth, code, reason)
+		return nil, d.errorf("%w: credentials rejected (%d %s)", ErrAuth, code, http.StatusText(code))
 	case code == 407:
-		return nil, d.errorf("%w: upstream requires credentials and none are configured (%d %s)", ErrAuth, code, reason)
+		return nil, d.errorf("%w: upstream requires credentials and none are configured (%d %s)", ErrAuth, code, http.StatusText(code))
 	default:
-		return nil, d.errorf("%w: CONNECT answered %d %s", ErrRefused, code, reason)
+		return nil, d.errorf("%w: CONNECT answered %d %s", ErrRefused, code, http.StatusText(code))
 	}
 	if n := br.Buffered(); n > 0 {
 		// The upstream already sent bytes of the tunnel (a server-first protocol, or a
@@ -101,11 +105,11 @@ func readResponseHead(br *bufio.Reader) (int, string, error) {
 	}
 	// HTTP/1.1 200 Connection established
 	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
-		return 0, "", fmt.Errorf("%w: bad status line %q", ErrProtocol, truncate(line))
+		return 0, "", fmt.Errorf("%w: bad status line (%d bytes, not HTTP/1.x NNN)", ErrProtocol, len(line))
 	}
 	code, err := strconv.Atoi(string(line[9:12]))
 	if err != nil || code < 100 || (len(line) > 12 && line[12] != ' ') {
-		return 0, "", fmt.Errorf("%w: bad status line %q", ErrProtocol, truncate(line))
+		return 0, "", fmt.Errorf("%w: bad status line (no 3-digit status code)", ErrProtocol)
 	}
 	reason := ""
 	if len(line) > 13 {

@@ -182,6 +182,7 @@ func TestHTTPConnect(t *testing.T) {
 		answer   string
 		creds    string
 		target   Target
+		notText  string // the error must not contain it
 		wantLine string
 		wantAuth string
 		wantErr  error
@@ -203,6 +204,12 @@ func TestHTTPConnect(t *testing.T) {
 			target: Target{Host: "h", Port: 25}, wantErr: ErrRefused, errText: "403 Forbidden"},
 		{name: "502", answer: "HTTP/1.1 502 Bad Gateway\r\n\r\n",
 			target: Target{Host: "h", Port: 443}, wantErr: ErrRefused, errText: "502 Bad Gateway"},
+		// The reason phrase is the upstream's own text and may name the target; errors
+		// (audit reasons) give the standard text instead.
+		{name: "502 naming the target", answer: "HTTP/1.1 502 cannot reach secret.example\r\n\r\n",
+			target: Target{Host: "secret.example", Port: 443}, wantErr: ErrRefused, errText: "502 Bad Gateway", notText: "secret"},
+		{name: "garbage naming the target", answer: "HTTP/1.1 5xx secret.example\r\n\r\n",
+			target: Target{Host: "secret.example", Port: 443}, wantErr: ErrProtocol, errText: "bad status line", notText: "secret"},
 		{name: "garbage", answer: "SSH-2.0-OpenSSH\r\n\r\n",
 			target: Target{Host: "h", Port: 443}, wantErr: ErrProtocol, errText: "bad status line"},
 		{name: "huge header", answer: "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 5000) + "\r\n\r\n",
@@ -229,7 +236,8 @@ func TestHTTPConnect(t *testing.T) {
 				if !strings.Contains(err.Error(), tt.errText) || !strings.Contains(err.Error(), "upstream http://"+addr) {
 					t.Errorf("Dial error %q, want it to name the upstream and contain %q", err, tt.errText)
 				}
-				if strings.Contains(err.Error(), tt.target.Host+":") || strings.Contains(err.Error(), "b@") {
+				if strings.Contains(err.Error(), tt.target.Host+":") || strings.Contains(err.Error(), "b@") ||
+					(tt.notText != "" && strings.Contains(err.Error(), tt.notText)) {
 					t.Errorf("Dial error %q names the target or credentials", err)
 				}
 				return
