@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -100,7 +101,7 @@ func (nftBackend) Apply(nsPath string, t *Table) error {
 		// Elements go in messages of elemChunk: one netlink attribute holds at most 64 KiB,
 		// so a large set in one message would overflow it. All messages are one batch.
 		first := elems[:min(len(elems), elemChunk)]
-		if err := c.AddSet(ns, first); err != nil {
+		if err := addSet(c, ns, first); err != nil {
 			return fmt.Errorf("set %s: %w", s.Name, err)
 		}
 		for rest := elems[len(first):]; len(rest) > 0; {
@@ -133,6 +134,18 @@ func (nftBackend) Apply(nsPath string, t *Table) error {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// setIDMu serialises AddSet: google/nftables numbers new sets from a package-global counter
+// it increments without a lock, and the daemon applies tables in several pods at once.
+// Only the numbering needs it; the batches themselves, and their commits (Flush), stay
+// per connection and run in parallel.
+var setIDMu sync.Mutex
+
+func addSet(c *nftables.Conn, s *nftables.Set, elems []nftables.SetElement) error {
+	setIDMu.Lock()
+	defer setIDMu.Unlock()
+	return c.AddSet(s, elems)
 }
 
 func policyRef(p nftables.ChainPolicy) *nftables.ChainPolicy { return &p }
