@@ -11,6 +11,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sort"
 	"strconv"
@@ -65,9 +66,14 @@ type Log struct {
 	keep    int
 	f       *os.File
 	w       *bufio.Writer
-	size    int64
-	err     error // first write error since the last successful rotation
+	size    int64  // the file's size once the buffer is written
+	synced  int64  // the file's size after the last successful write: whole records only
+	pending uint64 // records written to the buffer since synced
+	err     error  // the first error of a failure that has not ended yet
+	lostAt  uint64 // dropped when err began
+	torn    bool   // the file ends in part of a record that could not be cut off
 	dropped uint64
+	log     *slog.Logger
 	closed  bool
 	stop    chan struct{}
 	done    chan struct{}
@@ -112,7 +118,7 @@ func (l *Log) open() error {
 		_ = f.Close()
 		return fmt.Errorf("audit: stat %s: %w", l.path, err)
 	}
-	l.f, l.size = f, st.Size()
+	l.f, l.size, l.synced, l.pending = f, st.Size(), st.Size(), 0
 	if l.w == nil {
 		l.w = bufio.NewWriterSize(f, 32<<10)
 	} else {
@@ -137,23 +143,69 @@ func (l *Log) flusher() {
 	}
 }
 
+// SetLogger makes the log report, once each, when writing to its file starts failing and
+// when it works again. Without it failures show only in WriteErr.
+func (l *Log) SetLogger(log *slog.Logger) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.log = log
+}
+
 func (l *Log) flushLocked() {
 	if l.w == nil || l.w.Buffered() == 0 {
 		return
 	}
 	if err := l.w.Flush(); err != nil {
-		l.fail(err)
+		l.writeFailed(err)
+		return
+	}
+	l.wrote()
+}
+
+// wrote notes that everything given to the buffer is in the file, which ends a failure.
+func (l *Log) wrote() {
+	l.synced, l.pending = l.size, 0
+	if l.err == nil {
+		return
+	}
+	if l.log != nil {
+		l.log.Info("audit file written again", "path", l.path, "dropped", l.dropped-l.lostAt)
+	}
+	l.err = nil
+}
+
+// writeFailed recovers from a failed write (a disk full for a moment): the buffer's error
+// is sticky, so it starts a fresh buffer, and the file, which may end in part of a record,
+// is cut back to the last successful write. The records buffered since count as dropped;
+// the next flush tries again.
+func (l *Log) writeFailed(err error) {
+	l.fail(err)
+	l.dropped += l.pending
+	l.pending = 0
+	l.w.Reset(l.f)
+	l.size = l.synced
+	if st, serr := l.f.Stat(); serr == nil && st.Size() > l.synced {
+		if terr := l.f.Truncate(l.synced); terr != nil {
+			// The file keeps a partial line; the next record starts on a line of its own.
+			l.size = st.Size()
+			l.torn = true
+		}
 	}
 }
 
 func (l *Log) fail(err error) {
-	if l.err == nil {
-		l.err = err
+	if l.err != nil {
+		return
+	}
+	l.err, l.lostAt = err, l.dropped
+	if l.log != nil {
+		l.log.Warn("audit file write failed; records are dropped until a write succeeds", "path", l.path, "err", err)
 	}
 }
 
 // Add records one decision. It never blocks on disk: the line goes to a buffer that is
-// flushed every second (a write error is kept for WriteErr and the record still counts).
+// flushed every second, or sooner when it is full. A failed write drops the records it
+// held (WriteErr counts them; they still count in the hits) and the next one tries again.
 func (l *Log) Add(r Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -178,19 +230,28 @@ func (l *Log) Add(r Record) {
 			return
 		}
 	}
-	n, err := l.w.Write(l.line)
-	l.size += int64(n)
-	if err != nil {
-		l.fail(err)
-		l.dropped++
+	if len(l.line) >= l.w.Available() {
+		// Flush before the buffer fills, so that every write to the file ends with a
+		// whole record and a failed one can be cut back to one.
+		l.flushLocked()
+	}
+	if l.torn {
+		// The file ends in part of a record: this one starts on a line of its own.
+		l.line = appendJSON(append(l.line[:0], '\n'), &r)
+		l.torn = false
+	}
+	l.pending++
+	l.size += int64(len(l.line))
+	if _, err := l.w.Write(l.line); err != nil {
+		l.writeFailed(err) // a line longer than the buffer goes to the file directly
+	} else if l.w.Buffered() == 0 {
+		l.wrote()
 	}
 }
 
 // rotateLocked moves path to path.1 (path.1 to path.2 …), drops the oldest and reopens.
 func (l *Log) rotateLocked() error {
-	if err := l.w.Flush(); err != nil {
-		l.fail(err)
-	}
+	l.flushLocked()
 	if err := l.f.Close(); err != nil {
 		l.fail(err)
 	}
@@ -212,7 +273,7 @@ func (l *Log) rotateLocked() error {
 	if err := l.open(); err != nil {
 		return err
 	}
-	l.err = nil
+	l.torn = false
 	return nil
 }
 
@@ -268,8 +329,8 @@ func (l *Log) Total() uint64 {
 	return l.count
 }
 
-// WriteErr reports how many records did not reach the file because of errors, and the
-// first file error since the log was opened or last rotated.
+// WriteErr reports how many records did not reach the file because of errors since New,
+// and the first error of a failure still going on (nil once a write succeeds again).
 func (l *Log) WriteErr() (dropped uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

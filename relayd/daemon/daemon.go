@@ -218,6 +218,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	if d.audit, err = audit.New(cfg.Audit.Path, cfg.Audit.MaxBytes, cfg.Audit.Keep, cfg.Audit.Ring); err != nil {
 		return nil, err
 	}
+	d.audit.SetLogger(log)
 	if !cfg.NoFastPath {
 		d.fast = fastpath.New(fastpath.Options{Sink: d.audit, Log: log, RedirectPort: cfg.RedirectPort})
 	}
