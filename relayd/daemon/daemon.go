@@ -56,6 +56,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "check" {
 		check, args = true, args[1:]
 	}
+	var hup chan os.Signal
+	if !check {
+		// Until a handler is installed, SIGHUP's default action ends the process; catch it
+		// before anything slow (compiling the rules, restoring registrations), so that a
+		// reload asked for while the daemon starts waits for it instead of killing it.
+		// kl-relayd's main catches SIGTERM before calling Run.
+		hup = notifyHUP()
+		defer stopHUP(hup)
+	}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	settings := fs.String("settings", config.DefaultPath, "the daemon's settings file (root only)")
@@ -120,7 +129,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := d.EnableAttach(*attachPath, attachNamed); err != nil {
 		return err
 	}
-	return d.Serve(ctx)
+	return d.serve(ctx, hup)
 }
 
 // Check builds every object the settings and rules describe, as the daemon would, and
@@ -242,8 +251,17 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 }
 
 // Serve restores the registrations, listens on the API socket, reports ready and serves
-// until ctx is done; then it stops accepting, drains flows briefly and returns.
+// until ctx is done; then it stops accepting, drains flows briefly and returns. SIGHUP
+// reloads the rules; one that comes before the daemon is ready is kept and handled once it
+// is (several in a row make one reload).
 func (d *Daemon) Serve(ctx context.Context) error {
+	hup := notifyHUP()
+	defer stopHUP(hup)
+	return d.serve(ctx, hup)
+}
+
+// serve is Serve with hup already catching SIGHUP.
+func (d *Daemon) serve(ctx context.Context, hup <-chan os.Signal) error {
 	disableCoreDumps(d.log)
 	soft, hard, err := raiseNofile()
 	if err != nil {
@@ -302,9 +320,6 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	if !d.cfg.FlagRoutes() {
 		go d.watchRules(wctx) // flags never change under a running daemon
 	}
-	hup := notifyHUP()
-	defer stopHUP(hup)
-
 	var serveErr error
 wait:
 	for {

@@ -3,6 +3,8 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +13,8 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -646,4 +650,113 @@ func TestWatchdogWithholdsWhenUnhealthy(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A SIGHUP that comes while kl-relayd starts (systemctl reload right after start) neither
+// kills it nor is lost: the daemon comes up and then reloads. Restoring blocks on a
+// registration file that is a FIFO until the test has sent the signal, so the signal
+// lands while restore runs, before the daemon is ready. The daemon runs as a child
+// process, as kl-relayd's main runs it, since the default action would end the process.
+func TestHUPDuringStartup(t *testing.T) {
+	if settings := os.Getenv("KL_TEST_RELAYD_SETTINGS"); settings != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		defer stop()
+		if err := run(ctx, []string{"kl-relayd", "--settings", settings}, io.Discard, os.Stderr); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	dir := t.TempDir()
+	rulesPath := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rulesPath, []byte("default: direct\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	socket := filepath.Join(dir, "relayd.sock")
+	settings := filepath.Join(dir, "relayd.yaml")
+	// rulesPoll is long and the file changes before the watcher starts: only the
+	// signal can reload it.
+	if err := os.WriteFile(settings, []byte(fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\npublishedRules: \"-\"\nrulesPoll: 1h\nnoFastPath: true\nredirectPort: %d\n",
+		socket, filepath.Join(dir, "state"), rulesPath, freePort(t))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "state", "workloads", "slow.json")
+	if err := os.MkdirAll(filepath.Dir(fifo), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHUPDuringStartup$")
+	cmd.Env = append(os.Environ(), "KL_TEST_RELAYD_SETTINGS="+settings)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	})
+	alive := func(what string) {
+		t.Helper()
+		select {
+		case <-exited:
+			t.Fatalf("kl-relayd exited %s: %v\n%s", what, waitErr, out.String())
+		default:
+		}
+	}
+
+	// Opening the FIFO for writing succeeds once restore has opened it for reading.
+	var w *os.File
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			w = f
+			break
+		}
+		if !errors.Is(err, syscall.ENXIO) {
+			t.Fatal(err)
+		}
+		alive("before restoring")
+		if time.Now().After(deadline) {
+			t.Fatalf("kl-relayd never read its registrations\n%s", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	reloaded := []byte("default: deny\n")
+	if err := os.WriteFile(rulesPath, reloaded, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the signal's default action would be done by now
+	alive("on a SIGHUP while restoring")
+	w.WriteString("not a registration")
+	w.Close()
+
+	sum := sha256.Sum256(reloaded)
+	want := hex.EncodeToString(sum[:])
+	c := api.NewClient(socket, 2*time.Second)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var st api.Status
+		err := c.Call(context.Background(), http.MethodGet, "/v1/status", nil, &st)
+		if err == nil && st.Ready && st.Rules.Hash == want {
+			break
+		}
+		alive("after restoring")
+		if time.Now().After(deadline) {
+			t.Fatalf("rules not reloaded after the early SIGHUP: status %+v, %v\n%s", st.Rules, err, out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
