@@ -1,11 +1,11 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"syscall"
 	"time"
 
 	"github.com/kl-egress/kl/netns"
@@ -43,20 +43,20 @@ func (b *relayBench) startBare() error {
 // io.Copy splice both ways, passing each end on as a half-close. Nothing else: no
 // decision, audit, metrics, timeouts or limits, only the guard against dialing itself.
 func bareRelay([]string) error {
-	ln, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort))
+	// Plain TCP, as kl-relayd listens: Go's default for listeners is MPTCP, which would
+	// slow the baseline down for nothing.
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	ln, err := lc.Listen(context.Background(), "tcp4", fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort))
 	if err != nil {
 		return err
 	}
-	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		var serr error
-		err := rc.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, int(api.DefaultMark))
-		})
-		if err != nil {
-			return err
-		}
-		return serr
-	}}
+	// The current netns: a net.Dialer whose Control sets the mark the capture exempts
+	// (what every Go relay writes for itself), with no setns.
+	self, err := netns.Open("")
+	if err != nil {
+		return err
+	}
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -70,7 +70,7 @@ func bareRelay([]string) error {
 			if err != nil || dst.String() == ln.Addr().String() {
 				return
 			}
-			u, err := d.Dial("tcp4", dst.String())
+			u, err := self.DialAddrPort(context.Background(), api.DefaultMark, dst)
 			if err != nil {
 				return
 			}
