@@ -22,7 +22,8 @@ const Usage = `kl-ctl install|uninstall cni|containerd|docker [flags]
 
 Every edit is idempotent, keeps the rest of the file as it was, saves the previous
 contents as FILE.kl-backup-<time> and prints a unified diff; uninstall takes out exactly
-what install added. --dry-run prints the diff and writes nothing.`
+what install added, and points a default runtime that named kl back at runc. --dry-run
+prints the diff and writes nothing.`
 
 // Run carries out `kl-ctl install …` or `kl-ctl uninstall …`: args starts with the verb
 // ("install" or "uninstall") and the target. Diffs go to stdout, progress to stderr.
@@ -141,6 +142,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	io.WriteString(stdout, ch.Diff)
+	for _, n := range ch.Notes {
+		fmt.Fprintf(stderr, "%s: %s\n", p, n)
+	}
 	switch {
 	case !ch.Changed && *uninstall:
 		fmt.Fprintf(stderr, "%s: kl is not in it; nothing to do\n", p)

@@ -119,3 +119,19 @@ func TestRunWatch(t *testing.T) {
 		t.Errorf("--uninstall-on-exit left:\n%s", cur)
 	}
 }
+
+// Uninstalling docker says that the default runtime went back to runc, as the containerd
+// uninstall does.
+func TestRunDockerUninstallNote(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "daemon.json")
+	if err := os.WriteFile(p, []byte(`{"default-runtime": "kl", "runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if err := Run(context.Background(), []string{"uninstall", "docker", "--config", p}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(errb.String(), `"default-runtime" was "kl"; removed`) {
+		t.Errorf("kl-ctl did not say it removed the default runtime:\n%s", errb.String())
+	}
+}

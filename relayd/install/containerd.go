@@ -2,9 +2,13 @@ package install
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
@@ -14,6 +18,9 @@ import (
 // Containerd registers kl-runtime as a CRI runtime of containerd: a runtime named kl
 // whose runc v2 shim execs kl-runtime instead of runc (options.BinaryName), selectable
 // per pod with a RuntimeClass whose handler is kl, or with `ctr run --runtime`/nerdctl.
+// The runtime allow-lists the pod annotation kl.egress.mode (pod_annotations), so a
+// pod's own mode reaches kl-runtime as it reaches kl-cni. kl owns only the keys it sets
+// there; anything else the operator adds under the runtime stays.
 //
 // The edit is textual, so the operator's comments, order and formatting survive: kl's
 // tables are inserted after the last existing runtime table, indented and quoted like
@@ -66,8 +73,9 @@ type tomlSection struct {
 }
 
 type tomlKeyval struct {
-	path       []string // full path: section path + dotted key
-	first, end int      // first and last line
+	path             []string // full path: section path + dotted key
+	first, end       int      // first and last line
+	valStart, valEnd int      // byte offsets of the value's text
 }
 
 func parseTOML(data []byte, defVersion int) (*tomlDoc, error) {
@@ -132,10 +140,20 @@ func parseTOML(data []byte, defVersion int) (*tomlDoc, error) {
 		case unstable.KeyValue:
 			path := append([]string(nil), cur...)
 			it := e.Key()
+			keyEnd := int(e.Raw.Offset)
 			for it.Next() {
-				path = append(path, string(it.Node().Data))
+				n := it.Node()
+				path = append(path, string(n.Data))
+				keyEnd = int(n.Raw.Offset + n.Raw.Length)
 			}
-			kv := tomlKeyval{path: path, first: d.lineOf(int(e.Raw.Offset)), end: d.lineOf(int(e.Raw.Offset+e.Raw.Length) - 1)}
+			// The value starts after the '=' and the blanks around it; the expression
+			// ends with the value.
+			val := keyEnd
+			for val < len(data) && (data[val] == ' ' || data[val] == '\t' || data[val] == '=') {
+				val++
+			}
+			end := int(e.Raw.Offset + e.Raw.Length)
+			kv := tomlKeyval{path: path, first: d.lineOf(int(e.Raw.Offset)), end: d.lineOf(end - 1), valStart: val, valEnd: end}
 			d.keyvals = append(d.keyvals, kv)
 			if n := len(d.sections); n > 0 {
 				d.sections[n-1].bodyEnd = kv.end
@@ -178,13 +196,91 @@ func lookup(v map[string]any, path ...string) any {
 	return cur
 }
 
-// want is kl's runtime table as decoded TOML, for comparisons.
-func (c Containerd) want(systemdCgroup any) map[string]any {
-	opts := map[string]any{"BinaryName": c.binary()}
-	if systemdCgroup != nil {
-		opts["SystemdCgroup"] = systemdCgroup
+// ModeAnnotation is the pod annotation that selects a workload's egress mode
+// (wire.LabelMode). containerd copies a pod's annotations into its containers' OCI specs
+// only when the runtime allow-lists them in pod_annotations, so kl's runtime lists it:
+// without it kl-runtime never sees the mode a pod asked for, while kl-cni, which
+// containerd hands every pod annotation, does.
+const ModeAnnotation = "kl.egress.mode"
+
+// setting is one key of kl's runtime table that kl owns. Every other key there is the
+// operator's and is never changed, only kept.
+type setting struct {
+	path   []string // below the runtime's table
+	want   any      // the decoded value kl wants; nil: absent
+	member string   // for a list kl owns one member of (pod_annotations): that member
+}
+
+// settings are what kl owns in its runtime table: the shim type, kl-runtime as the
+// shim's binary, the cgroup driver of the runtime kl stands in for (sysd; nil when that
+// runtime does not set it) and ModeAnnotation's place in pod_annotations.
+func (c Containerd) settings(sysd any) []setting {
+	return []setting{
+		{path: []string{"runtime_type"}, want: "io.containerd.runc.v2"},
+		{path: []string{"pod_annotations"}, member: ModeAnnotation},
+		{path: []string{"options", "BinaryName"}, want: c.binary()},
+		{path: []string{"options", "SystemdCgroup"}, want: sysd},
 	}
-	return map[string]any{"runtime_type": "io.containerd.runc.v2", "options": opts}
+}
+
+// next returns the value the setting gives a key whose value is cur (nil: absent), and
+// whether cur is that value already.
+func (s setting) next(cur any) (any, bool, error) {
+	if s.member == "" {
+		return s.want, reflect.DeepEqual(cur, s.want), nil
+	}
+	if cur == nil {
+		return []any{s.member}, false, nil
+	}
+	list, ok := cur.([]any)
+	if !ok {
+		return nil, false, fmt.Errorf("%s is %v, not a list of annotation names", strings.Join(s.path, "."), cur)
+	}
+	for _, x := range list {
+		if _, ok := x.(string); !ok {
+			return nil, false, fmt.Errorf("%s holds %v, not an annotation name", strings.Join(s.path, "."), x)
+		}
+	}
+	if slices.Contains(list, any(s.member)) {
+		return cur, true, nil
+	}
+	return append(slices.Clone(list), s.member), false, nil
+}
+
+// operatorPart returns kl's runtime table t without what kl owns (a copy): the part that
+// belongs to the operator. Tables left empty go too.
+func (c Containerd) operatorPart(t map[string]any) map[string]any {
+	out := maps.Clone(t)
+	for _, s := range c.settings(nil) {
+		m := out
+		for _, k := range s.path[:len(s.path)-1] {
+			sub, ok := m[k].(map[string]any)
+			if !ok {
+				m = nil
+				break
+			}
+			sub = maps.Clone(sub)
+			m[k] = sub
+			m = sub
+		}
+		if m == nil {
+			continue
+		}
+		k := s.path[len(s.path)-1]
+		if l, ok := m[k].([]any); ok && s.member != "" {
+			if l = slices.DeleteFunc(slices.Clone(l), func(x any) bool { return x == any(s.member) }); len(l) > 0 {
+				m[k] = l
+				continue
+			}
+		}
+		delete(m, k)
+	}
+	for k, v := range out {
+		if sub, ok := v.(map[string]any); ok && len(sub) == 0 {
+			delete(out, k)
+		}
+	}
+	return out
 }
 
 func (c Containerd) validate() error {
@@ -197,10 +293,15 @@ func (c Containerd) validate() error {
 	return nil
 }
 
-// Install adds kl's runtime tables. When kl's runtime is already there with the same
-// settings the file is returned unchanged; other settings under kl's name are replaced.
-// SystemdCgroup is copied from the default runtime's options so kl's containers use the
-// same cgroup driver as the kubelet expects.
+// errLayout marks a runtime table written in a way kl does not edit key by key (an
+// inline table, dotted keys from another table).
+var errLayout = errors.New("written in a way kl does not edit in place")
+
+// Install adds kl's runtime tables. When kl's runtime is already there, only the keys kl
+// owns (settings) are corrected, in place; everything else the operator put under kl's
+// name stays as it is, and a runtime that already has kl's settings leaves the file
+// unchanged. SystemdCgroup is copied from the default runtime's options so kl's
+// containers use the same cgroup driver as the kubelet expects.
 func (c Containerd) Install(old []byte) ([]byte, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -219,20 +320,40 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 		def = "runc"
 	}
 	sysd := lookup(d.value, append(rp[:len(rp):len(rp)], def, "options", "SystemdCgroup")...)
-	want := c.want(sysd)
-	if cur := lookup(d.value, append(rp[:len(rp):len(rp)], c.name())...); cur != nil {
-		if reflect.DeepEqual(cur, want) {
-			return old, nil
+	if _, ok := sysd.(bool); !ok {
+		sysd = nil
+	}
+	sets := c.settings(sysd)
+	kl := append(rp[:len(rp):len(rp)], c.name())
+	base := old
+	if cur := lookup(d.value, kl...); cur != nil {
+		t, ok := cur.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("runtime %q is %v, not a table", c.name(), cur)
 		}
-		if old, err = c.Uninstall(old); err != nil {
+		next, err := c.update(d, kl, sets)
+		if err == nil {
+			if bytes.Equal(next, old) {
+				return old, nil
+			}
+			if err := c.check(old, next, sets); err != nil {
+				return nil, err
+			}
+			return next, nil
+		}
+		if !errors.Is(err, errLayout) {
 			return nil, err
 		}
-		if d, err = parseTOML(old, c.Version); err != nil {
+		// Rewrite the runtime as kl writes it, unless that loses the operator's settings.
+		if op := c.operatorPart(t); len(op) > 0 {
+			return nil, fmt.Errorf("runtime %q needs kl's settings but is %v, and rewriting it would drop settings of yours (%s): write it as a [%s] table, or remove it first",
+				c.name(), err, strings.Join(slices.Sorted(maps.Keys(op)), ", "), tomlKey(kl, '"'))
+		}
+		if base, err = c.remove(old); err != nil {
 			return nil, err
 		}
 	}
 
-	base := old
 	if len(bytes.TrimSpace(base)) == 0 {
 		base = fmt.Appendf(nil, "version = %d\n", d.version)
 	} else if base[len(base)-1] != '\n' {
@@ -280,22 +401,11 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 		quote = '"'
 	}
 	q := func(s string) string { return string(quote) + s + string(quote) }
-	key := func(path []string) string {
-		parts := make([]string, len(path))
-		for i, p := range path {
-			if strings.Trim(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") == "" {
-				parts[i] = p
-			} else {
-				parts[i] = q(p)
-			}
-		}
-		return strings.Join(parts, ".")
-	}
-	kl := append(rp[:len(rp):len(rp)], c.name())
 	var blk strings.Builder
-	fmt.Fprintf(&blk, "\n%s[%s]\n", hdrInd, key(kl))
+	fmt.Fprintf(&blk, "\n%s[%s]\n", hdrInd, tomlKey(kl, quote))
 	fmt.Fprintf(&blk, "%s  runtime_type = %s\n", hdrInd, q("io.containerd.runc.v2"))
-	fmt.Fprintf(&blk, "\n%s[%s]\n", optInd, key(append(kl, "options")))
+	fmt.Fprintf(&blk, "%s  pod_annotations = [%s]\n", hdrInd, q(ModeAnnotation))
+	fmt.Fprintf(&blk, "\n%s[%s]\n", optInd, tomlKey(append(kl, "options"), quote))
 	fmt.Fprintf(&blk, "%s  BinaryName = %s\n", optInd, q(c.binary()))
 	if b, ok := sysd.(bool); ok {
 		fmt.Fprintf(&blk, "%s  SystemdCgroup = %t\n", optInd, b)
@@ -309,18 +419,229 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 	next = append(next, blk.String()...)
 	next = append(next, base[at:]...)
 
-	if err := c.check(old, next, want); err != nil {
+	if err := c.check(old, next, sets); err != nil {
 		return nil, err
 	}
 	return next, nil
 }
 
-// Uninstall removes kl's runtime tables (and any key/value that defines part of them),
-// together with the blank line that introduced each table.
+// update edits the keys kl owns in its existing runtime table kl, each where it is (a
+// value replaced, a missing key added at the end of its table, a key kl wants absent
+// removed), so the operator's keys, comments and order stay. It returns d's bytes when
+// nothing needs changing, and errLayout when a key is not written where kl can edit it.
+func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, error) {
+	hdr := d.section(kl)
+	if hdr < 0 {
+		return nil, fmt.Errorf("%w: no [%s] table", errLayout, tomlKey(kl, '"'))
+	}
+	quote := d.sections[hdr].quote
+	if quote == 0 || d.version == 1 {
+		quote = '"'
+	}
+	lineStart := func(l int) int {
+		if l < len(d.lines) {
+			return d.lines[l]
+		}
+		return len(d.data)
+	}
+	type edit struct {
+		from, to int
+		text     string
+	}
+	var edits []edit
+	var newOpts []string // keys for an options table that does not exist yet
+	for _, s := range sets {
+		path := append(slices.Clone(kl), s.path...)
+		cur := lookup(d.value, path...)
+		nv, same, err := s.next(cur)
+		if err != nil {
+			return nil, fmt.Errorf("runtime %q: %w", c.name(), err)
+		}
+		if same {
+			continue
+		}
+		name := s.path[len(s.path)-1]
+		if kv := d.keyval(path); kv != nil {
+			if nv == nil {
+				edits = append(edits, edit{lineStart(kv.first), lineStart(kv.end + 1), ""})
+				continue
+			}
+			q := quote
+			if b := d.data[kv.valStart]; b == '"' || b == '\'' {
+				q = b
+			}
+			text, err := tomlValue(nv, q)
+			if err != nil {
+				return nil, err
+			}
+			edits = append(edits, edit{kv.valStart, kv.valEnd, text})
+			continue
+		}
+		if cur != nil {
+			return nil, fmt.Errorf("%w: %s is set in an inline table", errLayout, strings.Join(path, "."))
+		}
+		text, err := tomlValue(nv, quote)
+		if err != nil {
+			return nil, err
+		}
+		parent := path[:len(path)-1]
+		if i := d.section(parent); i >= 0 {
+			at := lineStart(d.sections[i].bodyEnd + 1)
+			edits = append(edits, edit{at, at, d.keyIndent(i) + name + " = " + text + "\n"})
+			continue
+		}
+		if lookup(d.value, parent...) != nil || len(s.path) != 2 {
+			return nil, fmt.Errorf("%w: %s is not a [table]", errLayout, strings.Join(parent, "."))
+		}
+		newOpts = append(newOpts, name+" = "+text)
+	}
+	if len(newOpts) > 0 {
+		// A new options table, after the last of kl's tables.
+		last := hdr
+		for i, sec := range d.sections {
+			if hasPrefix(sec.path, kl) {
+				last = i
+			}
+		}
+		ind := d.sections[hdr].indent + "  "
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n%s[%s]\n", ind, tomlKey(append(slices.Clone(kl), "options"), quote))
+		for _, l := range newOpts {
+			b.WriteString(ind + "  " + l + "\n")
+		}
+		at := lineStart(d.sections[last].bodyEnd + 1)
+		edits = append(edits, edit{at, at, b.String()})
+	}
+	if len(edits) == 0 {
+		return d.data, nil
+	}
+	// Edits never overlap; insertions at one place keep the order they were made in.
+	slices.SortStableFunc(edits, func(a, b edit) int { return a.from - b.from })
+	data := d.data
+	if n := len(data); n > 0 && data[n-1] != '\n' && edits[len(edits)-1].from == n {
+		// Something goes after the last line, which has no newline yet.
+		data = append(slices.Clip(data), '\n')
+		for i := range edits {
+			if edits[i].from == n {
+				edits[i].from, edits[i].to = n+1, n+1
+			}
+		}
+	}
+	var next []byte
+	pos := 0
+	for _, e := range edits {
+		next = append(next, data[pos:e.from]...)
+		next = append(next, e.text...)
+		pos = e.to
+	}
+	return append(next, data[pos:]...), nil
+}
+
+// section returns the index of the [table] at path, -1 when there is none.
+func (d *tomlDoc) section(path []string) int {
+	for i, s := range d.sections {
+		if slices.Equal(s.path, path) {
+			return i
+		}
+	}
+	return -1
+}
+
+// keyval returns the key/value that sets path itself, nil when there is none.
+func (d *tomlDoc) keyval(path []string) *tomlKeyval {
+	for i := range d.keyvals {
+		if slices.Equal(d.keyvals[i].path, path) {
+			return &d.keyvals[i]
+		}
+	}
+	return nil
+}
+
+// keyIndent is the indentation of the key/values of section i: that of its first one,
+// else its header's plus two spaces.
+func (d *tomlDoc) keyIndent(i int) string {
+	s := d.sections[i]
+	for _, kv := range d.keyvals {
+		if kv.first > s.header && kv.first <= s.bodyEnd && len(kv.path) == len(s.path)+1 {
+			l := d.line(kv.first)
+			return string(l[:len(l)-len(bytes.TrimLeft(l, " \t"))])
+		}
+	}
+	return s.indent + "  "
+}
+
+// tomlKey writes a dotted key, quoting the parts that need it with quote.
+func tomlKey(path []string, quote byte) string {
+	parts := make([]string, len(path))
+	for i, p := range path {
+		if p != "" && strings.Trim(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") == "" {
+			parts[i] = p
+		} else {
+			parts[i] = string(quote) + p + string(quote)
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+// tomlValue writes the values kl sets: strings (in quote when they need no escaping),
+// booleans and lists of those.
+func tomlValue(v any, quote byte) (string, error) {
+	switch v := v.(type) {
+	case string:
+		if !strings.ContainsFunc(v, func(r rune) bool { return r < ' ' || r == 0x7f || r == '"' || r == '\'' || r == '\\' }) {
+			return string(quote) + v + string(quote), nil
+		}
+		// JSON's escapes are TOML's, except that TOML also escapes DEL.
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(v); err != nil {
+			return "", err
+		}
+		return strings.ReplaceAll(strings.TrimSuffix(b.String(), "\n"), "\x7f", `\u007f`), nil
+	case bool:
+		return strconv.FormatBool(v), nil
+	case []any:
+		parts := make([]string, len(v))
+		for i, x := range v {
+			s, err := tomlValue(x, quote)
+			if err != nil {
+				return "", err
+			}
+			parts[i] = s
+		}
+		return "[" + strings.Join(parts, ", ") + "]", nil
+	}
+	return "", fmt.Errorf("cannot write %v (%T) as TOML", v, v)
+}
+
+// Uninstall removes kl's runtime tables, whatever else the operator put in them, and
+// points default_runtime_name back at runc when it names kl's runtime (containerd's CRI
+// plugin does not start with a default runtime that is not defined; Docker's uninstall
+// does the same with "default-runtime").
 func (c Containerd) Uninstall(old []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(old)) == 0 {
 		return old, nil
 	}
+	next, err := c.remove(old)
+	if err != nil {
+		return nil, err
+	}
+	if next, err = c.resetDefault(next); err != nil {
+		return nil, err
+	}
+	if bytes.Equal(next, old) {
+		return old, nil
+	}
+	if err := c.check(old, next, nil); err != nil {
+		return nil, err
+	}
+	return next, nil
+}
+
+// remove takes kl's runtime tables out (and any key/value that defines part of them),
+// together with the blank line that introduced each table.
+func (c Containerd) remove(old []byte) ([]byte, error) {
 	d, err := parseTOML(old, c.Version)
 	if err != nil {
 		return nil, err
@@ -350,7 +671,7 @@ func (c Containerd) Uninstall(old []byte) ([]byte, error) {
 			}
 		}
 	}
-	var next []byte
+	next := []byte{}
 	for i := range d.lines {
 		if !drop[i] {
 			next = append(next, d.line(i)...)
@@ -359,13 +680,62 @@ func (c Containerd) Uninstall(old []byte) ([]byte, error) {
 	if bytes.Equal(next, old) {
 		return old, nil
 	}
-	if next == nil {
-		next = []byte{}
+	return next, nil
+}
+
+// resetDefault sets default_runtime_name to runc where it names kl's runtime.
+func (c Containerd) resetDefault(data []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return data, nil
 	}
-	if err := c.check(old, next, nil); err != nil {
+	d, err := parseTOML(data, c.Version)
+	if err != nil {
 		return nil, err
 	}
-	return next, nil
+	rp, err := RuntimesPath(d.version)
+	if err != nil {
+		return nil, err
+	}
+	path := append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")
+	if v, _ := lookup(d.value, path...).(string); v != c.name() {
+		return data, nil
+	}
+	kv := d.keyval(path)
+	if kv == nil {
+		return nil, fmt.Errorf("default_runtime_name is %q, in an inline table kl does not edit: set it to \"runc\" first (containerd does not start with a default runtime that is not defined)", c.name())
+	}
+	q := data[kv.valStart]
+	if q != '\'' {
+		q = '"'
+	}
+	next := bytes.Clone(data[:kv.valStart])
+	next = append(next, q)
+	next = append(next, "runc"...)
+	next = append(next, q)
+	return append(next, data[kv.valEnd:]...), nil
+}
+
+// notes tells what an uninstall changed beyond kl's runtime.
+func (c Containerd) notes(old, next []byte, uninstall bool) []string {
+	if !uninstall {
+		return nil
+	}
+	def := func(data []byte) string {
+		d, err := parseTOML(data, c.Version)
+		if err != nil {
+			return ""
+		}
+		rp, err := RuntimesPath(d.version)
+		if err != nil {
+			return ""
+		}
+		s, _ := lookup(d.value, append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")...).(string)
+		return s
+	}
+	if def(old) == c.name() && def(next) == "runc" {
+		return []string{fmt.Sprintf(`default_runtime_name was %q; set to "runc" (containerd's CRI plugin does not start with a default runtime that is not defined)`, c.name())}
+	}
+	return nil
 }
 
 // line returns line i with its newline.
@@ -377,9 +747,12 @@ func (d *tomlDoc) line(i int) []byte {
 	return d.data[d.lines[i]:end]
 }
 
-// check proves the edit touched only kl's runtime: both documents, without it, decode
-// to the same value, and kl's runtime decodes to want (nil: absent).
-func (c Containerd) check(before, after []byte, want map[string]any) error {
+// check proves the edit touched only what kl owns. With sets (an install) kl's runtime
+// must hold every setting, and both documents, with only the operator's part of kl's
+// runtime, must decode to the same value. Without (an uninstall) kl's runtime must be
+// gone, default_runtime_name must not name it, and both documents without kl's runtime
+// (and with default_runtime_name reset to runc) must decode to the same value.
+func (c Containerd) check(before, after []byte, sets []setting) error {
 	a, err := parseTOML(before, c.Version)
 	if err != nil {
 		return fmt.Errorf("re-read original: %w", err)
@@ -393,24 +766,44 @@ func (c Containerd) check(before, after []byte, want map[string]any) error {
 		return err
 	}
 	got := lookup(b.value, append(rp[:len(rp):len(rp)], c.name())...)
+	defPath := append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")
 	switch {
-	case want == nil && got != nil:
+	case sets == nil && got != nil:
 		return fmt.Errorf("runtime %q is still defined after the edit (defined in a way kl does not edit?); nothing written", c.name())
-	case want != nil && !reflect.DeepEqual(got, want):
-		return fmt.Errorf("runtime %q after the edit is %v, want %v (a bug); nothing written", c.name(), got, want)
+	case sets == nil && lookup(b.value, defPath...) == c.name():
+		return fmt.Errorf("default_runtime_name still names runtime %q after the edit (a bug); nothing written", c.name())
+	case sets != nil:
+		t, _ := got.(map[string]any)
+		for _, s := range sets {
+			if _, same, _ := s.next(lookup(t, s.path...)); !same || t == nil {
+				return fmt.Errorf("runtime %q after the edit has %s = %v (a bug); nothing written", c.name(), strings.Join(s.path, "."), lookup(t, s.path...))
+			}
+		}
 	}
 	for _, v := range []map[string]any{a.value, b.value} {
-		// Take kl's runtime out, then the tables that only held it (kl creates them in
-		// a config that had no runtime tables).
+		// Take kl's runtime (or what kl owns of it) out, then the tables that only held
+		// it (kl creates them in a config that had no runtime tables).
 		for i := len(rp); i >= 0; i-- {
 			m, ok := lookup(v, rp[:i]...).(map[string]any)
 			if !ok {
 				continue
 			}
-			if i == len(rp) {
+			if i < len(rp) {
+				if sub, ok := m[rp[i]].(map[string]any); ok && len(sub) == 0 {
+					delete(m, rp[i])
+				}
+				continue
+			}
+			t, ok := m[c.name()].(map[string]any)
+			if op := c.operatorPart(t); sets != nil && ok && len(op) > 0 {
+				m[c.name()] = op
+			} else {
 				delete(m, c.name())
-			} else if sub, ok := m[rp[i]].(map[string]any); ok && len(sub) == 0 {
-				delete(m, rp[i])
+			}
+		}
+		if sets == nil {
+			if m, ok := lookup(v, defPath[:len(defPath)-1]...).(map[string]any); ok && (m[defPath[len(defPath)-1]] == c.name() || m[defPath[len(defPath)-1]] == "runc") {
+				delete(m, defPath[len(defPath)-1])
 			}
 		}
 		if len(bytes.TrimSpace(before)) == 0 {

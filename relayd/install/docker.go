@@ -147,6 +147,18 @@ func (d Docker) Uninstall(old []byte) ([]byte, error) {
 	return next, nil
 }
 
+// notes tells what an uninstall changed beyond kl's runtime.
+func (d Docker) notes(old, next []byte, uninstall bool) []string {
+	var a, b map[string]any
+	if !uninstall || json.Unmarshal(old, &a) != nil || json.Unmarshal(next, &b) != nil {
+		return nil
+	}
+	if _, still := b["default-runtime"]; a["default-runtime"] == d.name() && !still {
+		return []string{fmt.Sprintf(`"default-runtime" was %q; removed, so dockerd runs containers with runc again`, d.name())}
+	}
+	return nil
+}
+
 // check proves that only kl's keys differ between the two documents.
 func (d Docker) check(before, after []byte) error {
 	var a, b map[string]any

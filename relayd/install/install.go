@@ -38,6 +38,12 @@ type Editor interface {
 	Uninstall(old []byte) ([]byte, error)
 }
 
+// noter is an Editor that explains what an edit changed beyond kl's own entry (kl-ctl
+// prints the notes).
+type noter interface {
+	notes(old, next []byte, uninstall bool) []string
+}
+
 // Options control how Apply writes.
 type Options struct {
 	Uninstall bool             // take kl out instead of putting it in
@@ -48,11 +54,12 @@ type Options struct {
 
 // Change is what Apply did (or, with DryRun, would do) to one file.
 type Change struct {
-	Path    string // the file edited
-	Changed bool   // false when kl was already in (or, uninstalling, already out)
-	Created bool   // the file did not exist before
-	Backup  string // where the previous contents were saved; "" when nothing was written
-	Diff    string // unified diff from the old contents to the new; "" when unchanged
+	Path    string   // the file edited
+	Changed bool     // false when kl was already in (or, uninstalling, already out)
+	Created bool     // the file did not exist before
+	Backup  string   // where the previous contents were saved; "" when nothing was written
+	Diff    string   // unified diff from the old contents to the new; "" when unchanged
+	Notes   []string // what the edit changed besides kl's entry, for the operator
 }
 
 // Apply runs e on the file at path (following symlinks) and, unless DryRun, writes the
@@ -90,6 +97,9 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	}
 	ch.Changed = true
 	ch.Diff = UnifiedDiff(path, path, old, next)
+	if n, ok := e.(noter); ok {
+		ch.Notes = n.notes(old, next, o.Uninstall)
+	}
 	if o.DryRun {
 		return ch, nil
 	}

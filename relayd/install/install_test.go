@@ -145,8 +145,8 @@ func TestInstallIntoEmpty(t *testing.T) {
 		e    Editor
 		want string
 	}{
-		{"containerd v2", Containerd{Version: 2}, "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"},
-		{"containerd v3", Containerd{Version: 3}, "version = 3\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n\n  [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"},
+		{"containerd v2", Containerd{Version: 2}, "version = 2\n\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"kl.egress.mode\"]\n\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"},
+		{"containerd v3", Containerd{Version: 3}, "version = 3\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"kl.egress.mode\"]\n\n  [plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"},
 		{"docker", Docker{}, "{\n  \"runtimes\": {\n    \"kl\": {\n      \"path\": \"/usr/bin/kl-runtime\"\n    }\n  }\n}\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
