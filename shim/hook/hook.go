@@ -4,7 +4,8 @@
 // sure the container's network namespace is served by kl-relayd: unless some registration
 // (kl-cni's for a Kubernetes pod, another container's sharing the netns) already covers
 // that netns, it registers the container and, in transparent mode, installs the nftables
-// capture through netns/. At poststop (`kl-hook delete`) it removes its own registration.
+// capture through netns/. A registration in another mode than the container's fails the
+// start (ErrModeMismatch). At poststop (`kl-hook delete`) it removes its own registration.
 // Host-network containers are left alone, with a log line. Any failure fails container
 // creation (fail closed) unless the operator set failOpen.
 //
@@ -106,6 +107,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	return err
 }
 
+// ErrModeMismatch marks a container whose network namespace is already registered in
+// another egress mode than the one kl-runtime set the container up for.
+var ErrModeMismatch = errors.New("egress mode mismatch")
+
 // Hook holds what one hook run needs.
 type Hook struct {
 	Config *config.Config
@@ -154,10 +159,27 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 		if err != nil {
 			continue // a stale registration whose netns is gone
 		}
-		if same {
-			h.Log.Info("netns already registered; left as it is", "registered_id", r.Workload.ID, "source", r.Workload.Source)
-			return nil
+		if !same {
+			continue
 		}
+		if r.Workload.Mode != mode {
+			// Fail closed rather than adopt the registered mode: kl-runtime has already
+			// fixed the container's environment for its own mode, and no adoption makes
+			// that safe. A proxy-mode registration has no capture table, so a container
+			// set up as transparent (no proxy variables) would send everything direct,
+			// unclassified; a transparent-mode registration has no proxy listeners, so a
+			// container set up as proxy would point its variables at nothing. Installing
+			// a capture here would rewrite a netns kl-cni owns behind its back.
+			from := "kl-runtime's --mode"
+			if mode == info.Mode {
+				from = info.ModeFrom
+			}
+			return fmt.Errorf("%w: container %s: its network namespace is registered (%s, %s) in mode %q, but kl-runtime set the container up for mode %q (from %s); "+
+				"on containerd this means the runtime does not pass the pod annotation %s to the container (pod_annotations; re-run kl-ctl install containerd and restart containerd)",
+				ErrModeMismatch, st.ID, r.Workload.Source, r.Workload.ID, r.Workload.Mode, mode, from, api.LabelMode)
+		}
+		h.Log.Info("netns already registered; left as it is", "registered_id", r.Workload.ID, "source", r.Workload.Source, "mode", mode)
+		return nil
 	}
 	w := api.Workload{
 		ID: st.ID, Netns: nsPath, Mode: mode, Source: "hook",

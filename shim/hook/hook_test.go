@@ -90,7 +90,7 @@ func TestCreate(t *testing.T) {
 		{name: "env: nothing", st: State{ID: "c1", Pid: 42}, mode: "env"},
 		{name: "host network", st: State{ID: "c1", Pid: 1}, mode: "transparent"},
 		{name: "netns already registered by cni", st: State{ID: "c1", Pid: 100}, mode: "transparent",
-			existing: []api.Workload{{ID: "gone", Netns: "/var/run/netns/gone"}, {ID: "sandbox", Netns: "/var/run/netns/shared", Source: "cni"}}},
+			existing: []api.Workload{{ID: "gone", Netns: "/var/run/netns/gone"}, {ID: "sandbox", Netns: "/var/run/netns/shared", Mode: "transparent", Source: "cni"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -232,5 +232,60 @@ func TestCheck(t *testing.T) {
 	err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out)
 	if err == nil || !strings.Contains(out.String(), "FAIL relay") || !strings.Contains(out.String(), "FAIL rules") {
 		t.Errorf("check with relay down and rules missing: %v\n%s", err, out.String())
+	}
+}
+
+// On containerd, kl-cni reads a pod's kl.egress.mode from every pod annotation while
+// kl-runtime sees it only when the runtime allow-lists it (pod_annotations). When they
+// disagree the hook must not leave the container as it is: a proxy-mode registration has
+// no capture table, and a transparent-mode container gets no proxy variables, so its
+// traffic would leave direct, unclassified. It fails the start and names both modes.
+func TestCreateModeMismatch(t *testing.T) {
+	criAnnotations := map[string]string{
+		"io.kubernetes.cri.container-type":    "container",
+		"io.kubernetes.cri.sandbox-id":        "sb1",
+		"io.kubernetes.cri.sandbox-namespace": "default",
+		"io.kubernetes.cri.container-name":    "app",
+	}
+	tests := []struct {
+		name       string
+		registered string // mode of kl-cni's registration
+		mode       string // --mode from kl-runtime; "" = the hook resolves it
+		ann        map[string]string
+		wantErr    []string
+	}{
+		{name: "pod proxy, wrapper node default transparent", registered: "proxy", ann: criAnnotations,
+			wantErr: []string{`mode "proxy"`, `mode "transparent"`, "node default", "sb1", "pod_annotations"}},
+		{name: "pod transparent, wrapper proxy", registered: "transparent", mode: "proxy", ann: criAnnotations,
+			wantErr: []string{`mode "transparent"`, `mode "proxy"`}},
+		{name: "agree", registered: "proxy", ann: map[string]string{"kl.egress.mode": "proxy", "io.kubernetes.cri.sandbox-id": "sb1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, fr, fb := setup(t)
+			h.Config.Mode = "transparent"
+			fr.regs["sb1"] = api.Registration{Workload: api.Workload{ID: "sb1", Netns: "/var/run/netns/shared-sb1", Mode: tt.registered, Source: "cni"}}
+			err := h.Create(context.Background(), State{ID: "c1", Pid: 100, Annotations: tt.ann}, tt.mode)
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Create = %v, want nil", err)
+				}
+			} else {
+				if !errors.Is(err, ErrModeMismatch) {
+					t.Fatalf("Create = %v, want ErrModeMismatch", err)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+			}
+			if _, ok := fr.regs["c1"]; ok {
+				t.Errorf("container registered on its own (calls %q)", fr.calls)
+			}
+			if tbl, _ := fb.Get("/fakeproc/100/ns/net", netns.TableName); tbl != nil {
+				t.Errorf("capture table installed in kl-cni's netns")
+			}
+		})
 	}
 }
