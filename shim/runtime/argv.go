@@ -9,10 +9,11 @@ import (
 // Invocation is what kl-runtime needs from a runc-style command line. The command line
 // itself is never changed: it is forwarded to the real runtime as it came.
 type Invocation struct {
-	Command     string // first non-flag argument: create, run, start, state, kill, delete, …
-	ContainerID string // create and run: the first non-flag argument after the command
+	Command     string // first non-flag argument: create, run, exec, start, state, kill, delete, …
+	ContainerID string // create, run and exec: the first non-flag argument after the command
 	Bundle      string // --bundle/-b of create and run, as given ("" = current directory)
 	ConfigFile  string // crun's --config/-f of create and run, as given
+	ProcessFile string // --process/-p of exec, as given
 	Log         string // global --log
 	LogFormat   string // global --log-format
 	Root        string // global --root
@@ -29,16 +30,25 @@ var globalValue = map[string]bool{
 
 // Flags of create and run that take a value (runc and crun).
 var createValue = map[string]bool{
-	"bundle": true, "b": true, "console-socket": true, "pid-file": true,
+	"bundle": true, "b": true, "console-socket": true, "pidfd-socket": true, "pid-file": true,
 	"preserve-fds": true, "config": true, "f": true,
+}
+
+// Flags of exec that take a value (runc and crun).
+var execValue = map[string]bool{
+	"process": true, "p": true, "console-socket": true, "pidfd-socket": true, "pid-file": true,
+	"cwd": true, "env": true, "e": true, "user": true, "u": true, "additional-gids": true, "g": true,
+	"process-label": true, "apparmor": true, "cap": true, "c": true, "preserve-fds": true, "cgroup": true,
 }
 
 // ParseArgs reads a runc command line (without argv[0]). Global flags come before the
 // command; the flags of create and run may come before or after the container id, as
 // runc's CLI library allows. Both `--flag value` and `--flag=value` work, with one or
 // two dashes. Unknown flags are taken as boolean unless written with `=`. A flag value
-// missing at the end of the line is an error only for create and run, the commands
-// kl-runtime edits; for anything else the real runtime gets to complain.
+// missing at the end of the line is an error only for create and run, the commands whose
+// spec kl-runtime edits; for anything else the real runtime gets to complain. Of exec it
+// reads the container id and the process file (--process), whose environment kl-runtime
+// edits.
 func ParseArgs(args []string) (Invocation, error) {
 	var inv Invocation
 	i := 0
@@ -72,13 +82,17 @@ func ParseArgs(args []string) (Invocation, error) {
 		return inv, nil
 	}
 	inv.Command = args[i]
+	rest := args[i+1:]
+	if inv.Command == "exec" {
+		parseExec(&inv, rest)
+		return inv, nil
+	}
 	edit := inv.Command == "create" || inv.Command == "run"
 	if !edit {
 		// Other commands go through untouched, and their flags (which may take values)
 		// are not modelled, so nothing more is read.
 		return inv, nil
 	}
-	rest := args[i+1:]
 	for j := 0; j < len(rest); j++ {
 		a := rest[j]
 		if a == "--" {
@@ -112,6 +126,37 @@ func ParseArgs(args []string) (Invocation, error) {
 		return inv, fmt.Errorf("%w: %s: no container id", ErrUsage, inv.Command)
 	}
 	return inv, nil
+}
+
+// parseExec reads exec's flags and the container id. runc and crun take exec's flags
+// only before the id (what follows it is the command to run), so reading stops there. A
+// command line it cannot read leaves ContainerID or ProcessFile empty: the real runtime
+// gets it unchanged and judges it.
+func parseExec(inv *Invocation, rest []string) {
+	for j := 0; j < len(rest); j++ {
+		a := rest[j]
+		if a == "--" {
+			if j+1 < len(rest) {
+				inv.ContainerID = rest[j+1]
+			}
+			return
+		}
+		name, val, hasVal, isFlag := splitFlag(a)
+		if !isFlag {
+			inv.ContainerID = a
+			return
+		}
+		if execValue[name] && !hasVal {
+			if j+1 >= len(rest) {
+				return
+			}
+			j++
+			val = rest[j]
+		}
+		if name == "process" || name == "p" {
+			inv.ProcessFile = val
+		}
+	}
 }
 
 // splitFlag splits "-x", "--name", "--name=value" into the name and value.
