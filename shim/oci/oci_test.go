@@ -250,3 +250,51 @@ func FuzzModify(f *testing.F) {
 		}
 	})
 }
+
+// A process file (runc exec --process) takes the same env edit as a spec and is written
+// back as the process object alone, with every field kl does not model as it was.
+func TestProcessFile(t *testing.T) {
+	in := `{"terminal":false,"user":{"uid":0,"gid":0,"additionalGids":[18446744073709551615]},"args":["sh","-c","x"],` +
+		`"env":["PATH=/bin","https_proxy=http://mine:1"],"cwd":"/","capabilities":{"bounding":["CAP_KILL"]},"x-future":{"n":1.50}}`
+	p := filepath.Join(t.TempDir(), "runc-process123")
+	if err := os.WriteFile(p, []byte(in), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := LoadProcessFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := Env{Vars: []Var{{"HTTP_PROXY", "http://127.0.0.1:15080"}, {"http_proxy", "http://127.0.0.1:15080"}, {"HTTPS_PROXY", "http://127.0.0.1:15080"}, {"https_proxy", "http://127.0.0.1:15080"}}}
+	for range 2 {
+		if err := env.Modify(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.SaveFile(p); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(p)
+	if st, err := os.Stat(p); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("mode after save: %v %v", st, err)
+	}
+	back, err := ParseProcess("saved", got)
+	if err != nil {
+		t.Fatalf("saved process file does not parse: %v\n%s", err, got)
+	}
+	if e, _ := back.Env(); strings.Join(e, " ") != "PATH=/bin https_proxy=http://mine:1 HTTP_PROXY=http://127.0.0.1:15080 http_proxy=http://127.0.0.1:15080" {
+		t.Errorf("env = %q", e)
+	}
+	if bytes.Contains(got, []byte(`"process"`)) {
+		t.Errorf("process file wrapped in a spec:\n%s", got)
+	}
+	for _, frag := range []string{`18446744073709551615`, `1.50`, `"x-future"`, `"CAP_KILL"`, `"terminal": false`} {
+		if !bytes.Contains(got, []byte(frag)) {
+			t.Errorf("process file lost %s:\n%s", frag, got)
+		}
+	}
+	for _, bad := range []string{`[]`, `{"env":"x"}`, `{} {}`, `{"env":[1]}`} {
+		if _, err := ParseProcess("bad", []byte(bad)); !errors.Is(err, ErrMalformed) {
+			t.Errorf("ParseProcess(%s) = %v, want ErrMalformed", bad, err)
+		}
+	}
+}

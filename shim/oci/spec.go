@@ -1,4 +1,5 @@
-// Package oci reads, edits and atomically rewrites an OCI bundle's config.json.
+// Package oci reads, edits and atomically rewrites an OCI bundle's config.json, and the
+// process file of `runc exec --process`.
 //
 // The spec is kept as generic JSON: every field kl does not model (and every field of a
 // future runtime-spec version) survives an edit unchanged, numbers included. Edits are
@@ -28,6 +29,10 @@ var ErrMalformed = errors.New("malformed OCI spec")
 // Spec is an OCI runtime spec held as generic JSON.
 type Spec struct {
 	doc map[string]any
+	// processOnly marks a process file (`runc exec --process FILE`): one OCI process
+	// object, held as the spec {"process": …} so the same modifiers edit it, and written
+	// back as the object alone.
+	processOnly bool
 }
 
 // Parse decodes a spec. name is used in errors only.
@@ -68,11 +73,51 @@ func Parse(name string, data []byte) (*Spec, error) {
 	return s, nil
 }
 
+// ParseProcess decodes a process file, the OCI process object that `runc exec --process`
+// reads. The result is edited like a spec (its "process" is the file's object) and
+// written back as the object alone. name is used in errors only.
+func ParseProcess(name string, data []byte) (*Spec, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", name, ErrMalformed, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%s: %w: trailing data after the JSON object", name, ErrMalformed)
+	}
+	if _, ok := v.(map[string]any); !ok {
+		return nil, fmt.Errorf("%s: %w: process is %s, not an object", name, ErrMalformed, kind(v))
+	}
+	s := &Spec{doc: map[string]any{"process": v}, processOnly: true}
+	if _, err := s.Env(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return s, nil
+}
+
 // Load reads bundle/config.json.
 func Load(bundle string) (*Spec, error) { return LoadFile(filepath.Join(bundle, ConfigName)) }
 
 // LoadFile reads a spec from path.
 func LoadFile(p string) (*Spec, error) {
+	data, err := readFile(p)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(p, data)
+}
+
+// LoadProcessFile reads a process file (ParseProcess) from path.
+func LoadProcessFile(p string) (*Spec, error) {
+	data, err := readFile(p)
+	if err != nil {
+		return nil, err
+	}
+	return ParseProcess(p, data)
+}
+
+func readFile(p string) ([]byte, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return nil, fmt.Errorf("read OCI spec: %w", err)
@@ -85,16 +130,21 @@ func LoadFile(p string) (*Spec, error) {
 	if len(data) > maxSpecBytes {
 		return nil, fmt.Errorf("%s: %w: larger than %d bytes", p, ErrMalformed, maxSpecBytes)
 	}
-	return Parse(p, data)
+	return data, nil
 }
 
-// Marshal encodes the spec (indented, without HTML escaping).
+// Marshal encodes the spec (indented, without HTML escaping); a process file encodes as
+// its process object.
 func (s *Spec) Marshal() ([]byte, error) {
+	var v any = s.doc
+	if s.processOnly {
+		v = s.doc["process"]
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "\t")
-	if err := enc.Encode(s.doc); err != nil {
+	if err := enc.Encode(v); err != nil {
 		return nil, fmt.Errorf("encode OCI spec: %w", err)
 	}
 	return b.Bytes(), nil

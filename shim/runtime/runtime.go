@@ -2,19 +2,24 @@
 // `run` it edits the bundle's config.json (proxy variables for the container's egress
 // mode, a read-only bind mount of the node's rules (kl-relayd's published-rules directory
 // at /etc/kl, else the rules file itself), kl-hook at createRuntime and
-// poststop) and then execs the real runtime (runc, crun) with the command line exactly as
-// it came; every other command is exec'd straight away. It never writes to stdout.
+// poststop); on `exec --process FILE` it gives that process the container's proxy
+// variables too (containerd and dockerd build it from their own copy of the spec, which
+// never had them). Then it execs the real runtime (runc, crun) with the command line
+// exactly as it came; every other command is exec'd straight away. It never writes to
+// stdout.
 //
 // It is not the hook: capture and registration with kl-relayd happen in shim/hook, once
 // the container's namespaces exist.
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"time"
@@ -29,8 +34,9 @@ import (
 
 // Test seams.
 var (
-	execve     = syscall.Exec
-	dockerFrom = func(cfg *config.Config) workload.Lookup {
+	execve         = syscall.Exec
+	containerState = runtimeState
+	dockerFrom     = func(cfg *config.Config) workload.Lookup {
 		if cfg.DockerSocket == "-" {
 			return nil
 		}
@@ -43,6 +49,7 @@ var (
 func Run(ctx context.Context, args []string) error {
 	inv, perr := ParseArgs(args[1:])
 	edit := inv.Command == "create" || inv.Command == "run"
+	execEdit := inv.Command == "exec" && inv.ProcessFile != "" && inv.ContainerID != ""
 	cfg, cerr := config.Load(config.Resolve(""))
 	if cerr != nil {
 		if edit {
@@ -74,6 +81,16 @@ func Run(ctx context.Context, args []string) error {
 				return report(inv, err)
 			}
 			log.Error("failOpen: starting the container without kl", "id", inv.ContainerID, "err", err)
+		}
+	}
+	if execEdit && cerr == nil {
+		if err := PrepareExec(ctx, cfg, real, inv, os.Environ(), log); err != nil {
+			if !cfg.FailOpen {
+				fileLog.Error("process not started", "id", inv.ContainerID, "err", err)
+				closeLog()
+				return report(inv, err)
+			}
+			log.Error("failOpen: starting the process without kl's variables", "id", inv.ContainerID, "err", err)
 		}
 	}
 	closeLog()
@@ -142,15 +159,125 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 	return nil
 }
 
-// Modifiers returns the edits for one container. hostNetwork is true when the container
-// shares the host's network namespace: proxy-mode variables would point at listeners that
-// do not exist there, so they are left out (the hook logs that it skips the container).
+// PrepareExec gives the process that `exec --process FILE` starts in a container kl
+// manages the proxy variables the container got at create, by the same rules (a variable
+// the process already sets is kept unless forced), and writes FILE back atomically with
+// every other field as it was. The container's bundle comes from the real runtime's
+// state; its config.json says which container it is and, in kl's hook, which mode kl
+// chose at create. A container the real runtime does not know is left to the real
+// runtime to refuse; an exempt one, or one in a mode without variables, is left alone.
+func PrepareExec(ctx context.Context, cfg *config.Config, real string, inv Invocation, environ []string, log *slog.Logger) error {
+	bundle, err := containerState(ctx, real, inv)
+	if err != nil {
+		log.Debug("exec: no state for the container; passing through", "id", inv.ContainerID, "err", err)
+		return nil
+	}
+	spec, err := oci.Load(bundle)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: %w", inv.ContainerID, err)
+	}
+	ann, _ := spec.Annotations() // checked by Load
+	info, err := workload.Identify(ctx, cfg, inv.ContainerID, ann, dockerFrom(cfg), log)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: %w", inv.ContainerID, err)
+	}
+	if info.Exempt != "" {
+		return nil
+	}
+	if m := createdMode(spec, cfg.Hook); m != "" {
+		// What kl chose at create, and registered with: the node default may have
+		// changed since.
+		info.Mode, info.ModeFrom = m, "create"
+	}
+	hasNet, _ := spec.HasNamespace("network")
+	env, ok := EnvEdit(cfg, info, !hasNet, environ)
+	if !ok {
+		return nil
+	}
+	procPath := inv.ProcessFile
+	proc, err := oci.LoadProcessFile(procPath)
+	if err != nil {
+		return fmt.Errorf("exec in container %s: %w", inv.ContainerID, err)
+	}
+	if err := env.Modify(proc); err != nil {
+		return fmt.Errorf("exec in container %s: edit %s: %w", inv.ContainerID, procPath, err)
+	}
+	if err := proc.SaveFile(procPath); err != nil {
+		return fmt.Errorf("exec in container %s: %w", inv.ContainerID, err)
+	}
+	log.Info("exec process edited", "id", info.ID, "mode", info.Mode, "mode_from", info.ModeFrom, "edits", env.String())
+	return nil
+}
+
+// createdMode returns the mode kl-runtime passed to kl-hook (--mode) in spec's
+// createRuntime hooks, "" when spec has no such hook.
+func createdMode(spec *oci.Spec, hook string) string {
+	hooks, _ := spec.Field("hooks")
+	m, _ := hooks.(map[string]any)
+	list, _ := m["createRuntime"].([]any)
+	for _, h := range list {
+		e, _ := h.(map[string]any)
+		if p, _ := e["path"].(string); p != hook {
+			continue
+		}
+		args, _ := e["args"].([]any)
+		for i := 0; i+1 < len(args); i++ {
+			if a, _ := args[i].(string); a == "--mode" {
+				if mode, _ := args[i+1].(string); config.ValidMode(mode) {
+					return mode
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// runtimeState asks the real runtime (`state`, under the same --root) for the bundle of
+// inv's container.
+func runtimeState(ctx context.Context, real string, inv Invocation) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var args []string
+	if inv.Root != "" {
+		args = append(args, "--root", inv.Root)
+	}
+	cmd := exec.CommandContext(ctx, real, append(args, "state", inv.ContainerID)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s state %s: %w: %s", real, inv.ContainerID, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	var st struct {
+		Bundle string `json:"bundle"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("%s state %s: %w", real, inv.ContainerID, err)
+	}
+	if !filepath.IsAbs(st.Bundle) {
+		return "", fmt.Errorf("%s state %s: bundle %q is not an absolute path", real, inv.ContainerID, st.Bundle)
+	}
+	return st.Bundle, nil
+}
+
+// EnvEdit returns the proxy variables to inject for one container, ok false when there
+// are none. hostNetwork is true when the container shares the host's network namespace:
+// proxy-mode variables would point at listeners that do not exist there, so they are left
+// out (the hook logs that it skips the container).
+func EnvEdit(cfg *config.Config, info workload.Info, hostNetwork bool, environ []string) (oci.Env, bool) {
+	if hostNetwork && info.Mode == api.ModeProxy {
+		return oci.Env{}, false
+	}
+	vars := ProxyVars(cfg, info.Mode, environ)
+	return oci.Env{Vars: vars, Force: cfg.Force}, len(vars) > 0
+}
+
+// Modifiers returns the edits for one container: EnvEdit's variables, the rules mount
+// and kl-hook.
 func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ []string, log *slog.Logger) (oci.List, error) {
 	var mods oci.List
-	if !(hostNetwork && info.Mode == api.ModeProxy) {
-		if vars := ProxyVars(cfg, info.Mode, environ); len(vars) > 0 {
-			mods = append(mods, oci.Env{Vars: vars, Force: cfg.Force})
-		}
+	if env, ok := EnvEdit(cfg, info, hostNetwork, environ); ok {
+		mods = append(mods, env)
 	}
 	if m, ok, err := RulesMount(cfg, log); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -277,8 +278,18 @@ func TestRunExec(t *testing.T) {
 	execve = func(p string, argv, env []string) error { gotPath, gotArgv = p, argv; return nil }
 	t.Cleanup(func() { execve = nil })
 	b := writeBundle(t, specWith(""))
+	containerState = func(_ context.Context, real string, inv Invocation) (string, error) {
+		if real != "/bin/true" || inv.Root != "/r" || inv.ContainerID != "c 1" {
+			t.Errorf("state of %+v asked of %s", inv, real)
+		}
+		return b, nil
+	}
+	t.Cleanup(func() { containerState = runtimeState })
+	pf := filepath.Join(t.TempDir(), "runc-process")
+	os.WriteFile(pf, []byte(`{"args":["sh"],"env":["PATH=/bin"]}`), 0o600)
 	for _, args := range [][]string{
 		{"--root", "/r", "--log", filepath.Join(b, "log.json"), "create", "--bundle", b, "c 1", "--pid-file=x y"},
+		{"--root", "/r", "exec", "--process", pf, "--detach", "c 1"},
 		{"state", "c1"},
 		{"delete", "--force", "c1"},
 	} {
@@ -288,6 +299,11 @@ func TestRunExec(t *testing.T) {
 		if gotPath != "/bin/true" || !slices.Equal(gotArgv[1:], args) {
 			t.Errorf("exec %s %q, want /bin/true %q", gotPath, gotArgv, args)
 		}
+	}
+	if p, err := oci.LoadProcessFile(pf); err != nil {
+		t.Error(err)
+	} else if env, _ := p.Env(); !slices.Contains(env, "HTTP_PROXY=http://127.0.0.1:15080") {
+		t.Errorf("exec'd process env = %q, want the proxy variables", env)
 	}
 
 	bad := writeBundle(t, `{"process":`)
@@ -308,5 +324,136 @@ func TestNoProxy(t *testing.T) {
 	want := "localhost,127.0.0.1,corp.example,svc,::1,10.0.0.0/8,api.example.com:8443"
 	if got != want {
 		t.Errorf("NoProxy = %q, want %q", got, want)
+	}
+}
+
+// containerd and dockerd build an exec'd process from their own copy of the spec, which
+// never had kl's variables: `kubectl exec` and `docker exec` in proxy mode ran without
+// them. PrepareExec gives the process file the container's variables by create's rules.
+func TestPrepareExec(t *testing.T) {
+	const proc = `{"terminal":true,"user":{"uid":0,"gid":0},"args":["sh"],"env":["PATH=/bin"%s],"cwd":"/","x-future":{"n":1.50}}`
+	proxyVars := []string{"HTTP_PROXY=http://127.0.0.1:15080", "https_proxy=http://127.0.0.1:15080", "ALL_PROXY=socks5h://127.0.0.1:15081", "NODE_USE_ENV_PROXY=1"}
+	tests := []struct {
+		name     string
+		cfg      string
+		spec     string // the bundle's config.json before create
+		procEnv  string // extra env entries of the process file
+		noState  bool   // the real runtime does not know the container
+		wantEnv  []string
+		noEnv    []string
+		wantSame bool // process file untouched
+		wantErr  string
+	}{
+		{name: "proxy by annotation", cfg: "mode: transparent\n", spec: specWith(`,"annotations":{"kl.egress.mode":"proxy"}`), wantEnv: proxyVars},
+		{name: "user's variable kept", cfg: "mode: proxy\n", spec: specWith(""), procEnv: `,"HTTPS_PROXY=http://mine:3128"`,
+			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080", "HTTPS_PROXY=http://mine:3128"}, noEnv: []string{"https_proxy="}},
+		{name: "forced variable replaced", cfg: "mode: proxy\nforce: [http_proxy]\n", spec: specWith(""), procEnv: `,"http_proxy=http://mine:3128"`,
+			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080", "http_proxy=http://127.0.0.1:15080"}, noEnv: []string{"http_proxy=http://mine"}},
+		{name: "env mode", cfg: "mode: env\nenv:\n  httpsProxy: http://corp:3128\n", spec: specWith(""), wantEnv: []string{"HTTPS_PROXY=http://corp:3128", "https_proxy=http://corp:3128"}},
+		{name: "transparent: nothing", cfg: "mode: transparent\n", spec: specWith(""), wantSame: true},
+		{name: "host network proxy: nothing", cfg: "mode: proxy\n", spec: `{"process":{"env":[]},"linux":{"namespaces":[{"type":"pid"}]}}`, wantSame: true},
+		{name: "exempt: nothing", cfg: "mode: proxy\nexempt:\n  namespaces: [kube-system]\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.sandbox-namespace":"kube-system"}`), wantSame: true},
+		{name: "unknown container: passed through", cfg: "mode: proxy\n", spec: specWith(""), noState: true, wantSame: true},
+		{name: "bad process file", cfg: "mode: proxy\n", spec: specWith(""), procEnv: `,1`, wantErr: "malformed OCI spec"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t, tt.cfg)
+			dockerFrom = func(*config.Config) workload.Lookup { return nil }
+			b := writeBundle(t, tt.spec)
+			if err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: "c1", Bundle: b}, nil, config.Discard()); err != nil {
+				t.Fatal(err)
+			}
+			containerState = func(_ context.Context, real string, inv Invocation) (string, error) {
+				if tt.noState || inv.ContainerID != "c1" {
+					return "", errors.New("container does not exist")
+				}
+				return b, nil
+			}
+			t.Cleanup(func() { containerState = runtimeState })
+			pf := filepath.Join(t.TempDir(), "runc-process1")
+			before := strings.Replace(proc, "%s", tt.procEnv, 1)
+			if err := os.WriteFile(pf, []byte(before), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			err := PrepareExec(context.Background(), cfg, "runc", Invocation{Command: "exec", ContainerID: "c1", ProcessFile: pf}, nil, config.Discard())
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("PrepareExec = %v, want an error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, _ := os.ReadFile(pf)
+			if tt.wantSame {
+				if string(after) != before {
+					t.Errorf("process file changed:\n%s", after)
+				}
+				return
+			}
+			p, err := oci.ParseProcess(pf, after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env, _ := p.Env()
+			for _, w := range tt.wantEnv {
+				if !slices.Contains(env, w) {
+					t.Errorf("env %q lacks %q", env, w)
+				}
+			}
+			for _, n := range tt.noEnv {
+				if slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, n) }) {
+					t.Errorf("env %q has %q", env, n)
+				}
+			}
+			if !strings.Contains(string(after), `"x-future"`) || !strings.Contains(string(after), "1.50") || strings.Contains(string(after), `"process"`) {
+				t.Errorf("process file lost or wrapped fields:\n%s", after)
+			}
+		})
+	}
+}
+
+// The mode kl chose at create (kl-hook's --mode) decides, not today's node default: the
+// relay registered the container with it.
+func TestPrepareExecCreatedMode(t *testing.T) {
+	cfg := testConfig(t, "mode: proxy\n")
+	dockerFrom = func(*config.Config) workload.Lookup { return nil }
+	b := writeBundle(t, specWith(""))
+	if err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: "c1", Bundle: b}, nil, config.Discard()); err != nil {
+		t.Fatal(err)
+	}
+	containerState = func(context.Context, string, Invocation) (string, error) { return b, nil }
+	t.Cleanup(func() { containerState = runtimeState })
+	pf := filepath.Join(t.TempDir(), "process.json")
+	os.WriteFile(pf, []byte(`{"args":["sh"],"env":["PATH=/bin"]}`), 0o600)
+	cfg.Mode = "transparent" // the operator changed the node default since
+	if err := PrepareExec(context.Background(), cfg, "runc", Invocation{Command: "exec", ContainerID: "c1", ProcessFile: pf}, nil, config.Discard()); err != nil {
+		t.Fatal(err)
+	}
+	p, err := oci.LoadProcessFile(pf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env, _ := p.Env(); !slices.Contains(env, "HTTP_PROXY=http://127.0.0.1:15080") {
+		t.Errorf("env %q: want the proxy variables of the mode chosen at create", env)
+	}
+}
+
+// runtimeState asks the real runtime, under the same --root, for the container's bundle.
+func TestRuntimeState(t *testing.T) {
+	dir := t.TempDir()
+	fake := filepath.Join(dir, "runc")
+	script := "#!/bin/sh\n[ \"$*\" = \"--root /r state c1\" ] && { echo '{\"ociVersion\":\"1.0.2\",\"id\":\"c1\",\"bundle\":\"/b/c1\",\"annotations\":{}}'; exit 0; }\necho \"container does not exist\" >&2; exit 1\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := runtimeState(context.Background(), fake, Invocation{Root: "/r", ContainerID: "c1"})
+	if err != nil || got != "/b/c1" {
+		t.Errorf("runtimeState = %q, %v; want /b/c1", got, err)
+	}
+	if _, err := runtimeState(context.Background(), fake, Invocation{Root: "/r", ContainerID: "c2"}); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("unknown container: %v, want the runtime's error", err)
 	}
 }
