@@ -326,6 +326,28 @@ func TestConfigMounts(t *testing.T) {
 	}
 }
 
+// install-cni leaves kl-cni in the conflist when it terminates: a pod created while the
+// entry is missing (during a rolling update) would run uncaptured for life, while with the
+// entry in place its CNI ADD fails closed until the relay is back.
+func TestInstallCNIKeepsEntry(t *testing.T) {
+	o := load(t)
+	ds, _, cni := o.daemonSet(t)
+	// docs/install.md's uninstall adds --uninstall-on-exit to containers/0.
+	if ds.Spec.Template.Spec.Containers[0].Name != "install-cni" {
+		t.Error("install-cni must stay the first container: docs/install.md patches containers/0")
+	}
+	watch := false
+	for _, a := range cni.Command {
+		if strings.HasPrefix(a, "--uninstall-on-exit") {
+			t.Errorf("install-cni runs with %s: the conflist briefly lacks kl-cni on every restart, and pods created then are never captured", a)
+		}
+		watch = watch || a == "--watch"
+	}
+	if !watch {
+		t.Error("install-cni must run with --watch (the network plugin rewrites its conflist)")
+	}
+}
+
 // The ConfigMap's rules and the Secret's settings load as the daemon loads them, and
 // the metrics port agrees everywhere Prometheus looks for it.
 func TestConfigContents(t *testing.T) {

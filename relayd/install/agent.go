@@ -19,9 +19,12 @@ type CNIAgent struct {
 	Entry   CNI    // kl's conflist entry
 	// Interval between checks; 5s when zero.
 	Interval time.Duration
-	// UninstallOnExit takes kl's entry out of the conflist when Run's context ends (the
-	// DaemonSet is going away). The kl-cni binary stays: pods already set up still need
-	// it for CNI DEL.
+	// UninstallOnExit takes kl's entry out of the conflist when Run's context ends, for a
+	// watcher that is going away for good (the DaemonSet being deleted). It is off in the
+	// shipped DaemonSet: on a restart, pods created while the entry is out would start
+	// without kl-cni and stay uncaptured, while with the entry in place their ADD fails
+	// closed until kl is back. The kl-cni binary stays either way: pods already set up
+	// still need it for CNI DEL.
 	UninstallOnExit bool
 	Log             *slog.Logger
 }

@@ -55,7 +55,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		conf := fs.String("conf", "", `further settings of kl's entry as a JSON object, e.g. '{"mode":"proxy"}'`)
 		watch := fs.Bool("watch", false, "keep kl chained until terminated, re-adding it when the network plugin rewrites its file")
 		interval := fs.Duration("interval", 5*time.Second, "how often --watch checks")
-		onExit := fs.Bool("uninstall-on-exit", false, "with --watch: take kl out of the conflist when terminated")
+		onExit := fs.Bool("uninstall-on-exit", false, "with --watch: take kl out of the conflist when terminated (not for a watcher that restarts: pods created while kl is out are never captured)")
 		if err := fs.Parse(args[2:]); err != nil {
 			return err
 		}
