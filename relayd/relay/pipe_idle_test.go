@@ -13,7 +13,9 @@ import (
 // read window of the other direction is left to notice) or reads slowly but steadily
 // for several idle timeouts (the flow is not ended, and every byte arrives in order).
 func TestPipeIdleWrites(t *testing.T) {
-	const idle = 300 * time.Millisecond
+	// The slow client moves a 256 KiB chunk every ~80 ms, well inside the idle timeout
+	// even on a loaded machine (at 300 ms a starved reader was once taken for idle).
+	const idle = 600 * time.Millisecond
 	tests := []struct {
 		name      string
 		halfClose bool          // the client half-closes after its request
@@ -23,8 +25,8 @@ func TestPipeIdleWrites(t *testing.T) {
 	}{
 		{name: "half-closed, client not reading", halfClose: true, wantErr: errIdle},
 		{name: "open, client not reading", wantErr: errIdle},
-		{name: "half-closed, slow steady client", halfClose: true, size: 4 << 20, readEvery: 10 * time.Millisecond},
-		{name: "open, slow steady client", size: 4 << 20, readEvery: 10 * time.Millisecond},
+		{name: "half-closed, slow steady client", halfClose: true, size: 6 << 20, readEvery: 10 * time.Millisecond},
+		{name: "open, slow steady client", size: 6 << 20, readEvery: 10 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
