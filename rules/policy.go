@@ -157,7 +157,7 @@ func (p *Policy) compile() error {
 // Decide answers which exit a flow takes. For a policy without a script it allocates
 // nothing.
 func (p *Policy) Decide(f *Flow) Decision {
-	host, lit, fold := splitHost(f.Host)
+	host, lit, fold := splitFlowHost(f.Host)
 	if fold {
 		// Only here does a decision need a buffer on its stack.
 		var hb [maxHostLen + 1]byte
@@ -266,7 +266,7 @@ func (p *Policy) decideScript(f *Flow, vhost string, addr netip.Addr, port uint1
 func (p *Policy) walk(f *Flow) Decision {
 	var hb [maxHostLen + 1]byte
 	var ib [maxImageLen]byte
-	host, lit := normHost(f.Host, &hb)
+	host, lit := normFlowHost(f.Host, &hb)
 	addr := flowAddr(f, lit)
 	if addr.IsValid() && metadata.Contains(addr) {
 		return guardDecision
@@ -295,7 +295,7 @@ func (p *Policy) Matches(f *Flow) []int {
 	}
 	var hb [maxHostLen + 1]byte
 	var ib [maxImageLen]byte
-	host, lit := normHost(f.Host, &hb)
+	host, lit := normFlowHost(f.Host, &hb)
 	v := makeView(f, host, flowAddr(f, lit), &ib)
 	var out []int
 	for i := range p.rules {
@@ -306,10 +306,43 @@ func (p *Policy) Matches(f *Flow) []int {
 	return out
 }
 
+// splitFlowHost is splitHost, and also takes an IP literal with one trailing dot
+// ("169.254.169.254.", "[fe80::1].") as that address: a resolver answers such a name
+// with the address itself, so the metadata guard and cidr rules must see it as one.
+func splitFlowHost(h string) (host string, lit netip.Addr, fold bool) {
+	host, lit, fold = splitHost(h)
+	if !lit.IsValid() && len(h) > 1 && h[len(h)-1] == '.' {
+		if _, a, _ := splitHost(h[:len(h)-1]); a.IsValid() {
+			return "", a, false
+		}
+	}
+	return host, lit, fold
+}
+
+// normFlowHost is splitFlowHost followed by foldHost when needed.
+func normFlowHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
+	host, lit, fold := splitFlowHost(h)
+	if fold {
+		host = foldHost(host, buf)
+	}
+	return host, lit
+}
+
 // summarize records what decisions can depend on.
 func (p *Policy) summarize() {
 	p.needsHost = p.script != nil
 	p.needsAddr = p.pattern
+	// The metadata guard (SPEC §4.4) decides on the address. A flow known only by name
+	// could be sent to an exit that dials from another network than the workload's
+	// (the node's own for gateway) and reach 169.254.0.0/16 there, so the name must be
+	// resolved and checked whenever such an exit is reachable. Direct dials from the
+	// workload's netns, where the kernel keeps metadata out of capture anyway, and deny
+	// sends nothing, so a policy with only those two needs no lookup.
+	for _, e := range p.Exits() {
+		if e != ExitDirect && e != ExitDeny {
+			p.needsAddr = true
+		}
+	}
 	for i := range p.rules {
 		switch m := p.rules[i].m.(type) {
 		case *domainMatcher:
@@ -334,8 +367,9 @@ func (p *Policy) NeedsHost() bool { return p.needsHost }
 func (p *Policy) NeedsProcess() bool { return p.needsProcess }
 
 // NeedsAddr reports whether a decision for a hostname-only flow could depend on the
-// address the name resolves to: the policy has cidr rules, or is in the pattern form
-// (patterns may hold prefixes). Scripts resolve names themselves (dnsResolve, isInNet).
+// address the name resolves to: the policy has cidr rules, is in the pattern form
+// (patterns may hold prefixes), or can choose an exit other than direct and deny (the
+// metadata guard must see the address before such a flow leaves; see summarize).
 func (p *Policy) NeedsAddr() bool { return p.needsAddr }
 
 // Hash is the hex sha256 of the source bytes.

@@ -1,0 +1,87 @@
+package rules
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// TestGuardNameOnly: a flow known only by name is checked by the metadata guard once
+// the relay has resolved it, and the relay resolves it when NeedsAddr says so. A policy
+// that can send a flow through the node (gateway), an upstream or a client must say so
+// even without cidr rules, or a name resolving to 169.254.169.254 leaves unchecked.
+func TestGuardNameOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		src  string
+		o    LoadOptions
+		want bool
+	}{
+		{"default gateway", "default: gateway\n", LoadOptions{AllowGateway: true}, true},
+		{"default proxy", "default: proxy\n", LoadOptions{}, true},
+		{"default client", "default: client\n", LoadOptions{}, true},
+		{"domain rule to proxy", "rules:\n  - domain: a.example\n    action: proxy\n", LoadOptions{}, true},
+		{"label rule to a named exit", "rules:\n  - label: a=b\n    exit: egress-b\n", LoadOptions{}, true},
+		{"pattern form without prefixes", "default: cluster\nrules:\n  - pattern: \"*.corp.example\"\n    route: client\n", LoadOptions{}, true},
+		{"script", "script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", LoadOptions{}, true},
+		{"direct and deny only", "rules:\n  - domain: a.example\n    action: deny\n", LoadOptions{}, false},
+		{"detached script without gateway", "script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", LoadOptions{Detached: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := mustParse(t, tc.src, tc.o)
+			if got := p.NeedsAddr(); got != tc.want {
+				t.Fatalf("NeedsAddr() = %v, want %v (exits %v)", got, tc.want, p.Exits())
+			}
+			if !tc.want {
+				return
+			}
+			// What the relay does next: the name resolved to the metadata address.
+			f := Flow{Host: "metadata.example", Dst: netip.MustParseAddrPort("169.254.169.254:80")}
+			if d := p.Decide(&f); d.Exit != ExitDirect || d.Dimension != DimGuard {
+				t.Errorf("Decide(%+v) = %s by %s, want direct by guard", f, d.Exit, d.Dimension)
+			}
+		})
+	}
+}
+
+// TestGuardLiteralForms: an IP-literal host in any form a resolver answers with the
+// address itself is the address, for the guard (and cidr rules) alike.
+func TestGuardLiteralForms(t *testing.T) {
+	for _, src := range []string{
+		"default: gateway\n",
+		"default: gateway\nrules:\n  - cidr: 10.0.0.0/8\n    action: deny\n",
+		"default: gateway\nrules:\n  - pattern: \"*.corp.example\"\n    route: deny\n",
+	} {
+		p := mustParse(t, src, LoadOptions{AllowGateway: true})
+		for _, h := range []string{
+			"169.254.169.254", "169.254.169.254.", "[::ffff:169.254.169.254]", "[::ffff:169.254.169.254].",
+			"::ffff:169.254.169.254.", "::ffff:a9fe:a9fe",
+		} {
+			f := Flow{Host: h, Dst: netip.AddrPortFrom(netip.Addr{}, 80)}
+			if d := p.Decide(&f); d.Exit != ExitDirect || d.Dimension != DimGuard {
+				t.Errorf("%q: Decide(host %q) = %s by %s, want direct by guard", src, h, d.Exit, d.Dimension)
+			}
+			if d := p.walk(&f); d.Exit != ExitDirect || d.Dimension != DimGuard {
+				t.Errorf("%q: walk(host %q) = %s by %s, want direct by guard", src, h, d.Exit, d.Dimension)
+			}
+		}
+	}
+	// The trailing dot makes a literal an address for cidr rules too, and one dot only.
+	p := mustParse(t, "default: gateway\nrules:\n  - cidr: 10.0.0.0/8\n    action: deny\n", LoadOptions{AllowGateway: true})
+	for _, tc := range []struct {
+		host string
+		want string
+	}{
+		{"10.1.2.3.", ExitDeny},
+		{"[fd00::1].", ExitGateway},
+		{"10.1.2.3..", ExitGateway}, // not a literal: a name (that no resolver answers)
+		{"a.example.", ExitGateway},
+	} {
+		f := Flow{Host: tc.host}
+		if d := p.Decide(&f); d.Exit != tc.want {
+			t.Errorf("Decide(host %q) = %s by %s, want %s", tc.host, d.Exit, d.Dimension, tc.want)
+		}
+		if got := p.Matches(&f); (len(got) == 1) != (tc.want == ExitDeny) {
+			t.Errorf("Matches(host %q) = %v", tc.host, got)
+		}
+	}
+}
