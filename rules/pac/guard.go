@@ -17,7 +17,7 @@ import (
 // deadline an inline call can be stopped.
 const (
 	maxInlineString  = 8 << 10 // a string into a guarded native or a PAC built-in
-	maxInlineArray   = 1 << 16 // elements of an array searched by indexOf/includes
+	maxInlineArray   = 1 << 16 // elements of an array searched by indexOf/includes or sliced
 	maxInlineJoin    = 1 << 12 // elements of an array turned into a string
 	maxInlineSearch  = 4 << 10 // a string searched for in an array
 	maxInlineRegexIn = 1 << 10 // the input of /re/.test
@@ -122,6 +122,15 @@ func (w *worker) installGuards() error {
 		if err := wrap(ap, m, searchOK); err != nil {
 			return err
 		}
+	}
+	// slice visits every index from start to end: on a sparse array (a[4e9] = 1 makes
+	// one of length 4e9 out of a single element) that is a loop of up to 2^32 steps in
+	// goja's Go code, which Interrupt cannot stop. Strings have their own slice, which
+	// costs the size of its result.
+	if err := wrap(ap, "slice", func(fc goja.FunctionCall) bool {
+		return arrayLen(fc.This) <= maxInlineArray
+	}); err != nil {
+		return err
 	}
 	// join is what turns an array into a string ("" + a, shExpMatch(a, ...)): its
 	// output is measured before it is built, and nested objects (whose own joins would

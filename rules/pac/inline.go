@@ -33,7 +33,9 @@ import (
 //     native iteration or change how names resolve).
 //
 // The natives that remain reachable and cost more than a copy per byte of their input
-// (toLowerCase, split, indexOf, Array join, RegExp test, the PAC built-ins) are guarded
+// (toLowerCase, split, indexOf, Array join and slice, RegExp test, the PAC built-ins),
+// or that loop over an array's length rather than its elements (on a sparse array,
+// up to 2^32 steps), are guarded
 // at run time on inline calls: an input past a small bound (guard.go) abandons the
 // inline attempt and the call is run again on the hand-off path, which copes with
 // anything. Every other script always takes the hand-off path.
@@ -63,7 +65,8 @@ var inlineProps = map[string]bool{
 	"length": true, "toLowerCase": true, "toUpperCase": true, "indexOf": true, "lastIndexOf": true,
 	"includes": true, "startsWith": true, "endsWith": true, "substring": true, "substr": true,
 	"slice": true, "charAt": true, "charCodeAt": true, "trim": true, "split": true,
-	// arrays (indexOf, lastIndexOf, includes above)
+	// arrays (indexOf, lastIndexOf, includes and slice above, guarded for arrays too;
+	// TestInlineNatives lists what each name reaches)
 	"push": true, "pop": true,
 	// regex literals: /re/.test(s)
 	"test": true,

@@ -52,6 +52,21 @@ func TestClassify(t *testing.T) {
 		{"repeat", fn(`return host.repeat(3);`), false, "repeat"},
 		{"join", fn(`return ["a"].join(",");`), false, "join"},
 		{"sort", fn(`return [2, 1].sort()[0] ? "DIRECT" : null;`), false, "sort"},
+		// The array natives that loop over a sparse array's length are out of reach
+		// (slice, indexOf, lastIndexOf and includes are guarded: TestInlineGuards).
+		{"concat", fn(`var a = []; var i = 4000000000; a[i] = 1; return a.concat([1]).length ? "DIRECT" : null;`), false, "concat"},
+		{"splice", fn(`var a = []; var i = 4000000000; a[i] = 1; a.splice(0, 1); return null;`), false, "splice"},
+		{"fill", fn(`var a = []; var i = 4000000000; a[i] = 1; a.fill(0); return null;`), false, "fill"},
+		{"reverse", fn(`var a = []; var i = 4000000000; a[i] = 1; a.reverse(); return null;`), false, "reverse"},
+		{"shift", fn(`var a = []; var i = 4000000000; a[i] = 1; a.shift(); return null;`), false, "shift"},
+		{"unshift", fn(`var a = []; var i = 4000000000; a[i] = 1; a.unshift(0); return null;`), false, "unshift"},
+		{"copyWithin", fn(`var a = []; var i = 4000000000; a[i] = 1; a.copyWithin(0, 1); return null;`), false, "copyWithin"},
+		{"forEach", fn(`var a = []; var i = 4000000000; a[i] = 1; a.forEach(function () {}); return null;`), false, "forEach"},
+		{"findLast", fn(`var a = []; var i = 4000000000; a[i] = 1; a.findLast(function () {}); return null;`), false, "findLast"},
+		{"at", fn(`return [1].at(0) ? "DIRECT" : null;`), false, "at"},
+		{"padEnd", fn(`return host.padEnd(1e9);`), false, "padEnd"},
+		{"normalize", fn(`return host.normalize();`), false, "normalize"},
+		{"localeCompare", fn(`return host.localeCompare("a") ? "DIRECT" : null;`), false, "localeCompare"},
 		{"padStart", fn(`return host.padStart(10);`), false, "padStart"},
 		{"RegExp", fn(`return new RegExp("a").test(host) ? "DIRECT" : null;`), false, "RegExp"},
 		{"eval", fn(`return eval("1") ? "DIRECT" : null;`), false, "eval"},
@@ -168,6 +183,11 @@ func TestInlineGuards(t *testing.T) {
 		{"dnsDomainIs", big(`dnsDomainIs(s, "example.com.")`)},
 		{"array join", big(`("" + [s, s]).length > 0`)},
 		{"array search", big(`[s].indexOf(s) == 0`)},
+		// A sparse array as long as s: one element, but these loop over its length.
+		{"sparse array slice", big(`(function () { var a = []; a[s.length] = 1; return a.slice(0).length > 0; })()`)},
+		{"sparse array lastIndexOf", big(`(function () { var a = []; a[s.length] = 1; return a.lastIndexOf(2) < 0; })()`)},
+		{"sparse array includes", big(`(function () { var a = []; a[s.length] = 1; return !a.includes(2); })()`)},
+		{"sparse array join", big(`(function () { var a = []; a[s.length] = 1; return ("" + a).length > 0; })()`)},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
