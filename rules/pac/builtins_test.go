@@ -229,7 +229,7 @@ func TestTimeBuiltinsZone(t *testing.T) {
 		{"Date toString", `String(new Date())`, "Tue Mar 17 2026 22:30:00 GMT-0400 (EDT)"},
 		{"Date()", `Date()`, "Tue Mar 17 2026 22:30:00 GMT-0400 (EDT)"},
 		{"Date components are local", `new Date(2026, 0, 1, 12).getTime()`, "1767286800000"},
-		{"Date setHours is local", `var d = new Date(); d.setHours(9); d.toISOString()`, "2026-03-17T13:30:00.000Z"},
+		{"Date setHours is local", `(function () { var d = new Date(); d.setHours(9); return d.toISOString(); })()`, "2026-03-17T13:30:00.000Z"},
 		{"Date instanceof", `new Date() instanceof Date`, "true"},
 		{"Date.now", `Date.now()`, "1773801000000"},
 	})
@@ -247,7 +247,7 @@ func TestDeterminism(t *testing.T) {
 	if d := w.evalString(c, `[Math.random(), Math.random(), Date.now()].join()`); d == a {
 		t.Errorf("seeds 42 and 43 gave the same %q", d)
 	}
-	if r := w.evalString(c, `var ok = true; for (var i = 0; i < 1000; i++) { var x = Math.random(); if (!(x >= 0 && x < 1)) ok = false; } ok`); r != "true" {
+	if r := w.evalString(c, `(function () { var ok = true; for (var i = 0; i < 1000; i++) { var x = Math.random(); if (!(x >= 0 && x < 1)) ok = false; } return ok; })()`); r != "true" {
 		t.Errorf("Math.random out of [0, 1)")
 	}
 }

@@ -69,6 +69,9 @@ func rawEval(t testing.TB, s *Script, c Call) string {
 	t.Helper()
 	w, put := borrow(t, s)
 	defer put()
+	if err := w.resetState(); err != nil {
+		t.Fatalf("resetState: %v", err)
+	}
 	url, host := BuildURL(c)
 	w.call, w.host, w.rng = c, host, c.Seed
 	v, err := w.fn(goja.Undefined(), w.vm.ToValue(url), w.vm.ToValue(host))

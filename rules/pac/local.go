@@ -66,7 +66,7 @@ func (p *pool) getInline(timer **time.Timer) *handle {
 // putInline gives a runtime back: to this P's cache, or to the channel when calls are
 // waiting for one or the pool is closed.
 func (p *pool) putInline(h *handle) {
-	if raceEnabled || p.waiting.Load() > 0 || p.closed.Load() {
+	if raceEnabled || h.w.broken || p.waiting.Load() > 0 || p.closed.Load() {
 		p.release(h.unwrap())
 		return
 	}

@@ -7,6 +7,9 @@
 // only answers with the destination the caller already knows, and Date and Math.random
 // are derived from the flow so every hop computes the same answer. Any failure (an
 // exception, a result of the wrong type, the deadline) decides deny.
+// Calls are independent: a runtime is sealed once the script's top-level code has run,
+// so that nothing a call does reaches the next one (state.go says how, and what a
+// script that assigns its globals gets).
 //
 // A call runs on one of two paths, chosen once per script at load (Script.Path). A
 // script that provably reaches nothing goja's Interrupt cannot stop (only the PAC

@@ -38,6 +38,9 @@ type pool struct {
 	why     string
 	regexes []string // an inline script's regex literals (classify)
 
+	// The script's global variables and top-level lexical names (state.go).
+	globals, lexicals []string
+
 	idle      chan *worker  // runtimes ready for a call
 	slots     chan struct{} // one token per live (not abandoned) runtime
 	abandoned atomic.Int64  // runtimes stuck past a deadline, still running
@@ -67,7 +70,7 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
 	}
-	prog, inline, why, regexes, err := compileProgram(name, src, allowInline)
+	prog, inline, why, regexes, names, err := compileProgram(name, src, allowInline)
 	if err != nil {
 		return nil, err
 	}
@@ -86,6 +89,8 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 		inline:       inline,
 		why:          why,
 		regexes:      regexes,
+		globals:      names.globals,
+		lexicals:     names.lexicals,
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
@@ -112,8 +117,9 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 
 // compileProgram parses with goja's parser directly, because goja.Compile flattens
 // syntax errors into a message without their position.
-// It also classifies the script for the inline path (classify).
-func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inline bool, why string, regexes []string, err error) {
+// It also refuses a script whose calls would keep state (checkState), lists the names
+// sealing needs (stateNames) and classifies the script for the inline path (classify).
+func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inline bool, why string, regexes []string, names stateNameLists, err error) {
 	ast, err := parser.ParseFile(nil, name, src, 0)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
@@ -125,8 +131,12 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 				ce.Msg += fmt.Sprintf(" (and %d more errors)", len(el)-1)
 			}
 		}
-		return nil, false, "", nil, ce
+		return nil, false, "", nil, names, ce
 	}
+	if ce := checkState(ast); ce != nil {
+		return nil, false, "", nil, names, ce
+	}
+	names.globals, names.lexicals = stateNames(ast)
 	inline, why = false, "the inline path is turned off"
 	if allowInline {
 		inline, why, regexes = classify(ast)
@@ -148,9 +158,9 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 				ce.Line = re.File.Position(re.Offset).Line
 			}
 		}
-		return nil, false, "", nil, ce
+		return nil, false, "", nil, names, ce
 	}
-	return prog, inline, why, regexes, nil
+	return prog, inline, why, regexes, names, nil
 }
 
 func (o Options) withDefaults() Options {
@@ -462,6 +472,14 @@ type worker struct {
 	argv          [2]goja.Value
 	stack         []goja.Value // lent to goja between calls (stack.go)
 
+	// Independent calls (state.go): gen counts calls; loading is set while top-level
+	// code runs.
+	globals []*globalVar
+	resets  []reset
+	setTime goja.Callable
+	gen     uint64
+	loading bool
+
 	// The inline path (inline pools only): timer interrupts the call at its deadline
 	// and sets fired; inlineCall turns the guards on; tripped is set by a guard.
 	timer      *time.Timer
@@ -543,16 +561,30 @@ func (w *worker) setup() (err error) {
 	if err := installDateZone(vm, w.loc); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up Date: " + err.Error()}
 	}
+	sealer, err := w.prepareState()
+	if err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the global variables: " + err.Error()}
+	}
 	// Top-level code belongs to no flow: it sees a fixed time and seed, so that it
 	// computes the same thing on every hop.
 	w.call, w.rng = Call{At: time.Unix(0, 0)}, 0
 	defer func() { w.call = Call{} }()
-	if _, err := vm.RunProgram(w.p.prog); err != nil {
+	w.loading = true
+	_, err = vm.RunProgram(w.p.prog)
+	w.loading = false
+	if err != nil {
 		return scriptError(err, "top-level code")
 	}
 	fn, ok := goja.AssertFunction(vm.Get("FindProxyForURL"))
 	if !ok {
 		return &CompileError{Code: CodeScript, Msg: "the script does not define a function FindProxyForURL"}
+	}
+	if err := w.seal(sealer); err != nil {
+		var ex *goja.Exception
+		if errors.As(err, &ex) {
+			err = errors.New(ex.Value().String())
+		}
+		return &CompileError{Code: CodeScript, Msg: "sealing the top-level state: " + err.Error()}
 	}
 	w.fn = fn
 	return nil
@@ -602,6 +634,9 @@ func (w *worker) run(c Call) (r Result) {
 		}
 	}()
 	w.lendStack()
+	if err := w.resetState(); err != nil {
+		return deny("script made its state impossible to reset: " + err.Error())
+	}
 	w.call = c
 	w.rng = c.Seed
 	a := w.args(c)
