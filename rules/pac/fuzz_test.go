@@ -55,6 +55,9 @@ func FuzzCompile(f *testing.F) {
 		`function FindProxyForURL(u, h) {`,
 		`throw 1`,
 		``,
+		`var n = 0; function FindProxyForURL(u, h) { n++; return n % 2 ? "PROXY x:1" : "DIRECT"; }`,
+		`var c = {}; function t() { return c; } function FindProxyForURL(u, h) { var o = t(); o.h = o.h || h; return o.h == h ? "DIRECT" : "BLOCK"; }`,
+		`var re = /a/g, d = new Date(0); function FindProxyForURL(u, h) { d.setTime(d.getTime() + 1); return re.test(h) + "" + d.getTime(); }`,
 	} {
 		f.Add(s)
 	}
@@ -76,6 +79,10 @@ func FuzzCompile(f *testing.F) {
 		}
 		if r.Failed && r.Exit != "deny" {
 			t.Fatalf("a failed Eval that does not deny: %+v", r)
+		}
+		// Calls are independent: the same call again gets the same answer.
+		if r2 := s.Eval(Call{Host: "www.example.com", Port: 443}); r2 != r && !timedOut(r) && !timedOut(r2) {
+			t.Fatalf("the same call twice: %+v, then %+v", r, r2)
 		}
 	})
 }
@@ -103,4 +110,9 @@ func FuzzShExpMatch(f *testing.F) {
 			t.Fatalf("shExpMatch(%q, %q) = %v, the regex %q says %v", subject, pattern, got, x.re, want)
 		}
 	})
+}
+
+// timedOut: the call ran out of time or runtimes (a busy machine, an endless loop).
+func timedOut(r Result) bool {
+	return r.Failed && (strings.Contains(r.Reason, "within") || strings.Contains(r.Reason, "stuck") || strings.Contains(r.Reason, "interrupted"))
 }

@@ -13,7 +13,7 @@ import (
 
 // Calls are independent (SPEC §4.3, §7): a runtime serves many flows one after the
 // other, and nothing a call does may change what the next one computes, or let it see
-// the last flow's host. A fresh runtime per call would cost a hundred times a call, so a
+// the last flow's host. A fresh runtime per call would cost hundreds of times a call, so a
 // runtime is instead sealed once its top-level code has run:
 //
 //   - The script's global variables (its top-level var names, and every name it assigns
@@ -187,7 +187,7 @@ var refused = map[string]string{
 
 // implType names the Go type behind a goja object ("*goja.mapObject"), which goja does
 // not export: its Object keeps it in the unexported field self. "" if goja's layout
-// changed (TestSealRefuses fails, to say so).
+// changed (TestSealKnowsGoja fails, to say so).
 func implType(o *goja.Object) string {
 	f := reflect.ValueOf(o).Elem().FieldByName("self")
 	if !f.IsValid() || f.Kind() != reflect.Interface || f.IsNil() {
