@@ -38,8 +38,9 @@ type pool struct {
 	why     string
 	regexes []string // an inline script's regex literals (classify)
 
-	// The script's global variables and top-level lexical names (state.go).
-	globals, lexicals []string
+	// The script's global variables, top-level lexical names and the other global
+	// properties it may add (state.go).
+	globals, lexicals, props []string
 
 	idle      chan *worker  // runtimes ready for a call
 	slots     chan struct{} // one token per live (not abandoned) runtime
@@ -91,6 +92,7 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 		regexes:      regexes,
 		globals:      names.globals,
 		lexicals:     names.lexicals,
+		props:        names.props,
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
@@ -136,7 +138,7 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 	if ce := checkState(ast); ce != nil {
 		return nil, false, "", nil, names, ce
 	}
-	names.globals, names.lexicals = stateNames(ast)
+	names = stateNames(ast)
 	inline, why = false, "the inline path is turned off"
 	if allowInline {
 		inline, why, regexes = classify(ast)

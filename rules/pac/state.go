@@ -42,7 +42,9 @@ import (
 // would build every built-in in every runtime), so a script that changes one
 // indirectly (Object.getPrototypeOf("").x = ..., which only the hand-off path can
 // reach) shares it between calls; so does one that keeps state in the local variables
-// of a function its top-level code called (a closure over an IIFE's var).
+// of a function its top-level code called (a closure over an IIFE's var), or in a
+// global property that top-level code made under a computed name (this[k] = ...,
+// eval("var x")).
 
 // globalVar is one of the script's global variables (see above).
 type globalVar struct {
@@ -52,7 +54,7 @@ type globalVar struct {
 
 // stateNameLists are the names stateNames finds.
 type stateNameLists struct {
-	globals, lexicals []string
+	globals, lexicals, props []string
 }
 
 // reset is an object whose state is outside its properties, put back before each call.
@@ -136,9 +138,11 @@ func (w *worker) prepareState() (*sealer, error) {
 		return nil, err
 	}
 	g := vm.GlobalObject()
+	// Listing the global object's names would build every built-in (goja makes them
+	// when first touched): only the names the script can add are looked at.
 	s.before = map[string]bool{}
-	for _, n := range g.GetOwnPropertyNames() {
-		s.before[n] = true
+	for _, n := range w.p.props {
+		s.before[n] = g.Get(n) != nil
 	}
 	w.globals = make([]*globalVar, len(w.p.globals))
 	for i, name := range w.p.globals {
@@ -239,9 +243,9 @@ func (w *worker) seal(s *sealer) error {
 		}
 	}
 	// What top-level code added to the global object other than through its variables
-	// (its functions, this.x = ..., eval) becomes read-only.
-	for _, name := range g.GetOwnPropertyNames() {
-		if !s.before[name] {
+	// (its functions, this.x = ...) becomes read-only.
+	for _, name := range w.p.props {
+		if !s.before[name] && g.Get(name) != nil {
 			v, err := s.fix(goja.Undefined(), g, vm.ToValue(name))
 			if err != nil {
 				return err
@@ -342,9 +346,10 @@ func (w *worker) resetState() error {
 // stateNames lists, from the syntax tree, the script's global variables (its top-level
 // var names and every name it assigns without a declaration anywhere in sight: sloppy
 // code makes those globals; a name that is in fact local somewhere only gets an unused
-// global) and its top-level let, const and class names.
-func stateNames(prog *ast.Program) (globals, lexicals []string) {
-	vars, fixed := map[string]bool{}, map[string]bool{}
+// global), its top-level let, const and class names, and the other properties it can
+// add to the global object (its functions, this.x = ...).
+func stateNames(prog *ast.Program) (names stateNameLists) {
+	vars, fixed, props := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, d := range prog.DeclarationList {
 		for _, b := range d.List {
 			for _, n := range boundNames(b.Target) {
@@ -357,37 +362,67 @@ func stateNames(prog *ast.Program) (globals, lexicals []string) {
 		case *ast.LexicalDeclaration:
 			for _, b := range st.List {
 				for _, n := range boundNames(b.Target) {
-					lexicals = append(lexicals, n)
+					names.lexicals = append(names.lexicals, n)
 					fixed[n] = true
 				}
 			}
 		case *ast.ClassDeclaration:
 			if st.Class.Name != nil {
 				n := st.Class.Name.Name.String()
-				lexicals = append(lexicals, n)
+				names.lexicals = append(names.lexicals, n)
 				fixed[n] = true
 			}
 		case *ast.FunctionDeclaration:
 			if st.Function.Name != nil {
-				fixed[st.Function.Name.Name.String()] = true
+				n := st.Function.Name.Name.String()
+				fixed[n], props[n] = true, true
 			}
 		}
 	}
 	walkAST(prog, func(n ast.Node) bool {
 		forTargets(n, func(t ast.Expression) {
-			if id, ok := t.(*ast.Identifier); ok {
-				vars[id.Name.String()] = true
+			switch t := t.(type) {
+			case *ast.Identifier:
+				vars[t.Name.String()] = true
+			case *ast.DotExpression: // this.x, globalThis.x
+				if onGlobal(t.Left) {
+					props[t.Identifier.Name.String()] = true
+				}
+			case *ast.BracketExpression: // this["x"]
+				if k, ok := t.Member.(*ast.StringLiteral); ok && onGlobal(t.Left) {
+					props[k.Value.String()] = true
+				}
 			}
 		})
 		return true
 	})
 	for n := range vars {
 		if !fixed[n] {
-			globals = append(globals, n)
+			names.globals = append(names.globals, n)
 		}
 	}
-	slices.Sort(globals)
-	return globals, lexicals
+	for n := range props {
+		if !vars[n] || fixed[n] {
+			names.props = append(names.props, n)
+		}
+	}
+	slices.Sort(names.globals)
+	slices.Sort(names.props)
+	return names
+}
+
+// onGlobal: the expression may be the global object (this, globalThis, window, self).
+func onGlobal(e ast.Expression) bool {
+	switch e := e.(type) {
+	case *ast.ThisExpression:
+		return true
+	case *ast.Identifier:
+		switch e.Name {
+		case "globalThis", "window", "self":
+			return true
+		}
+	}
+	return false
 }
 
 // forTargets calls fn for each simple target (an identifier or a member expression)
