@@ -18,8 +18,12 @@
 // every flow again from the header's inputs (a script's Date and Math.random derive from
 // the flow's timestamp and id, so the answer is the same). A flow whose route it would not
 // have chosen, under a policy version it does not hold, or of a workload outside what it
-// asked to carry is refused with a Verdict code: a compromised workload or node cannot
-// promote a flow to the operator's network. Accepted flows are dialled from this side's
+// asked to carry is refused with a Verdict code: a compromised workload cannot promote a
+// flow to the operator's network, and a node cannot send a flow its own policy would not
+// route here. The policy itself comes from the node, so the attach side trusts the node
+// for it: a compromised node could send a policy that routes every granted workload's
+// flows `client`. What bounds that is the session's grant (which workloads) and the
+// person's own network, not a policy pinned on this side. Accepted flows are dialled from this side's
 // network: through the proxy the PAC named (`PROXY host:port`), else through the proxy
 // its own environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), else
 // directly, resolving hostnames here. The verdict is sent only after that dial, so the
