@@ -13,8 +13,8 @@ import (
 // read window of the other direction is left to notice) or reads slowly but steadily
 // for several idle timeouts (the flow is not ended, and every byte arrives in order).
 func TestPipeIdleWrites(t *testing.T) {
-	// The slow client moves a 256 KiB chunk every ~80 ms, well inside the idle timeout
-	// even on a loaded machine (at 300 ms a starved reader was once taken for idle).
+	// The slow client takes a 1 MiB chunk in ~130 ms, well inside the idle timeout even on
+	// a loaded machine (at 300 ms a starved reader was once taken for idle).
 	const idle = 600 * time.Millisecond
 	tests := []struct {
 		name      string
@@ -25,8 +25,8 @@ func TestPipeIdleWrites(t *testing.T) {
 	}{
 		{name: "half-closed, client not reading", halfClose: true, wantErr: errIdle},
 		{name: "open, client not reading", wantErr: errIdle},
-		{name: "half-closed, slow steady client", halfClose: true, size: 6 << 20, readEvery: 10 * time.Millisecond},
-		{name: "open, slow steady client", size: 6 << 20, readEvery: 10 * time.Millisecond},
+		{name: "half-closed, slow steady client", halfClose: true, size: 16 << 20, readEvery: 4 * time.Millisecond},
+		{name: "open, slow steady client", size: 16 << 20, readEvery: 4 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -154,7 +154,7 @@ func runFastpath(ctx context.Context) ([]Row, error) {
 			// Every variant starts from an empty conntrack table in the pod: no TIME_WAIT
 			// entry of an earlier variant to reuse, and none whose NAT binding still
 			// points at a relay that was stopped.
-			if r.err = sh("ip", "netns", "exec", b.pod, "conntrack", "-F"); r.err != nil {
+			if r.err = b.flushConntrack(); r.err != nil {
 				continue
 			}
 			g, err := b.iperf(ctx)

@@ -34,7 +34,7 @@ func init() {
 		Doc: "Data path on one netns topology (a pod netns 192.0.2.2 and a server netns 192.0.2.1 " +
 			"joined by a veth), side by side in one run: iperf3 (3 s, one stream), a Go stream (3 s, " +
 			"one connection writing 256 KiB blocks to a counting sink) and a short-connection loop " +
-			"(4 workers for 2 s: connect, 1 byte, echo, close; each loop starts with no TIME_WAIT socket left by an earlier one), medians of 3 rounds; every round " +
+			"(4 workers for 2 s: connect, 1 byte, echo, close; each loop starts with no TIME_WAIT socket left by an earlier one, and each variant with an empty conntrack table in the pod), medians of 3 rounds; every round " +
 			"visits every variant in turn, starting further along than the last (by 1/rounds of the list), so a load change on the shared machine hits them alike. " +
 			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
 			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); the issue's reference, a bare Go " +
@@ -176,7 +176,7 @@ type relayResult struct {
 }
 
 func runRelay(ctx context.Context) ([]Row, error) {
-	b, err := newRelayBench("redsocks")
+	b, err := newRelayBench("redsocks", "conntrack")
 	if err != nil {
 		return nil, err
 	}
@@ -274,6 +274,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 				continue
 			}
 			if r.err = v.prep(); r.err != nil {
+				continue
+			}
+			if r.err = b.flushConntrack(); r.err != nil {
 				continue
 			}
 			if v.iperf {
@@ -623,6 +626,14 @@ func (b *relayBench) stopOtherRelay() {
 		b.stopOther()
 		b.stopOther = nil
 	}
+}
+
+// flushConntrack empties the pod's conntrack table, so every variant starts without the
+// entries an earlier one left: thousands of TIME_WAIT ones from its connection loop
+// (kept 120 s, so a kernel-decided variant measured after a relayed one paid for a table
+// it did not fill) and NAT bindings to a relay that was stopped.
+func (b *relayBench) flushConntrack() error {
+	return sh("ip", "netns", "exec", b.pod, "conntrack", "-F")
 }
 
 // fresh ends the TIME_WAIT sockets the connection loops before left in the pod and the
