@@ -7,8 +7,10 @@ import (
 
 // TestGuardNameOnly: a flow known only by name is checked by the metadata guard once
 // the relay has resolved it, and the relay resolves it when NeedsAddr says so. A policy
-// that can send a flow through the node (gateway), an upstream or a client must say so
-// even without cidr rules, or a name resolving to 169.254.169.254 leaves unchecked.
+// that can send a flow through the node's own network (gateway) must say so even without
+// cidr rules, or a name resolving to 169.254.169.254 leaves unchecked. Upstreams and the
+// attach side resolve names on their own side (a name may resolve only there), so they
+// need no lookup on the node.
 func TestGuardNameOnly(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -17,12 +19,14 @@ func TestGuardNameOnly(t *testing.T) {
 		want bool
 	}{
 		{"default gateway", "default: gateway\n", LoadOptions{AllowGateway: true}, true},
-		{"default proxy", "default: proxy\n", LoadOptions{}, true},
-		{"default client", "default: client\n", LoadOptions{}, true},
-		{"domain rule to proxy", "rules:\n  - domain: a.example\n    action: proxy\n", LoadOptions{}, true},
-		{"label rule to a named exit", "rules:\n  - label: a=b\n    exit: egress-b\n", LoadOptions{}, true},
+		{"gateway rule", "rules:\n  - domain: a.example\n    action: gateway\n", LoadOptions{AllowGateway: true}, true},
+		{"default proxy", "default: proxy\n", LoadOptions{}, false},
+		{"default client", "default: client\n", LoadOptions{}, false},
+		{"domain rule to proxy", "rules:\n  - domain: a.example\n    action: proxy\n", LoadOptions{}, false},
+		{"label rule to a named exit", "rules:\n  - label: a=b\n    exit: egress-b\n", LoadOptions{}, false},
 		{"pattern form without prefixes", "default: cluster\nrules:\n  - pattern: \"*.corp.example\"\n    route: client\n", LoadOptions{}, true},
-		{"script", "script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", LoadOptions{}, true},
+		{"script without gateway", "script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", LoadOptions{}, false},
+		{"script with gateway", "script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", LoadOptions{AllowGateway: true}, true},
 		{"direct and deny only", "rules:\n  - domain: a.example\n    action: deny\n", LoadOptions{}, false},
 		{"detached script without gateway", "script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", LoadOptions{Detached: true}, false},
 	} {

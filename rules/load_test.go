@@ -189,8 +189,8 @@ func TestNeeds(t *testing.T) {
 		{"rules:\n  - cidr: 10.0.0.0/8\n    action: deny\n", false, false, true},
 		{"rules:\n  - pattern: \"10.0.0.0/8\"\n    route: deny\n", false, false, true},
 		{"rules:\n  - pattern: \"*.a.com\"\n    route: deny\n", true, false, true},
-		{"script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", true, false, true},
-		{"default: proxy\n", false, false, true},
+		{"script: |\n  function FindProxyForURL(url, host) { return \"DIRECT\"; }\n", true, false, false},
+		{"default: proxy\n", false, false, false},
 	} {
 		p := mustParse(t, tc.src, LoadOptions{})
 		if p.NeedsHost() != tc.host || p.NeedsProcess() != tc.process || p.NeedsAddr() != tc.addrOK {

@@ -333,13 +333,15 @@ func (p *Policy) summarize() {
 	p.needsHost = p.script != nil
 	p.needsAddr = p.pattern
 	// The metadata guard (SPEC §4.4) decides on the address. A flow known only by name
-	// could be sent to an exit that dials from another network than the workload's
-	// (the node's own for gateway) and reach 169.254.0.0/16 there, so the name must be
-	// resolved and checked whenever such an exit is reachable. Direct dials from the
-	// workload's netns, where the kernel keeps metadata out of capture anyway, and deny
-	// sends nothing, so a policy with only those two needs no lookup.
+	// that the gateway could take would be dialed from the node's own network, where
+	// 169.254.169.254 is the node's metadata service: the name must be resolved here and
+	// the guard must see it (the gateway also refuses such addresses when it dials). Every
+	// other exit dials from the workload's netns (direct) or from another machine
+	// (upstream, attach side), which resolves the name itself, perhaps through a network
+	// only it reaches (a VPN): resolving there on the node would refuse names it alone
+	// knows, so those need no lookup.
 	for _, e := range p.Exits() {
-		if e != ExitDirect && e != ExitDeny {
+		if e == ExitGateway {
 			p.needsAddr = true
 		}
 	}
@@ -368,8 +370,8 @@ func (p *Policy) NeedsProcess() bool { return p.needsProcess }
 
 // NeedsAddr reports whether a decision for a hostname-only flow could depend on the
 // address the name resolves to: the policy has cidr rules, is in the pattern form
-// (patterns may hold prefixes), or can choose an exit other than direct and deny (the
-// metadata guard must see the address before such a flow leaves; see summarize).
+// (patterns may hold prefixes), or can choose the gateway (the metadata guard must see
+// the address before a flow leaves through the node's network; see summarize).
 func (p *Policy) NeedsAddr() bool { return p.needsAddr }
 
 // Hash is the hex sha256 of the source bytes.

@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +28,7 @@ import (
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/containerd"
 	"github.com/kl-egress/kl/relayd/publish"
+	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -336,32 +336,16 @@ func (u *Upstream) fill(def time.Duration) error {
 	if u.URL == "" {
 		return errors.New("url is missing")
 	}
-	// No message quotes the url beyond scheme://host:port, and that only once the
-	// authority is known to be whole: a password with an unencoded '/', '?' or '#' ends
-	// it early, lands in the path, query or fragment, and leaves the user name and the
-	// start of the password as "host:port"; url's own messages quote the url, or the
-	// part of it they choked on.
-	p, err := url.Parse(u.URL)
+	// No message quotes the url beyond scheme://host:port, and that only once
+	// upstream.ParseURL has found the authority whole.
+	p, err := upstream.ParseURL(u.URL)
 	if err != nil {
-		return errors.New("url does not parse" + encodeHint)
-	}
-	switch {
-	case p.Opaque != "" || p.Host == "":
-		return errors.New("url: want scheme://host:port")
-	case p.Path != "" && p.Path != "/":
-		return errors.New("url has a path (want scheme://host:port)" + encodeHint)
-	case p.RawQuery != "" || p.ForceQuery:
-		return errors.New("url has a query (want scheme://host:port)" + encodeHint)
-	case p.Fragment != "" || strings.Contains(u.URL, "#"):
-		return errors.New("url has a fragment (want scheme://host:port)" + encodeHint)
+		return err
 	}
 	switch p.Scheme {
 	case "http", "socks5":
 	default:
 		return fmt.Errorf("url scheme %q is not http or socks5", p.Scheme)
-	}
-	if port, err := strconv.ParseUint(p.Port(), 10, 16); p.Port() != "" && (err != nil || port == 0) {
-		return errors.New("url: bad port (want 1 to 65535)" + encodeHint)
 	}
 	if p.Hostname() == "" || p.Port() == "" {
 		return fmt.Errorf("url %s needs a host and a port", Redact(u.URL))
@@ -405,21 +389,16 @@ func (c *Config) hasSecrets() bool {
 	return false
 }
 
-// encodeHint is the likely cause of an upstream url that does not parse as
-// scheme://host:port.
-const encodeHint = "; percent-encode any '/', '?', '#', '@' or '%' in the user name or password"
-
 // Redact returns an upstream url as scheme://host:port, without its user name and
 // password, for messages and logs. A url with more than that (a path, query or fragment,
 // which is where a password with an unencoded '/', '?' or '#' ends up) is not shown at
 // all: its "host:port" may be the user name and the start of the password.
 func Redact(rawURL string) string {
-	p, err := url.Parse(rawURL)
-	switch {
-	case err != nil:
+	if _, err := url.Parse(rawURL); err != nil {
 		return "(unparsable url)"
-	case p.Opaque != "" || (p.Path != "" && p.Path != "/") || p.RawQuery != "" || p.ForceQuery ||
-		p.Fragment != "" || strings.Contains(rawURL, "#"):
+	}
+	p, err := upstream.ParseURL(rawURL)
+	if err != nil {
 		return "(malformed url)"
 	}
 	return p.Scheme + "://" + p.Host

@@ -74,11 +74,13 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 var errOnNode = errors.New("gateway: destination is on the node itself (loopback, link-local or unspecified): refused")
 
 // dialGateway dials dst from the daemon's own netns, the node's network. A destination
-// on the node itself is refused, also when a name resolves to one: loopback (the node's
-// kubelet, containerd, its local services), link-local (169.254.169.254, the cloud
+// on the node itself is refused, also when a name resolves to one: loopback (services
+// that listen on the node's loopback only: kubelet's healthz, containerd's debug,
+// whatever an operator bound to 127.0.0.1), link-local (169.254.169.254, the cloud
 // metadata service and the node's credentials) and unspecified addresses. A pod reaches
-// none of them from its own netns, and the gateway must not lend it the node's. A name
-// is resolved here once and its addresses are tried in order.
+// none of them from its own netns, and the gateway must not lend it the node's. (The
+// node's own network addresses stay reachable, as they are from any pod.) A name is
+// resolved here once and its addresses are tried in order.
 func dialGateway(ctx context.Context, mark uint32, dst relay.Dest) (net.Conn, error) {
 	addrs := []netip.Addr{dst.Addr.Addr()}
 	if dst.Host != "" {

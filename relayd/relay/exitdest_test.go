@@ -55,10 +55,11 @@ func TestExitGetsCheckedDestination(t *testing.T) {
 
 		{"proxy mode, default with cidr rules: the checked address", defCIDR, true, "evil.example", true, "", true},
 		{"proxy mode, domain decides: the name", domain, true, "a.allowed.example", true, "a.allowed.example", true},
-		// No cidr rule, but an exit is reachable: the name is resolved on the node for the
-		// metadata guard (rules.Policy.NeedsAddr), and the exit gets the address checked.
-		{"proxy mode, no cidr rules: the checked address", defProxy, true, "evil.example", true, "", true},
-		{"proxy mode, no cidr rules, unresolved name: refused", defProxy, true, "nowhere.example", false, "", false},
+		// No address rule could decide otherwise (and the gateway is not reachable): the
+		// name is not resolved on the node, and the exit resolves it on its side, where it
+		// may be the only one that can (a VPN behind the attach side).
+		{"proxy mode, no address rules: the name", defProxy, true, "evil.example", true, "evil.example", false},
+		{"proxy mode, no address rules, a name only the far side knows: the name", defProxy, true, "nowhere.example", true, "nowhere.example", false},
 		{"proxy mode, unresolved name, default: refused", defCIDR, true, "nowhere.example", false, "", false},
 		{"proxy mode, unresolved name, label decides: the name", label, true, "nowhere.example", true, "nowhere.example", false},
 		{"proxy mode, unresolved name, pattern *: refused", patAny, true, "nowhere.example", false, "", false},

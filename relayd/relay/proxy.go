@@ -162,8 +162,8 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				f.Process = r.owner(k, w.ID, id)
 			}
 		}
-		// A name whose address rules could match (cidr rules, the pattern form) is
-		// resolved once here and decided for every address it has (decideEach); a direct
+		// A name whose address could change the decision (cidr rules, the pattern form,
+		// the metadata guard before a gateway) is resolved once here and decided for every address it has (decideEach); a direct
 		// dial then tries the addresses that were checked, and no exit looks the name up
 		// again unless the name itself decided (nameDecided).
 		var checked []netip.AddrPort // the resolved addresses the decision holds for, in dial order
@@ -302,8 +302,8 @@ func destinationFree(d rules.Decision) bool {
 
 // dialEach dials the addresses in order from the pod's netns until one connects, as a
 // dial of a name does (netns.Dial): an IPv4-only pod on a dual-stack node may be handed
-// an IPv6 address first. The error is the last address's alone: a joined error would
-// carry every address in its text, and audit.Reason redacts only the first.
+// an IPv6 address first. The error is the last address's alone: one reason per flow in
+// its audit record, not one line per address.
 func (r *Relay) dialEach(ctx context.Context, p *pod, nsPath string, addrs []netip.AddrPort) (net.Conn, error) {
 	var err error
 	for _, ap := range addrs {

@@ -44,7 +44,8 @@ type hostNeeder interface{ NeedsHost() bool }
 type processNeeder interface{ NeedsProcess() bool }
 
 // addrNeeder is a Decider that says whether a hostname-only flow's decision could depend
-// on the address the name resolves to (*rules.Policy: cidr rules or the pattern form).
+// on the address the name resolves to (*rules.Policy: cidr rules, the pattern form, or
+// a gateway the metadata guard must check first).
 type addrNeeder interface{ NeedsAddr() bool }
 
 // OwnerFinder finds the process behind a connection (*sockowner.Finder).

@@ -106,30 +106,11 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 	for _, opt := range opts {
 		opt(&o)
 	}
-	// No error here quotes the URL or any part of it that may hold credentials: a
-	// password with an unencoded '/', '?' or '#' ends the authority early and lands in
-	// the path, query or fragment (or in url.Parse's own message), and the "host:port"
-	// before it is then the user name and the start of the password.
-	u, err := url.Parse(rawURL)
+	u, err := ParseURL(rawURL)
 	if err != nil {
-		return nil, errors.New("upstream url does not parse" + encodeHint)
+		return nil, fmt.Errorf("upstream %w", err)
 	}
-	switch {
-	case u.Opaque != "" || u.Host == "":
-		return nil, errors.New("upstream url: want scheme://host:port")
-	case u.Path != "" && u.Path != "/":
-		return nil, errors.New("upstream url has a path (want scheme://host:port)" + encodeHint)
-	case u.RawQuery != "" || u.ForceQuery:
-		return nil, errors.New("upstream url has a query (want scheme://host:port)" + encodeHint)
-	case u.Fragment != "" || strings.Contains(rawURL, "#"):
-		return nil, errors.New("upstream url has a fragment (want scheme://host:port)" + encodeHint)
-	}
-	// A port that is no number may be the start of a password ("http://u:pw/"): not
-	// quoted either, nor the host before it.
-	host, portStr, err := net.SplitHostPort(u.Host)
-	if p, perr := strconv.ParseUint(portStr, 10, 16); err == nil && (perr != nil || p == 0) {
-		return nil, errors.New("upstream url: bad port (want 1 to 65535)" + encodeHint)
-	}
+	host, _, err := net.SplitHostPort(u.Host)
 	name := u.Scheme + "://" + u.Host
 	if err != nil || host == "" {
 		return nil, fmt.Errorf("upstream %s: want host:port after the scheme", name)
@@ -184,6 +165,37 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 // encodeHint is the likely cause of an upstream URL that does not parse as
 // scheme://host:port.
 const encodeHint = "; percent-encode any '/', '?', '#', '@' or '%' in the user name or password"
+
+// ParseURL parses an upstream URL and checks that it is scheme://[user:pass@]host:port
+// and nothing more. Its errors start with "url" and never quote the URL or any part of
+// it that may hold credentials: a password with an unencoded '/', '?' or '#' ends the
+// authority early and lands in the path, query or fragment (or in url.Parse's own
+// message), and the "host:port" before it is then the user name and the start of the
+// password. The scheme is not checked.
+func ParseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New("url does not parse" + encodeHint)
+	}
+	switch {
+	case u.Opaque != "" || u.Host == "":
+		return nil, errors.New("url: want scheme://host:port")
+	case u.Path != "" && u.Path != "/":
+		return nil, errors.New("url has a path (want scheme://host:port)" + encodeHint)
+	case u.RawQuery != "" || u.ForceQuery:
+		return nil, errors.New("url has a query (want scheme://host:port)" + encodeHint)
+	case u.Fragment != "" || strings.Contains(raw, "#"):
+		return nil, errors.New("url has a fragment (want scheme://host:port)" + encodeHint)
+	}
+	// A port that is no number may be the start of a password ("http://u:pw/"): not
+	// quoted either, nor the host before it.
+	if port := u.Port(); port != "" {
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+			return nil, errors.New("url: bad port (want 1 to 65535)" + encodeHint)
+		}
+	}
+	return u, nil
+}
 
 type common struct {
 	name    string // scheme://host:port, no credentials
