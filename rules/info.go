@@ -12,6 +12,19 @@ type RuleInfo struct {
 	Note      string    `json:"note,omitempty"`
 }
 
+// MatchesName reports whether rule i (1-based) matches on the flow's hostname: a domain
+// rule, or a pattern whose HOST is a name glob (not `*`, an address or a prefix). A
+// decision such a rule made rested on the name.
+func (p *Policy) MatchesName(i int) bool {
+	switch m := p.rules[i-1].m.(type) {
+	case *domainMatcher:
+		return true
+	case *patternMatcher:
+		return m.glob != ""
+	}
+	return false
+}
+
 // Rule describes rule i (1-based). It panics when i is out of range, like an index.
 func (p *Policy) Rule(i int) RuleInfo {
 	r := &p.rules[i-1]

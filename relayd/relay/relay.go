@@ -16,7 +16,6 @@ import (
 	"net"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -619,8 +618,8 @@ func nameDecided(pol Decider, f *rules.Flow, d rules.Decision) bool {
 	case rules.DimDomain:
 		return true
 	case rules.DimPattern:
-		if rd, ok := pol.(ruleDescriber); ok && d.Rule > 0 {
-			return hostPattern(rd.Rule(d.Rule).Value)
+		if nr, ok := pol.(nameRuler); ok && d.Rule > 0 {
+			return nr.MatchesName(d.Rule)
 		}
 		fallthrough
 	case rules.DimScript:
@@ -631,22 +630,9 @@ func nameDecided(pol Decider, f *rules.Flow, d rules.Decision) bool {
 	return false
 }
 
-// ruleDescriber is a Decider that describes its rules (*rules.Policy).
-type ruleDescriber interface{ Rule(i int) rules.RuleInfo }
-
-// hostPattern reports whether a pattern rule, in its canonical text (RuleInfo.Value),
-// matches on a host glob: HOST[:PORT] whose HOST is not `*`, an address or a prefix.
-func hostPattern(v string) bool {
-	if strings.HasPrefix(v, "[") || strings.Count(v, ":") > 1 {
-		return false // an IPv6 address or prefix
-	}
-	host, _, _ := strings.Cut(v, ":")
-	if host == "*" || strings.Contains(host, "/") {
-		return false
-	}
-	_, err := netip.ParseAddr(host)
-	return err != nil
-}
+// nameRuler is a Decider that says whether a rule matches on the hostname
+// (*rules.Policy).
+type nameRuler interface{ MatchesName(i int) bool }
 
 // owner looks up the process behind connection k. A failure is an explicit unknown
 // (process rules do not match it), logged at debug level.
