@@ -52,8 +52,12 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		// The operator opted in (KL_EGRESS_GATEWAY=1): the node's own network, i.e. the
 		// daemon's netns. Without the opt-in a policy naming gateway is refused at load.
 		// As for an upstream, a name is dialed only when it decided the flow.
+		node, err := netns.Open("") // the daemon's own netns: no descriptor, no setns
+		if err != nil {
+			return nil, err
+		}
 		exits[rules.ExitGateway] = func(ctx context.Context, _ *api.Workload, dst relay.Dest) (net.Conn, error) {
-			return dialGateway(ctx, cfg.Mark, dst)
+			return dialGateway(ctx, node, cfg.Mark, dst)
 		}
 	}
 	if cfg.Proxy != nil {
@@ -81,7 +85,7 @@ var errOnNode = errors.New("gateway: destination is on the node itself (loopback
 // none of them from its own netns, and the gateway must not lend it the node's. (The
 // node's own network addresses stay reachable, as they are from any pod.) A name is
 // resolved here once and its addresses are tried in order.
-func dialGateway(ctx context.Context, mark uint32, dst relay.Dest) (net.Conn, error) {
+func dialGateway(ctx context.Context, node *netns.Handle, mark uint32, dst relay.Dest) (net.Conn, error) {
 	addrs := []netip.Addr{dst.Addr.Addr()}
 	if dst.Host != "" {
 		var err error
@@ -89,20 +93,18 @@ func dialGateway(ctx context.Context, mark uint32, dst relay.Dest) (net.Conn, er
 			return nil, fmt.Errorf("gateway: %w", err)
 		}
 	}
-	err := errOnNode
+	var off []netip.AddrPort
 	for _, a := range addrs {
-		if a = a.Unmap(); onNode(a) {
-			continue
-		}
-		var c net.Conn
-		if c, err = netns.Dial(ctx, "", mark, "tcp", netip.AddrPortFrom(a, dst.Port).String()); err == nil {
-			return c, nil
-		}
-		if ctx.Err() != nil {
-			break
+		if a = a.Unmap(); !onNode(a) {
+			off = append(off, netip.AddrPortFrom(a, dst.Port))
 		}
 	}
-	return nil, err
+	if len(off) == 0 {
+		return nil, errOnNode
+	}
+	return netns.DialFirst(ctx, off, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+		return node.DialAddrPort(ctx, mark, ap)
+	})
 }
 
 // onNode reports whether a is an address of the node itself rather than of a network:

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/proxy"
@@ -204,7 +205,10 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				case resolveErr != nil:
 					return nil, resolveErr // the same lookup would fail again
 				case len(checked) > 0:
-					return r.dialEach(ctx, p, w.Netns, checked) // no second lookup
+					// No second lookup: the addresses that were checked, in order.
+					return netns.DialFirst(ctx, checked, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+						return r.dialAddrIn(ctx, p, w.Netns, ap)
+					})
 				case dst.Addr().IsValid():
 					return r.dialAddrIn(ctx, p, w.Netns, dst)
 				}
@@ -298,22 +302,4 @@ func destinationFree(d rules.Decision) bool {
 		return true
 	}
 	return false
-}
-
-// dialEach dials the addresses in order from the pod's netns until one connects, as a
-// dial of a name does (netns.Dial): an IPv4-only pod on a dual-stack node may be handed
-// an IPv6 address first. The error is the last address's alone: one reason per flow in
-// its audit record, not one line per address.
-func (r *Relay) dialEach(ctx context.Context, p *pod, nsPath string, addrs []netip.AddrPort) (net.Conn, error) {
-	var err error
-	for _, ap := range addrs {
-		var c net.Conn
-		if c, err = r.dialAddrIn(ctx, p, nsPath, ap); err == nil {
-			return c, nil
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return nil, err
 }

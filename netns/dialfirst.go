@@ -1,0 +1,28 @@
+package netns
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+)
+
+var errNoAddress = errors.New("no address to dial")
+
+// DialFirst dials the addresses in order with dial until one connects, as a dial of a
+// name does: an IPv4-only pod on a dual-stack node may be handed an IPv6 address first.
+// The error is the last address's alone (one reason per flow, not a line per address).
+// It stops early when ctx ends.
+func DialFirst(ctx context.Context, addrs []netip.AddrPort, dial func(context.Context, netip.AddrPort) (net.Conn, error)) (net.Conn, error) {
+	err := errNoAddress
+	for _, ap := range addrs {
+		var c net.Conn
+		if c, err = dial(ctx, ap); err == nil {
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
