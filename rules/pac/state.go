@@ -551,19 +551,11 @@ func (c *stateCheck) walk(n ast.Node, scopes []map[string]bool, call bool) {
 			c.function(n, n.ParameterList, n.Body, nil, scopes, true)
 			return false
 		case *ast.CallExpression:
-			if f := iife(n.Callee); f != nil && !call {
-				c.function(f, paramsOf(f), bodyOf(f), nameOf(f), scopes, false)
-				for _, a := range n.ArgumentList {
-					c.walk(a, scopes, call)
-				}
+			if !call && c.loadTimeCall(n.Callee, n.ArgumentList, scopes) {
 				return false
 			}
 		case *ast.NewExpression:
-			if f := iife(n.Callee); f != nil && !call {
-				c.function(f, paramsOf(f), bodyOf(f), nameOf(f), scopes, false)
-				for _, a := range n.ArgumentList {
-					c.walk(a, scopes, call)
-				}
+			if !call && c.loadTimeCall(n.Callee, n.ArgumentList, scopes) {
 				return false
 			}
 		}
@@ -572,6 +564,20 @@ func (c *stateCheck) walk(n ast.Node, scopes []map[string]bool, call bool) {
 		}
 		return true
 	})
+}
+
+// loadTimeCall walks a function that top-level code calls at once (an IIFE, plain or
+// with new) as load-time code, and its arguments; it reports whether callee was one.
+func (c *stateCheck) loadTimeCall(callee ast.Expression, args []ast.Expression, scopes []map[string]bool) bool {
+	f := iife(callee)
+	if f == nil {
+		return false
+	}
+	c.function(f, paramsOf(f), bodyOf(f), nameOf(f), scopes, false)
+	for _, a := range args {
+		c.walk(a, scopes, false)
+	}
+	return true
 }
 
 func (c *stateCheck) function(n ast.Node, params *ast.ParameterList, body ast.Node, name *ast.Identifier, scopes []map[string]bool, call bool) {
