@@ -992,22 +992,6 @@ func TestHandle(t *testing.T) {
 		t.Errorf("listener opened through the handle is reachable from the host netns")
 	}
 
-	sockopt := func(c *net.TCPConn, level, opt int) int {
-		t.Helper()
-		rc, err := c.SyscallConn()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var v int
-		var gerr error
-		if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
-			t.Fatal(err)
-		}
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
-		return v
-	}
 	host := inode(t, "/proc/self/ns/net")
 	const n = 32
 	var wg sync.WaitGroup
@@ -1052,10 +1036,10 @@ func TestHandle(t *testing.T) {
 		t.Error(err)
 	}
 	for c := range conns {
-		if m := sockopt(c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK); m != 0x4243 {
+		if m := sockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_MARK); m != 0x4243 {
 			t.Errorf("SO_MARK = %#x, want 0x4243", m)
 		}
-		if ka := sockopt(c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_KEEPALIVE); ka != 0 {
+		if ka := sockopt(t, c.(*net.TCPConn), unix.SOL_SOCKET, unix.SO_KEEPALIVE); ka != 0 {
 			t.Errorf("dialed socket has SO_KEEPALIVE %d", ka)
 		}
 		if c.RemoteAddr() == nil || c.RemoteAddr().String() != ln.Addr().String() {
@@ -1066,7 +1050,7 @@ func TestHandle(t *testing.T) {
 	for range n {
 		select {
 		case c := <-accepted:
-			if ka := sockopt(c, unix.SOL_SOCKET, unix.SO_KEEPALIVE); ka != 0 {
+			if ka := sockopt(t, c, unix.SOL_SOCKET, unix.SO_KEEPALIVE); ka != 0 {
 				t.Errorf("accepted socket has SO_KEEPALIVE %d", ka)
 			}
 			c.Close()
