@@ -113,16 +113,7 @@ func TestPrepare(t *testing.T) {
 				t.Fatal(err)
 			}
 			env, _ := s.Env()
-			for _, w := range tt.wantEnv {
-				if !slices.Contains(env, w) {
-					t.Errorf("env %q lacks %q", env, w)
-				}
-			}
-			for _, n := range tt.noEnv {
-				if slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, n) }) {
-					t.Errorf("env %q has %q", env, n)
-				}
-			}
+			checkEnv(t, env, tt.wantEnv, tt.noEnv)
 			hooks, _ := s.Field("hooks")
 			if tt.wantHook == "" {
 				if hooks != nil {
@@ -398,16 +389,7 @@ func TestPrepareExec(t *testing.T) {
 				t.Fatal(err)
 			}
 			env, _ := p.Env()
-			for _, w := range tt.wantEnv {
-				if !slices.Contains(env, w) {
-					t.Errorf("env %q lacks %q", env, w)
-				}
-			}
-			for _, n := range tt.noEnv {
-				if slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, n) }) {
-					t.Errorf("env %q has %q", env, n)
-				}
-			}
+			checkEnv(t, env, tt.wantEnv, tt.noEnv)
 			if !strings.Contains(string(after), `"x-future"`) || !strings.Contains(string(after), "1.50") || strings.Contains(string(after), `"process"`) {
 				t.Errorf("process file lost or wrapped fields:\n%s", after)
 			}
@@ -455,5 +437,21 @@ func TestRuntimeState(t *testing.T) {
 	}
 	if _, err := runtimeState(context.Background(), fake, Invocation{Root: "/r", ContainerID: "c2"}); err == nil || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("unknown container: %v, want the runtime's error", err)
+	}
+}
+
+// checkEnv asserts that env holds every entry of want and no entry starting with one of
+// not.
+func checkEnv(t *testing.T, env, want, not []string) {
+	t.Helper()
+	for _, w := range want {
+		if !slices.Contains(env, w) {
+			t.Errorf("env %q lacks %q", env, w)
+		}
+	}
+	for _, n := range not {
+		if slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, n) }) {
+			t.Errorf("env %q has %q", env, n)
+		}
 	}
 }
