@@ -190,16 +190,7 @@ func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 					}
 					return out, nil
 				}
-				inner := o.dial
-				o.dial = func(ctx context.Context, ns string, mark uint32, network, addr string) (net.Conn, error) {
-					mu.Lock()
-					dialed = append(dialed, addr)
-					mu.Unlock()
-					if _, err := netip.ParseAddrPort(addr); err != nil {
-						return nil, &net.DNSError{Err: "not resolved in this test", Name: addr, IsNotFound: true}
-					}
-					return inner(ctx, ns, mark, network, addr)
-				}
+				recordDials(o, &mu, &dialed)
 			})
 			w := workload("p")
 			w.Mode = api.ModeProxy

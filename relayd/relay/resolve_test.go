@@ -51,17 +51,7 @@ func TestProxyResolvesOnce(t *testing.T) {
 					}
 					return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 				}
-				inner := o.dial
-				o.dial = func(ctx context.Context, ns string, mark uint32, network, addr string) (net.Conn, error) {
-					mu.Lock()
-					dialed = append(dialed, addr)
-					mu.Unlock()
-					if _, err := netip.ParseAddrPort(addr); err != nil {
-						// Never ask the machine's resolver (no test traffic leaves loopback).
-						return nil, &net.DNSError{Err: "not resolved in this test", Name: addr, IsNotFound: true}
-					}
-					return inner(ctx, ns, mark, network, addr)
-				}
+				recordDials(o, &mu, &dialed)
 			})
 			w := workload("p")
 			w.Mode = api.ModeProxy
@@ -102,5 +92,21 @@ func TestProxyResolvesOnce(t *testing.T) {
 				t.Errorf("dialed %q, want the names as asked (nothing resolved them)", dialed)
 			}
 		})
+	}
+}
+
+// recordDials makes o's dials note their address in *dialed (under mu) before they go
+// on, and answers a dial by name without asking the machine's resolver (no test traffic
+// leaves loopback).
+func recordDials(o *Options, mu *sync.Mutex, dialed *[]string) {
+	inner := o.dial
+	o.dial = func(ctx context.Context, ns string, mark uint32, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		*dialed = append(*dialed, addr)
+		mu.Unlock()
+		if _, err := netip.ParseAddrPort(addr); err != nil {
+			return nil, &net.DNSError{Err: "not resolved in this test", Name: addr, IsNotFound: true}
+		}
+		return inner(ctx, ns, mark, network, addr)
 	}
 }
