@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"time"
 
@@ -19,10 +20,14 @@ import (
 
 func init() { children["bare-relay"] = bareRelay }
 
-const bareRow = "bare Go splice relay (the issue's baseline)"
+const (
+	bareRow      = "bare Go splice relay (the issue's baseline)"
+	bareDanteRow = "bare Go splice relay → dante"
+)
 
-// startBare puts the capture table in the pod and runs bareRelay there.
-func (b *relayBench) startBare() error {
+// startBare puts the capture table in the pod and runs bareRelay there; args are the
+// relay's (a SOCKS5 upstream address, or none).
+func (b *relayBench) startBare(args ...string) error {
 	b.stopRelay()
 	self, err := os.Executable()
 	if err != nil {
@@ -31,7 +36,7 @@ func (b *relayBench) startBare() error {
 	if err := netns.Install(b.podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
 		return fmt.Errorf("install capture: %w", err)
 	}
-	if err := b.startOther(func() { _ = netns.Remove(b.podPath) }, "env", "KL_BENCH_CHILD=bare-relay", self); err != nil {
+	if err := b.startOther(func() { _ = netns.Remove(b.podPath) }, "env", append([]string{"KL_BENCH_CHILD=bare-relay", self}, args...)...); err != nil {
 		_ = netns.Remove(b.podPath)
 		return err
 	}
@@ -42,7 +47,18 @@ func (b *relayBench) startBare() error {
 // read the original destination, dial it with the mark the capture exempts, and let
 // io.Copy splice both ways, passing each end on as a half-close. Nothing else: no
 // decision, audit, metrics, timeouts or limits, only the guard against dialing itself.
-func bareRelay([]string) error {
+// With an argument (host:port of a SOCKS5 server) it dials that instead and asks it for
+// the original destination, with no authentication and one round trip per message (as
+// redsocks does): the same relay's cost in front of an upstream, what kl-relayd → dante
+// is measured against besides redsocks.
+func bareRelay(args []string) error {
+	var socks netip.AddrPort
+	if len(args) > 0 {
+		var err error
+		if socks, err = netip.ParseAddrPort(args[0]); err != nil {
+			return err
+		}
+	}
 	// Plain TCP, as kl-relayd listens: Go's default for listeners is MPTCP, which would
 	// slow the baseline down for nothing.
 	var lc net.ListenConfig
@@ -70,11 +86,18 @@ func bareRelay([]string) error {
 			if err != nil || dst.String() == ln.Addr().String() {
 				return
 			}
-			u, err := self.DialAddrPort(context.Background(), api.DefaultMark, dst)
+			to := dst
+			if socks.IsValid() {
+				to = socks
+			}
+			u, err := self.DialAddrPort(context.Background(), api.DefaultMark, to)
 			if err != nil {
 				return
 			}
 			defer u.Close()
+			if socks.IsValid() && socks5Connect(u, dst) != nil {
+				return
+			}
 			done := make(chan struct{})
 			go func() {
 				_, _ = io.Copy(u, c)
@@ -86,4 +109,32 @@ func bareRelay([]string) error {
 			<-done
 		}()
 	}
+}
+
+// socks5Connect asks the SOCKS5 server at the other end of u for a connection to dst
+// (IPv4), no authentication: greeting, method reply, request, reply.
+func socks5Connect(u net.Conn, dst netip.AddrPort) error {
+	if _, err := u.Write([]byte{5, 1, 0}); err != nil {
+		return err
+	}
+	var rep [10]byte
+	if _, err := io.ReadFull(u, rep[:2]); err != nil {
+		return err
+	}
+	if rep[0] != 5 || rep[1] != 0 {
+		return fmt.Errorf("socks5: method %d refused", rep[1])
+	}
+	a := dst.Addr().As4()
+	req := []byte{5, 1, 0, 1, a[0], a[1], a[2], a[3], byte(dst.Port() >> 8), byte(dst.Port())}
+	if _, err := u.Write(req); err != nil {
+		return err
+	}
+	// An IPv4 bound address: dante answers with the one it connected from.
+	if _, err := io.ReadFull(u, rep[:]); err != nil {
+		return err
+	}
+	if rep[1] != 0 {
+		return fmt.Errorf("socks5: request failed (%d)", rep[1])
+	}
+	return nil
 }

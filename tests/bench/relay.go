@@ -38,17 +38,19 @@ func init() {
 			"visits every variant in turn, starting further along than the last (by 1/rounds of the list), so a load change on the shared machine hits them alike. " +
 			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
 			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); the issue's reference, a bare Go " +
-			"splice relay (accept, original destination, dial, io.Copy both ways: nothing of kl's decision, audit or metrics) behind the same capture table; each upstream " +
+			"splice relay (accept, original destination, dial, io.Copy both ways: nothing of kl's decision, audit or metrics) behind the same capture table, and the same bare relay in front of dante (a hand-written no-auth SOCKS5 " +
+			"CONNECT, one round trip per message as redsocks does); each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
 			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid) " +
 			"upstream; and redsocks (Debian 0.5) to the same upstreams, with splice on (its fastest setting: `vs redsocks`) and as configured by default (copies through libevent buffers, the setting the issue measured: `vs redsocks default`). " +
-			"`vs bare relay` is kl-relayd relaying over the bare relay. `vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
+			"`vs bare relay` is kl-relayd over the bare relay doing the same job (direct, or to dante). `vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
 			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
 			"connect+echo latency over direct. `relay CPU/conn` is the relaying process's user+system " +
-			"CPU time (from /proc) per connection of the loop. `idle KiB/conn` is the relaying process's RSS growth " +
+			"CPU time (from /proc) per connection of the loop, and `ctx switches/conn` its threads' context switches (voluntary and not) per connection: " +
+			"on this virtual machine a switch is the dearest thing a relay does, and it is where a Go relay (kl or bare) and redsocks' single epoll loop differ. `idle KiB/conn` is the relaying process's RSS growth " +
 			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
 			"0.65x direct throughput and >= 0.45x direct conn/s; via an upstream >= 3x redsocks' " +
 			"throughput and conn/s at least redsocks'; <= 16 KiB per idle relayed connection.",
@@ -170,6 +172,7 @@ type relayVariant struct {
 type relayResult struct {
 	gbps, sgbps, cps []float64
 	cpuPerConn       []time.Duration // the relaying process's CPU time per short connection
+	swPerConn        []float64       // and its threads' context switches per short connection
 	p50s, p99s       []time.Duration
 	idleKiB          float64
 	err              error
@@ -203,18 +206,20 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		{name: "kl transparent, direct, relayed (noFastPath)", prep: func() error { return b.startRelayBin(b.bin, "", "noFastPath: true\n") },
 			iperf: true, idle: relayPid, proc: relayPid, bare: bareRow},
 		// The issue's reference relay, in the same rounds (tests/bench/bare.go).
-		{name: bareRow, prep: b.startBare, iperf: true, idle: otherPid, proc: otherPid},
+		{name: bareRow, prep: func() error { return b.startBare() }, iperf: true, idle: otherPid, proc: otherPid},
 		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
 		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante, true) }, iperf: true,
 			idle: otherPid, proc: otherPid, alone: "dante alone (no relay)"},
 		{name: "redsocks default (no splice) → dante", prep: func() error { return b.redsocks("socks5", benchDante, false) }, iperf: true,
 			proc: otherPid, alone: "dante alone (no relay)"},
+		{name: bareDanteRow, prep: func() error { return b.startBare(fmt.Sprintf("%s:%d", benchSrvAddr, benchDante)) }, iperf: true,
+			proc: otherPid, alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
 		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true, proc: relayPid,
-			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
+			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante", bare: bareDanteRow},
 		// The same with `pipeline: true` (the line continues the settings' proxy block):
 		// greeting and CONNECT in one write, a round trip less per connection.
 		{name: "kl → dante (socks5, pipelined)", prep: func() error { return b.startRelayBin(b.bin, danteURL, "  pipeline: true\n") }, iperf: true, proc: relayPid,
-			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
+			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante", bare: bareDanteRow},
 		{name: "squid alone (no relay)", prep: b.clear, via: squidAlone},
 		{name: "redsocks → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, true) }, iperf: true, proc: otherPid,
 			alone: "squid alone (no relay)"},
@@ -296,8 +301,10 @@ func runRelay(ctx context.Context) ([]Row, error) {
 				continue
 			}
 			var cpu0 time.Duration
+			var sw0 int64
 			if v.proc != nil {
 				cpu0, _ = cpuTime(v.proc())
+				sw0, _ = ctxSwitches(v.proc())
 			}
 			c, p50, p99, n, err := b.connLoopN(ctx, v.via)
 			if err != nil {
@@ -307,6 +314,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			if v.proc != nil {
 				if cpu1, err := cpuTime(v.proc()); err == nil && n > 0 {
 					r.cpuPerConn = append(r.cpuPerConn, (cpu1-cpu0)/time.Duration(n))
+				}
+				if sw1, err := ctxSwitches(v.proc()); err == nil && n > 0 {
+					r.swPerConn = append(r.swPerConn, float64(sw1-sw0)/float64(n))
 				}
 			}
 			r.sgbps, r.cps, r.p50s, r.p99s = append(r.sgbps, sg), append(r.cps, c), append(r.p50s, p50), append(r.p99s, p99)
@@ -326,6 +336,7 @@ func runRelay(ctx context.Context) ([]Row, error) {
 	type fig struct {
 		gbps, sgbps, cps float64
 		p50, p99, cpu    time.Duration
+		sw               float64
 		ok               bool
 	}
 	figs := map[string]fig{}
@@ -340,6 +351,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		if len(r.cpuPerConn) > 0 {
 			f.cpu = median(r.cpuPerConn)
+		}
+		if len(r.swPerConn) > 0 {
+			f.sw = median(r.swPerConn)
 		}
 		figs[v.name] = f
 	}
@@ -371,6 +385,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		if f.cpu > 0 {
 			cols = append(cols, Col{"relay CPU/conn", fmtNs(float64(f.cpu))})
+		}
+		if f.sw > 0 {
+			cols = append(cols, Col{"ctx switches/conn", fmt.Sprintf("%.1f", f.sw)})
 		}
 		if a, ok := figs[v.alone]; ok {
 			cols = append(cols, Col{"vs alone", fmt.Sprintf("%s stream, %s conn/s", ratio(f.sgbps, a.sgbps), ratio(f.cps, a.cps))})
@@ -941,6 +958,32 @@ func cpuTime(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: bad utime or stime", pid)
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// ctxSwitches is the voluntary plus involuntary context switches of a process's threads
+// so far (those of threads that ended are lost: Go keeps its threads, redsocks has one).
+func ctxSwitches(pid int) (int64, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("/proc/%d: no threads", pid)
+	}
+	var n int64
+	for _, t := range tasks {
+		data, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread ended
+		}
+		for line := range strings.Lines(string(data)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+				c, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("%s: %s: %w", t, k, err)
+				}
+				n += c
+			}
+		}
+	}
+	return n, nil
 }
 
 func rssKiB(pid int) (int64, error) {
