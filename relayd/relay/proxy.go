@@ -221,6 +221,15 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				// The exit resolves the name itself.
 			case dst.Addr().IsValid():
 				f.Host = "" // the address that was checked, not the name (see nameDecided)
+				if exit := dial; exit != nil && len(checked) > 1 {
+					// Every address that was checked, in order, as a direct dial tries
+					// them: the far side may not reach the first one the resolver gave.
+					dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {
+						return netns.DialFirst(ctx, checked, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
+							return exit(ctx, w, Dest{Addr: ap, Port: port})
+						})
+					}
+				}
 			case resolveErr != nil && !destinationFree(d) && dial != nil:
 				// The name did not resolve here, so the address rules never saw an
 				// address, and the decision (a port rule, the default, `*`) is one they
