@@ -197,6 +197,8 @@ type Daemon struct {
 	regs map[string]registry.Entry
 
 	fastClosed bool // under mu: late fast path retries stop after shutdown
+
+	restored func(id string) // tests: called after restore reopens each registration
 }
 
 // New loads the rules and opens the state directory; nothing listens yet.
@@ -269,7 +271,12 @@ func (d *Daemon) serve(ctx context.Context, hup <-chan os.Signal) error {
 	} else {
 		d.log.Info("descriptor limit", "soft", soft, "hard", hard)
 	}
-	d.restore()
+	d.restore(ctx)
+	if ctx.Err() != nil {
+		// Stopped while restoring: never ready, no API; close what restore opened.
+		d.shutdown(nil)
+		return nil
+	}
 
 	ln, err := listenUnix(d.cfg.Socket)
 	if err != nil {
@@ -332,22 +339,33 @@ wait:
 			_ = d.Reload()
 		}
 	}
+	d.shutdown(srv)
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		serveErr = nil
+	}
+	return serveErr
+}
+
+// shutdown is serve's end: it stops the API server srv (nil when the API was never
+// served) and the relay, letting flows finish for up to 5s, then closes the fast path
+// and the audit log.
+func (d *Daemon) shutdown(srv *http.Server) {
 	d.ready.Store(false)
 	_ = sdNotify("STOPPING=1")
 	d.log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
+	if srv != nil {
+		_ = srv.Shutdown(sctx)
+	}
 	_ = d.relay.Shutdown(sctx)
-	os.Remove(d.cfg.Socket)
+	if srv != nil {
+		os.Remove(d.cfg.Socket)
+	}
 	d.fastClose()
 	if err := d.audit.Close(); err != nil {
 		d.log.Warn("audit log", "err", err)
 	}
-	if errors.Is(serveErr, http.ErrServerClosed) {
-		serveErr = nil
-	}
-	return serveErr
 }
 
 // healthy is the watchdog's liveness check: the daemon has restored its registrations
@@ -364,14 +382,20 @@ func (d *Daemon) healthy(ctx context.Context, probe *api.Client) error {
 }
 
 // restore reopens the listeners of every persisted registration whose netns still
-// exists (the same netns, by device and inode) and drops the others.
-func (d *Daemon) restore() {
+// exists (the same netns, by device and inode) and drops the others. Once ctx is done it
+// stops: the registrations not reached yet stay in the store for the next start.
+func (d *Daemon) restore(ctx context.Context) {
 	entries, errs := d.store.Load()
 	for _, err := range errs {
 		d.log.Error("registration unreadable; left in place", "err", err)
 	}
-	kept := 0
-	for _, e := range entries {
+	kept, dropped := 0, 0
+	for i, e := range entries {
+		if ctx.Err() != nil {
+			d.log.Info("stopped restoring registrations; the rest are left for the next start",
+				"kept", kept, "dropped", dropped, "left", len(entries)-i)
+			return
+		}
 		w := e.Registration.Workload
 		dev, ino, err := netnsID(w.Netns)
 		if err != nil || dev != e.NetnsDev || ino != e.NetnsIno {
@@ -381,19 +405,24 @@ func (d *Daemon) restore() {
 			}
 			d.log.Info("dropping registration: its netns is gone", "workload", w.ID, "why", why)
 			d.store.Delete(w.ID)
+			dropped++
 			continue
 		}
 		if _, err := d.relay.Open(w); err != nil {
 			d.log.Error("dropping registration: cannot reopen its listener", "workload", w.ID, "err", err)
 			d.store.Delete(w.ID)
+			dropped++
 			continue
 		}
 		d.regs[w.ID] = e
 		d.fastRegister(w)
 		kept++
+		if d.restored != nil {
+			d.restored(w.ID)
+		}
 	}
 	if len(entries) > 0 {
-		d.log.Info("registrations restored", "kept", kept, "dropped", len(entries)-kept)
+		d.log.Info("registrations restored", "kept", kept, "dropped", dropped)
 	}
 }
 

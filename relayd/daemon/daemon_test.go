@@ -242,6 +242,95 @@ func TestRestartRestoresAndDropsDead(t *testing.T) {
 	}
 }
 
+// A SIGTERM while restoring (hundreds of pods take seconds) stops the restore at once:
+// serve returns without becoming ready or serving the API, the listeners already
+// reopened are closed, and the registrations not reached stay in the store for the next
+// start. Each reopen is slowed here, and ctx is cancelled after the first.
+func TestStopDuringRestore(t *testing.T) {
+	const n, slow = 5, 500 * time.Millisecond
+	cfg := testConfig(t, t.TempDir())
+	cfg.NoFastPath = true
+	store := mustStore(t, cfg)
+	var nss []*testutil.Netns
+	for i := range n {
+		ns := testutil.NewNetns(t, "klrst")
+		dev, ino, err := netnsID(ns.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := api.Workload{ID: "pod" + strconv.Itoa(i), Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni"}
+		if err := store.Put(registry.Entry{Registration: api.Registration{Workload: w}, NetnsDev: dev, NetnsIno: ino}); err != nil {
+			t.Fatal(err)
+		}
+		nss = append(nss, ns)
+	}
+	notify := filepath.Join(t.TempDir(), "notify")
+	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notify, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	t.Setenv("NOTIFY_SOCKET", notify)
+
+	var logs testutil.Buffer
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var reopened []string
+	d.restored = func(id string) {
+		reopened = append(reopened, id)
+		cancel() // the SIGTERM
+		time.Sleep(slow)
+	}
+	done := make(chan error, 1)
+	begin := time.Now()
+	go func() { done <- d.Serve(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Serve still running 10s after the cancel; logs:\n%s", logs.String())
+	}
+	if took := time.Since(begin); took > slow+time.Second {
+		t.Errorf("Serve returned %v after the start, want about one reopen (%v)", took, slow)
+	}
+	if len(reopened) != 1 || len(d.regs) != 1 {
+		t.Errorf("reopened %q (%d registrations kept) after the cancel, want only the first", reopened, len(d.regs))
+	}
+	if !strings.Contains(logs.String(), "kept=1 dropped=0 left="+strconv.Itoa(n-1)) {
+		t.Errorf("no log of what was left for the next start:\n%s", logs.String())
+	}
+	if ents, errs := mustStore(t, cfg).Load(); len(ents) != n || len(errs) != 0 {
+		t.Errorf("store after the stop: %d entries %v, want all %d left for the next start", len(ents), errs, n)
+	}
+	for _, s := range notifications(t, ln, 100*time.Millisecond) {
+		if s == "READY=1" {
+			t.Error("reported ready after being stopped during the restore")
+		}
+	}
+	if _, err := os.Stat(cfg.Socket); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("API socket after the stop: %v", err)
+	}
+	if !strings.Contains(logs.String(), "shutting down") {
+		t.Errorf("no shutdown logged:\n%s", logs.String())
+	}
+	for _, ns := range nss {
+		if err := netns.Do(ns.Path, func() error {
+			if listening(cfg.RedirectPort) {
+				return fmt.Errorf("listener in %s survived the stop", ns.Name)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 func TestSocketInUse(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	start(t, cfg)
