@@ -280,8 +280,7 @@ func (d *Daemon) serve(ctx context.Context, hup <-chan os.Signal) error {
 
 	ln, err := listenUnix(d.cfg.Socket)
 	if err != nil {
-		d.relay.Shutdown(context.Background())
-		d.audit.Close()
+		d.shutdown(nil)
 		return err
 	}
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}
@@ -290,9 +289,7 @@ func (d *Daemon) serve(ctx context.Context, hup <-chan os.Signal) error {
 	if d.metReg != nil {
 		mln, err := net.Listen("tcp", d.cfg.Metrics)
 		if err != nil {
-			srv.Close()
-			d.relay.Shutdown(context.Background())
-			d.audit.Close()
+			d.shutdown(srv)
 			return fmt.Errorf("metrics: %w", err)
 		}
 		mux := http.NewServeMux()
@@ -304,9 +301,7 @@ func (d *Daemon) serve(ctx context.Context, hup <-chan os.Signal) error {
 	}
 	stopAttach, err := d.serveAttach(ctx)
 	if err != nil {
-		srv.Close()
-		d.relay.Shutdown(context.Background())
-		d.audit.Close()
+		d.shutdown(srv)
 		return err
 	}
 	defer stopAttach()
@@ -346,8 +341,8 @@ wait:
 	return serveErr
 }
 
-// shutdown is serve's end: it stops the API server srv (nil when the API was never
-// served) and the relay, letting flows finish for up to 5s, then closes the fast path
+// shutdown is serve's end, also when it fails to start: it stops the API server srv (nil
+// when the API was never served) and the relay, letting flows finish for up to 5s, then closes the fast path
 // and the audit log.
 func (d *Daemon) shutdown(srv *http.Server) {
 	d.ready.Store(false)
@@ -414,8 +409,12 @@ func (d *Daemon) restore(ctx context.Context) {
 			dropped++
 			continue
 		}
+		// Under d.mu as everywhere else: a fast-path retry (fastRegister's timer) may
+		// already read d.regs while a long restore goes on.
+		d.mu.Lock()
 		d.regs[w.ID] = e
 		d.fastRegister(w)
+		d.mu.Unlock()
 		kept++
 		if d.restored != nil {
 			d.restored(w.ID)
