@@ -47,6 +47,10 @@ func mono() int64 { return int64(time.Since(epoch)) }
 // deadline ends the flow when it expires: splice has already drained the bytes it could
 // not write, so the copy cannot resume.
 //
+// A connection that read ahead of the stream (unbufferer: an upstream that sent bytes of
+// the tunnel with its CONNECT answer) is copied as the connection underneath it, after
+// the bytes it holds: the flow then gets the chunks, deadlines and splice of any other.
+//
 // It returns the bytes carried from a to b (up) and from b to a (down).
 func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
 	done := make(chan struct{})
@@ -71,12 +75,33 @@ func (r *Relay) pipeAsync(a, b net.Conn, finish func(up, down int64, err error))
 }
 
 func (r *Relay) newPipe(a, b net.Conn, finish func(up, down int64, err error)) *pipeState {
-	st := &pipeState{r: r, a: a, b: b, finish: finish, window: max(r.o.IdleTimeout/2, 100*time.Millisecond)}
-	st.up.init(b, a)
-	st.down.init(a, b)
+	st := &pipeState{r: r, finish: finish, window: max(r.o.IdleTimeout/2, 100*time.Millisecond)}
+	st.a, st.up.pending = unbuffer(a)
+	st.b, st.down.pending = unbuffer(b)
+	st.up.init(st.b, st.a)
+	st.down.init(st.a, st.b)
 	st.last.Store(mono())
 	st.left.Store(2)
 	return st
+}
+
+// unbufferer is a connection that read bytes of the stream ahead of its readers
+// (upstream's connection to an HTTP proxy that sent some with its CONNECT answer).
+// Unbuffer hands them over with the connection the rest of the stream comes from.
+type unbufferer interface {
+	Unbuffer() (pending []byte, rest net.Conn)
+}
+
+// unbuffer returns the connection to copy in place of c, and the bytes to deliver before
+// its stream. Copying c itself would go through its own WriteTo, which neither chunks
+// nor lets the copy renew a write deadline, and keeps splice out of reach. Closing the
+// connection underneath closes c (see upstream's Unbuffer).
+func unbuffer(c net.Conn) (net.Conn, []byte) {
+	if u, ok := c.(unbufferer); ok {
+		pending, rest := u.Unbuffer()
+		return rest, pending
+	}
+	return c, nil
 }
 
 // copyUp carries a to b, copyDown b to a.
@@ -107,32 +132,28 @@ type dir struct {
 	dst, src net.Conn
 	// splice is dst when both ends are *net.TCPConn (copyOnce).
 	splice *net.TCPConn
-	// lr is src bounded to a chunk per copy call; lr.R is nil when src is a wrapper with
-	// a WriteTo of its own, which a LimitedReader would hide (upstream's buffered
-	// connection splices through it): such a direction copies unbounded, as one call.
+	// lr is src bounded to a chunk per copy call. It keeps a *net.TCPConn's splice
+	// reachable (spliceFrom unwraps it), whatever dst is.
 	lr io.LimitedReader
-	n  int64 // bytes copied, written by the direction before it counts itself out
+	// pending are bytes src's wrapper had read ahead (unbuffer), written before the copy.
+	pending []byte
+	n       int64 // bytes copied, written by the direction before it counts itself out
 }
 
 func (d *dir) init(dst, src net.Conn) {
 	d.dst, d.src = dst, src
+	d.lr.R = src
 	_, tcp := src.(*net.TCPConn)
 	if t, ok := dst.(*net.TCPConn); ok && tcp {
 		d.splice = t
 	}
-	// A LimitedReader keeps a *net.TCPConn's splice reachable (spliceFrom unwraps it),
-	// whatever dst is.
-	if _, wt := src.(io.WriterTo); tcp || !wt {
-		d.lr.R = src
-	}
 }
 
-func (d *dir) chunked() bool { return d.lr.R != nil }
-
-// copyOnce is one copy call: at most a chunk when bounded (the direction is chunked and
-// copies alone), to EOF, an error or a read window's end otherwise. Between two *net.TCPConn it calls the splicing ReadFrom directly
-// rather than through io.Copy and TCPConn.WriteTo's generic fallback (fewer frames on
-// the stack an idle flow keeps, no wrapper allocated per window).
+// copyOnce is one copy call: at most a chunk when bounded (the direction copies alone),
+// to EOF, an error or a read window's end otherwise. Between two *net.TCPConn it calls
+// the splicing ReadFrom directly rather than through io.Copy and TCPConn.WriteTo's
+// generic fallback (fewer frames on the stack an idle flow keeps, no wrapper allocated
+// per window).
 func (d *dir) copyOnce(bounded bool) (int64, error) {
 	switch {
 	case !bounded && d.splice != nil:
@@ -174,6 +195,26 @@ func (st *pipeState) abort(err error) {
 // other direction.
 func (st *pipeState) copy(d, other *dir) error {
 	idle := st.r.o.IdleTimeout
+	if len(d.pending) > 0 {
+		// The bytes read ahead go first, under the same rules as the copy's writes
+		// below: no deadline while the other direction copies (its idle check closes
+		// both connections if nothing moves), the write deadline of the idle timeout
+		// once it has ended cleanly (it sets that on this dst before it counts itself
+		// out). A deadline of its own would have to be lifted after the write, racing
+		// with the one the other direction sets.
+		n, err := d.dst.Write(d.pending)
+		d.n += int64(n)
+		d.pending = nil
+		if n > 0 {
+			st.last.Store(mono())
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errIdle // the only deadline on dst is the idle write deadline
+		}
+		if err != nil {
+			return err
+		}
+	}
 	for {
 		now := time.Now()
 		if err := d.src.SetReadDeadline(now.Add(st.window)); err != nil {
@@ -184,7 +225,7 @@ func (st *pipeState) copy(d, other *dir) error {
 		// call runs unbounded, as before there were chunks: a read window already ends it
 		// (a drain past the read deadline fails), and every call costs a bulk flow a
 		// little (the relay's iperf3 row lost 6-8% to chunks in both directions).
-		alone := d.chunked() && st.left.Load() == 1
+		alone := st.left.Load() == 1
 		if alone {
 			if err := st.writeDeadline(d.dst, now); err != nil {
 				return err
@@ -207,9 +248,7 @@ func (st *pipeState) copy(d, other *dir) error {
 				}
 			}
 			// The other direction copies alone from now on: bound its writes.
-			if other.chunked() {
-				_ = st.writeDeadline(other.dst, time.Now())
-			}
+			_ = st.writeDeadline(other.dst, time.Now())
 			return nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			// Past the write deadline the error may be the write's, and the bytes it

@@ -9,7 +9,9 @@ import (
 // bufferedConn hands out bytes the upstream sent right after its handshake answer before
 // reading from the connection again. It is only used when there are such bytes; it keeps
 // the zero-copy paths of the underlying connection reachable through WriteTo and
-// ReadFrom, so io.Copy in either direction still splices the bulk.
+// ReadFrom, so io.Copy in either direction still splices the bulk. A copy that needs
+// more than io.Copy (the relay's bounded chunks and deadlines) takes the bytes out with
+// Unbuffer and copies the underlying connection as any other.
 type bufferedConn struct {
 	net.Conn
 	buf []byte
@@ -59,3 +61,13 @@ func (c *bufferedConn) CloseWrite() error {
 // NetConn returns the underlying connection (as crypto/tls.Conn.NetConn does). Reading
 // from it directly skips the buffered bytes.
 func (c *bufferedConn) NetConn() net.Conn { return c.Conn }
+
+// Unbuffer hands over the bytes read ahead that no read has taken yet, and the
+// underlying connection the rest of the stream comes from. The caller delivers those
+// bytes itself: c's reads no longer return them. Closing the underlying connection
+// closes c (c has no state of its own to release).
+func (c *bufferedConn) Unbuffer() ([]byte, net.Conn) {
+	buf := c.buf
+	c.buf = nil
+	return buf, c.Conn
+}

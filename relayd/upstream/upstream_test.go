@@ -305,6 +305,23 @@ func TestEarlyBytesThroughIOCopy(t *testing.T) {
 	}
 }
 
+// TestUnbuffer: the early bytes are handed over once, with the underlying connection;
+// the wrapper's reads then go on with the stream after them.
+func TestUnbuffer(t *testing.T) {
+	a, b := net.Pipe()
+	defer func() { _ = a.Close(); _ = b.Close() }()
+	c := &bufferedConn{Conn: a, buf: []byte("early")}
+	pending, rest := c.Unbuffer()
+	if string(pending) != "early" || rest != a {
+		t.Fatalf("Unbuffer = %q, %T; want %q and the underlying connection", pending, rest, "early")
+	}
+	go func() { _, _ = b.Write([]byte("late")) }()
+	buf := make([]byte, 8)
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "late" {
+		t.Fatalf("read after Unbuffer = %q, %v; want %q", buf[:n], err, "late")
+	}
+}
+
 func TestDialErrors(t *testing.T) {
 	for _, scheme := range []string{"http", "socks5"} {
 		t.Run(scheme+" down", func(t *testing.T) {
