@@ -60,7 +60,7 @@ type Config struct {
 	HTTPPort       uint16              `yaml:"httpPort"`       // proxy mode: HTTP proxy on the pod's loopback
 	SOCKSPort      uint16              `yaml:"socksPort"`      // proxy mode: SOCKS5 proxy on the pod's loopback
 	Mark           uint32              `yaml:"mark"`           // SO_MARK of the relay's own sockets
-	IdleTimeout    time.Duration       `yaml:"idleTimeout"`    // a flow with no bytes either way for this long is closed
+	IdleTimeout    time.Duration       `yaml:"idleTimeout"`    // a flow with no bytes either way for this long is reset (both ends)
 	ConnectTimeout time.Duration       `yaml:"connectTimeout"` // direct and gateway dials
 	Proxy          *Upstream           `yaml:"proxy"`          // the upstream behind the `proxy` exit
 	Exits          map[string]Upstream `yaml:"exits"`          // named exits (rules say `exit: NAME`)

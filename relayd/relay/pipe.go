@@ -28,7 +28,7 @@ func mono() int64 { return int64(time.Since(epoch)) }
 // closes both. Between two *net.TCPConn io.Copy uses splice(2), so payload never enters
 // user space. A clean end of one direction (EOF) is passed on as a half-close
 // (CloseWrite) and the other direction keeps flowing; an error or the idle timeout ends
-// both, with a reset when the cause was a reset.
+// both, with a reset when the cause was a reset or the idle timeout.
 //
 // Idleness is shared by the two directions: each copies in windows of half the idle
 // timeout (a read deadline), records progress when a window moved bytes, and ends the
@@ -182,7 +182,11 @@ func (st *pipeState) end(err error) {
 func (st *pipeState) abort(err error) {
 	st.once.Do(func() {
 		st.first = err
-		if isReset(err) {
+		// The idle timeout is the relay's own end of a flow neither side closed: a reset
+		// tells both so. A FIN would pass for the peer's clean close, and a stream that
+		// ends at its close (or whose receiver stopped reading while the relay held
+		// bytes it can no longer deliver) would look complete.
+		if isReset(err) || errors.Is(err, errIdle) {
 			setLinger0(st.a)
 			setLinger0(st.b)
 		}

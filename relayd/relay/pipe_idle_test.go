@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -11,7 +12,9 @@ import (
 // TestPipeIdleWrites checks the idle timeout when a direction is blocked writing to a
 // client that reads nothing (the flow ends, also when the client has half-closed and no
 // read window of the other direction is left to notice) or reads slowly but steadily
-// for several idle timeouts (the flow is not ended, and every byte arrives in order).
+// for several idle timeouts (the flow is not ended, and every byte arrives in order),
+// and when neither side sends anything. A flow the timeout ends is reset, so the client
+// cannot take the cut for the server's clean end of the stream.
 func TestPipeIdleWrites(t *testing.T) {
 	// The slow client takes a 1 MiB chunk in ~130 ms, well inside the idle timeout even on
 	// a loaded machine (at 300 ms a starved reader was once taken for idle).
@@ -19,7 +22,7 @@ func TestPipeIdleWrites(t *testing.T) {
 	tests := []struct {
 		name      string
 		halfClose bool          // the client half-closes after its request
-		size      int           // bytes the server sends before it closes; 0: until the relay closes
+		size      int           // bytes the server sends before it closes; 0: until the relay closes; -1: none, it waits
 		readEvery time.Duration // the client reads up to 32 KiB this often; 0: never
 		wantErr   error
 	}{
@@ -27,6 +30,7 @@ func TestPipeIdleWrites(t *testing.T) {
 		{name: "open, client not reading", wantErr: errIdle},
 		{name: "half-closed, slow steady client", halfClose: true, size: 16 << 20, readEvery: 4 * time.Millisecond},
 		{name: "open, slow steady client", size: 16 << 20, readEvery: 4 * time.Millisecond},
+		{name: "open, both silent", size: -1, wantErr: errIdle},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,6 +99,13 @@ func TestPipeIdleWrites(t *testing.T) {
 			if tt.size > 0 && res.down != int64(tt.size) {
 				t.Errorf("pipe down = %d bytes, want %d", res.down, tt.size)
 			}
+			if tt.wantErr == errIdle {
+				client.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := io.Copy(io.Discard, client)
+				if !errors.Is(err, syscall.ECONNRESET) {
+					t.Errorf("client's read after the idle timeout: %v, want a reset", err)
+				}
+			}
 		})
 	}
 }
@@ -129,10 +140,14 @@ func pattern(p []byte, off int) {
 }
 
 // serveStream reads the 3-byte request, then writes size bytes of pattern and closes, or
-// with size 0 writes until a write fails.
+// with size 0 writes until a write fails, or with size -1 waits for the relay to close.
 func serveStream(c net.Conn, size int) {
 	defer c.Close()
 	if _, err := io.ReadFull(c, make([]byte, 3)); err != nil {
+		return
+	}
+	if size < 0 {
+		_, _ = io.Copy(io.Discard, c)
 		return
 	}
 	buf := make([]byte, 64<<10)
