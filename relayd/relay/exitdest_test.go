@@ -150,35 +150,56 @@ func TestExitGetsCheckedDestination(t *testing.T) {
 }
 
 // TestProxyDialsEveryCheckedAddress: a proxied name that policy checks by address is
-// resolved once, decided for every address it has, and a direct dial tries those decided
-// the same way in the resolver's order. One denied address denies the flow.
+// resolved once and decided for every address it has; the exit tries those decided the
+// same way in the resolver's order: a direct dial, and an exit handed the address rather
+// than the name (nameDecided), until one connects. One denied address denies the flow.
 func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 	backend := echoServer(t) // 127.0.0.1; nothing listens on 127.0.0.3 or .4 at its port
-	const policy = "default: direct\nrules:\n  - cidr: 192.0.2.0/24\n    action: deny\n  - cidr: 127.0.0.3/32\n    action: proxy\n"
+	const (
+		direct = "default: direct\nrules:\n  - cidr: 192.0.2.0/24\n    action: deny\n  - cidr: 127.0.0.3/32\n    action: proxy\n"
+		proxy  = "default: proxy\nrules:\n  - cidr: 192.0.2.0/24\n    action: deny\n  - cidr: 127.0.0.3/32\n    action: direct\n"
+	)
 	at := func(s string) string { return netip.AddrPortFrom(netip.MustParseAddr(s), backend.Port()).String() }
 	tests := []struct {
 		name   string
+		policy string
 		addrs  []string
 		status string   // of the CONNECT answer
 		dialed []string // direct dials, in order
+		handed []string // the addresses the proxy exit is handed, in order
 	}{
-		{"one address", []string{"127.0.0.1"}, " 200", []string{at("127.0.0.1")}},
-		{"first refuses, second answers", []string{"127.0.0.4", "127.0.0.1"}, " 200", []string{at("127.0.0.4"), at("127.0.0.1")}},
-		{"another exit's address is not dialed", []string{"127.0.0.4", "127.0.0.3", "127.0.0.1"}, " 200", []string{at("127.0.0.4"), at("127.0.0.1")}},
-		{"none answers", []string{"127.0.0.4", "127.0.0.5"}, " 50", []string{at("127.0.0.4"), at("127.0.0.5")}},
-		{"a denied second address denies", []string{"127.0.0.1", "192.0.2.7"}, " 403", nil},
-		{"a denied first address denies", []string{"192.0.2.7", "127.0.0.1"}, " 403", nil},
+		{"one address", direct, []string{"127.0.0.1"}, " 200", []string{at("127.0.0.1")}, nil},
+		{"first refuses, second answers", direct, []string{"127.0.0.4", "127.0.0.1"}, " 200", []string{at("127.0.0.4"), at("127.0.0.1")}, nil},
+		{"another exit's address is not dialed", direct, []string{"127.0.0.4", "127.0.0.3", "127.0.0.1"}, " 200", []string{at("127.0.0.4"), at("127.0.0.1")}, nil},
+		{"none answers", direct, []string{"127.0.0.4", "127.0.0.5"}, " 50", []string{at("127.0.0.4"), at("127.0.0.5")}, nil},
+		{"a denied second address denies", direct, []string{"127.0.0.1", "192.0.2.7"}, " 403", nil, nil},
+		{"a denied first address denies", direct, []string{"192.0.2.7", "127.0.0.1"}, " 403", nil, nil},
+		{"exit: one address", proxy, []string{"127.0.0.1"}, " 200", nil, []string{at("127.0.0.1")}},
+		{"exit: the first fails, the second connects", proxy, []string{"127.0.0.4", "127.0.0.1"}, " 200", nil, []string{at("127.0.0.4"), at("127.0.0.1")}},
+		{"exit: a direct address is not handed over", proxy, []string{"127.0.0.4", "127.0.0.3", "127.0.0.1"}, " 200", nil, []string{at("127.0.0.4"), at("127.0.0.1")}},
+		{"exit: none connects", proxy, []string{"127.0.0.4", "127.0.0.5"}, " 50", nil, []string{at("127.0.0.4"), at("127.0.0.5")}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			pol, err := rules.Parse("test", []byte(policy), rules.LoadOptions{})
+			pol, err := rules.Parse("test", []byte(tc.policy), rules.LoadOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var mu sync.Mutex
-			var dialed []string
+			var dialed, handed []string
 			lookups := 0
-			h := newHarnessWith(t, nil, time.Minute, nil, func(o *Options) {
+			// The proxy exit reaches the backend only, and only by its address.
+			exit := func(ctx context.Context, _ *api.Workload, d Dest) (net.Conn, error) {
+				mu.Lock()
+				handed = append(handed, d.Addr.String())
+				mu.Unlock()
+				if d.Host != "" || d.Addr != backend {
+					return nil, errors.New("test exit: cannot reach it")
+				}
+				var nd net.Dialer
+				return nd.DialContext(ctx, "tcp4", d.Addr.String())
+			}
+			h := newHarnessWith(t, nil, time.Minute, map[string]DialFunc{rules.ExitProxy: exit}, func(o *Options) {
 				o.Policy = func() Decider { return pol }
 				o.resolve = func(context.Context, string) ([]netip.Addr, error) {
 					mu.Lock()
@@ -213,6 +234,9 @@ func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 			if fmt.Sprint(dialed) != fmt.Sprint(tc.dialed) {
 				t.Errorf("dialed %q, want %q", dialed, tc.dialed)
 			}
+			if fmt.Sprint(handed) != fmt.Sprint(tc.handed) {
+				t.Errorf("exit handed %q, want %q", handed, tc.handed)
+			}
 			if lookups != 1 {
 				t.Errorf("%d lookups, want one", lookups)
 			}
@@ -220,77 +244,6 @@ func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 				if s := fmt.Sprintf("%+v", rec); strings.Contains(s, "multi.example") || strings.Contains(s, "127.0.0.") || strings.Contains(s, "192.0.2.") {
 					t.Errorf("audit record %s names the destination", s)
 				}
-			}
-		})
-	}
-}
-
-// TestProxyExitGetsEveryCheckedAddress: an exit handed the checked address rather than the
-// name (nameDecided) is handed each address decided the same way in turn, as a direct dial
-// tries them, until one connects.
-func TestProxyExitGetsEveryCheckedAddress(t *testing.T) {
-	backend := echoServer(t) // 127.0.0.1
-	const policy = "default: proxy\nrules:\n  - cidr: 192.0.2.0/24\n    action: deny\n  - cidr: 127.0.0.3/32\n    action: direct\n"
-	at := func(s string) string { return netip.AddrPortFrom(netip.MustParseAddr(s), backend.Port()).String() }
-	tests := []struct {
-		name   string
-		addrs  []string
-		status string   // of the CONNECT answer
-		handed []string // the addresses the exit is handed, in order
-	}{
-		{"one address", []string{"127.0.0.1"}, " 200", []string{at("127.0.0.1")}},
-		{"the first fails, the second connects", []string{"127.0.0.4", "127.0.0.1"}, " 200", []string{at("127.0.0.4"), at("127.0.0.1")}},
-		{"a direct address is not handed over", []string{"127.0.0.4", "127.0.0.3", "127.0.0.1"}, " 200", []string{at("127.0.0.4"), at("127.0.0.1")}},
-		{"none connects", []string{"127.0.0.4", "127.0.0.5"}, " 50", []string{at("127.0.0.4"), at("127.0.0.5")}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			pol, err := rules.Parse("test", []byte(policy), rules.LoadOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var mu sync.Mutex
-			var handed []string
-			exit := func(ctx context.Context, _ *api.Workload, d Dest) (net.Conn, error) {
-				mu.Lock()
-				handed = append(handed, d.Addr.String())
-				mu.Unlock()
-				if d.Host != "" || d.Addr != backend {
-					return nil, errors.New("test exit: cannot reach it")
-				}
-				var nd net.Dialer
-				return nd.DialContext(ctx, "tcp4", d.Addr.String())
-			}
-			h := newHarnessWith(t, nil, time.Minute, map[string]DialFunc{rules.ExitProxy: exit}, func(o *Options) {
-				o.Policy = func() Decider { return pol }
-				o.resolve = func(context.Context, string) ([]netip.Addr, error) {
-					var out []netip.Addr
-					for _, a := range tc.addrs {
-						out = append(out, netip.MustParseAddr(a))
-					}
-					return out, nil
-				}
-			})
-			w := workload("p")
-			w.Mode = api.ModeProxy
-			if _, err := h.r.Open(w); err != nil {
-				t.Fatal(err)
-			}
-			c, err := net.Dial("tcp4", h.addr(t, "/ns/p:15080"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			fmt.Fprintf(c, "CONNECT multi.example:%d HTTP/1.1\r\nHost: multi.example\r\n\r\n", backend.Port())
-			line, _ := bufio.NewReader(c).ReadString('\n')
-			if !strings.Contains(line, tc.status) {
-				t.Errorf("CONNECT to a name with addresses %v: %q, want status%s", tc.addrs, line, tc.status)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if fmt.Sprint(handed) != fmt.Sprint(tc.handed) {
-				t.Errorf("exit handed %q, want %q", handed, tc.handed)
 			}
 		})
 	}
