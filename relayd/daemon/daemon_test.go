@@ -264,13 +264,7 @@ func TestStopDuringRestore(t *testing.T) {
 		}
 		nss = append(nss, ns)
 	}
-	notify := filepath.Join(t.TempDir(), "notify")
-	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notify, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	t.Setenv("NOTIFY_SOCKET", notify)
+	ln := notifySocket(t)
 
 	var logs testutil.Buffer
 	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -376,13 +370,7 @@ func TestCheckCommand(t *testing.T) {
 }
 
 func TestSdNotify(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "notify")
-	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	t.Setenv("NOTIFY_SOCKET", p)
+	ln := notifySocket(t)
 	if err := sdNotify("READY=1"); err != nil {
 		t.Fatal(err)
 	}
@@ -659,6 +647,19 @@ func TestWatchdogInterval(t *testing.T) {
 	}
 }
 
+// notifySocket is a fake systemd notification socket, named in NOTIFY_SOCKET for the test.
+func notifySocket(t *testing.T) *net.UnixConn {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "notify")
+	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	t.Setenv("NOTIFY_SOCKET", p)
+	return ln
+}
+
 // notifications reads datagrams from a fake NOTIFY_SOCKET until d has passed.
 func notifications(t *testing.T, ln *net.UnixConn, d time.Duration) []string {
 	t.Helper()
@@ -677,13 +678,7 @@ func notifications(t *testing.T, ln *net.UnixConn, d time.Duration) []string {
 }
 
 func TestWatchdogPings(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "notify")
-	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	t.Setenv("NOTIFY_SOCKET", p)
+	ln := notifySocket(t)
 	t.Setenv("WATCHDOG_USEC", "200000") // keep-alives every 100ms
 	t.Setenv("WATCHDOG_PID", strconv.Itoa(os.Getpid()))
 	cfg := testConfig(t, t.TempDir())
@@ -711,13 +706,7 @@ func TestWatchdogPings(t *testing.T) {
 }
 
 func TestWatchdogWithholdsWhenUnhealthy(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "notify")
-	ln, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: p, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	t.Setenv("NOTIFY_SOCKET", p)
+	ln := notifySocket(t)
 	var healthy atomic.Bool
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
