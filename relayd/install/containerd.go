@@ -356,8 +356,15 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 
 	if len(bytes.TrimSpace(base)) == 0 {
 		base = fmt.Appendf(nil, "version = %d\n", d.version)
-	} else if base[len(base)-1] != '\n' {
-		base = append(bytes.Clone(base), '\n')
+	} else {
+		if base[len(base)-1] != '\n' {
+			base = append(bytes.Clone(base), '\n')
+		}
+		if _, ok := d.value["version"]; !ok && d.version != 1 {
+			// Comments only: the layout is the caller's choice, and the file must say so,
+			// or containerd reads it as version 1. With no tables, the key can go last.
+			base = fmt.Appendf(bytes.Clone(base), "version = %d\n", d.version)
+		}
 	}
 	if d, err = parseTOML(base, c.Version); err != nil {
 		return nil, err
@@ -806,7 +813,8 @@ func (c Containerd) check(before, after []byte, sets []setting) error {
 				delete(m, defPath[len(defPath)-1])
 			}
 		}
-		if len(bytes.TrimSpace(before)) == 0 {
+		if _, ok := a.value["version"]; !ok {
+			// An install into a file that said no version writes the one it chose.
 			delete(v, "version")
 		}
 	}

@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,6 +157,46 @@ func TestInstallIntoEmpty(t *testing.T) {
 			}
 			if string(got) != tc.want {
 				t.Errorf("Install(empty) =\n%s\nwant\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+// A config.toml of comments only says no version, so the layout is the one the caller
+// names (--config-version), and the file must then say it: containerd reads a file
+// without "version" as version 1 and would not see kl's runtime under the newer layout.
+func TestContainerdCommentsOnly(t *testing.T) {
+	const orig = "# containerd config, managed by config management.\n# Nothing set yet.\n"
+	for _, v := range []int{2, 3} {
+		t.Run(fmt.Sprintf("version %d", v), func(t *testing.T) {
+			c := Containerd{Version: v}
+			got, err := c.Install([]byte(orig))
+			if err != nil {
+				t.Fatalf("Install: %v", err)
+			}
+			if !bytes.HasPrefix(got, []byte(orig)) {
+				t.Errorf("the comments did not stay first:\n%s", got)
+			}
+			d, err := parseTOML(got, 0)
+			if err != nil {
+				t.Fatalf("installed config does not parse: %v\n%s", err, got)
+			}
+			if d.version != v {
+				t.Errorf("installed config reads as version %d, want %d:\n%s", d.version, v, got)
+			}
+			if bin := klRuntime(t, got, "options", "BinaryName"); bin != DefaultRuntimeBinary {
+				t.Errorf("kl's BinaryName = %v, want %s:\n%s", bin, DefaultRuntimeBinary, got)
+			}
+			again, err := c.Install(got)
+			if err != nil || !bytes.Equal(again, got) {
+				t.Errorf("second Install = %v:\n%s", err, UnifiedDiff("once", "twice", got, again))
+			}
+			back, err := c.Uninstall(got)
+			if err != nil {
+				t.Fatalf("Uninstall: %v", err)
+			}
+			if want := orig + fmt.Sprintf("version = %d\n", v); string(back) != want {
+				t.Errorf("Uninstall = %q, want %q", back, want)
 			}
 		})
 	}
