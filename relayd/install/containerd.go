@@ -477,6 +477,19 @@ func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, err
 			if b := d.data[kv.valStart]; b == '"' || b == '\'' {
 				q = b
 			}
+			if s.member != "" && cur != nil {
+				// Add the member to the list as written, so the operator's members keep
+				// their layout and comments.
+				if at, pre, post, ok := arrayEnd(d.data[kv.valStart:kv.valEnd]); ok {
+					text, err := tomlValue(s.member, quote)
+					if err != nil {
+						return nil, err
+					}
+					at += kv.valStart
+					edits = append(edits, edit{at, at, pre + text + post})
+					continue
+				}
+			}
 			text, err := tomlValue(nv, q)
 			if err != nil {
 				return nil, err
@@ -542,6 +555,64 @@ func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, err
 		pos = e.to
 	}
 	return append(next, data[pos:]...), nil
+}
+
+// arrayEnd finds where one more element goes in the TOML array literal v (a list of
+// strings, as pod_annotations is): the offset after its last element, or after its
+// trailing comma, or after '[' when it has none, and the text to put before and after
+// the new element there. Comments and line breaks inside the array stay where they are.
+// ok is false when v is not an array literal it can read.
+func arrayEnd(v []byte) (at int, pre, post string, ok bool) {
+	if len(v) < 2 || v[0] != '[' || v[len(v)-1] != ']' {
+		return 0, "", "", false
+	}
+	at, elems, comma := 1, 0, false
+	for i := 1; i < len(v)-1; {
+		switch c := v[i]; {
+		case c == '#':
+			for i < len(v)-1 && v[i] != '\n' {
+				i++
+			}
+		case c == ',':
+			if elems == 0 || comma {
+				return 0, "", "", false
+			}
+			comma, at = true, i+1
+			i++
+		case c == '"' || c == '\'':
+			delim := string(c)
+			if i+2 < len(v) && v[i+1] == c && v[i+2] == c {
+				delim = strings.Repeat(delim, 3)
+			}
+			j := i + len(delim)
+			for {
+				if j >= len(v)-1 {
+					return 0, "", "", false
+				}
+				if c == '"' && v[j] == '\\' {
+					j += 2
+					continue
+				}
+				if bytes.HasPrefix(v[j:], []byte(delim)) {
+					break
+				}
+				j++
+			}
+			i = j + len(delim)
+			elems, comma, at = elems+1, false, i
+		case c == ' ' || c == '\t' || c == '\r' || c == '\n':
+			i++
+		default:
+			return 0, "", "", false
+		}
+	}
+	switch {
+	case elems == 0:
+		return at, "", "", true
+	case comma:
+		return at, " ", ",", true
+	}
+	return at, ", ", "", true
 }
 
 // section returns the index of the [table] at path, -1 when there is none.

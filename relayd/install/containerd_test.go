@@ -209,3 +209,41 @@ func TestContainerdUninstallResetsDefaultRuntime(t *testing.T) {
 		t.Errorf("file after uninstall:\n%s", UnifiedDiff("want", "got", want, cur))
 	}
 }
+
+// The operator's pod_annotations keep their layout and comments when kl adds its own:
+// the docs promise comments survive, and a second install changes nothing.
+func TestContainerdPodAnnotationsKeepComments(t *testing.T) {
+	const head = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+	const opts = "\n  [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n    BinaryName = \"/usr/bin/kl-runtime\"\n"
+	tests := []struct {
+		name, in, want string
+	}{
+		{"one per line, trailing comma",
+			"  pod_annotations = [\n    \"a.example/team\",  # who to call\n    'b.example/cost', # billing\n  ]\n",
+			"  pod_annotations = [\n    \"a.example/team\",  # who to call\n    'b.example/cost', \"kl.egress.mode\", # billing\n  ]\n"},
+		{"one per line, no trailing comma",
+			"  pod_annotations = [\n    \"a\", # first\n    \"b\"  # second\n  ]  # the list\n",
+			"  pod_annotations = [\n    \"a\", # first\n    \"b\", \"kl.egress.mode\"  # second\n  ]  # the list\n"},
+		{"empty with a comment",
+			"  pod_annotations = [ # none yet\n  ]\n",
+			"  pod_annotations = [\"kl.egress.mode\" # none yet\n  ]\n"},
+		{"one line",
+			"  pod_annotations = [\"x\", \"y\"] # ours\n",
+			"  pod_annotations = [\"x\", \"y\", \"kl.egress.mode\"] # ours\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Containerd{}.Install([]byte(head + tt.in + opts))
+			if err != nil {
+				t.Fatalf("Install: %v", err)
+			}
+			if want := head + tt.want + opts; string(got) != want {
+				t.Errorf("Install:\n%s", UnifiedDiff("want", "got", []byte(want), got))
+			}
+			again, err := Containerd{}.Install(got)
+			if err != nil || !bytes.Equal(again, got) {
+				t.Errorf("second Install = %v:\n%s", err, UnifiedDiff("once", "twice", got, again))
+			}
+		})
+	}
+}
