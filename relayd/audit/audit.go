@@ -223,7 +223,8 @@ func (l *Log) Add(r Record) {
 		return
 	}
 	l.line = appendJSON(l.line[:0], &r)
-	if l.size+int64(len(l.line)) > l.max && l.size > 0 {
+	if l.f == nil || (l.size+int64(len(l.line)) > l.max && l.size > 0) {
+		// (No file: a rotation failed after closing it, and is tried again.)
 		if err := l.rotateLocked(); err != nil {
 			l.fail(err)
 			l.dropped++
@@ -250,17 +251,34 @@ func (l *Log) Add(r Record) {
 }
 
 // rotateLocked moves path to path.1 (path.1 to path.2 …), drops the oldest and reopens.
+//
+// A rotation that fails part way is tried again by the next record, so it must be safe
+// to repeat: when path is already gone (moved, then the reopen failed) nothing is
+// shifted again, and the shift stops at the first free slot (one a failed rename left),
+// so a retry never pushes the rotated files one step further and drops the oldest that
+// keep allows.
 func (l *Log) rotateLocked() error {
-	l.flushLocked()
-	if err := l.f.Close(); err != nil {
-		l.fail(err)
+	if l.f != nil {
+		l.flushLocked()
+		if err := l.f.Close(); err != nil {
+			l.fail(err)
+		}
+		l.f = nil
 	}
-	if l.keep == 0 {
+	if _, err := os.Lstat(l.path); errors.Is(err, os.ErrNotExist) {
+		// Already moved away by a rotation whose reopen failed.
+	} else if l.keep == 0 {
 		if err := os.Remove(l.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("audit: rotate %s: %w", l.path, err)
 		}
 	} else {
-		for i := l.keep - 1; i >= 1; i-- {
+		free := 1 // the first of path.1 … path.keep that does not exist (keep when all do)
+		for ; free < l.keep; free++ {
+			if _, err := os.Lstat(l.path + "." + strconv.Itoa(free)); errors.Is(err, os.ErrNotExist) {
+				break
+			}
+		}
+		for i := free - 1; i >= 1; i-- {
 			from := l.path + "." + strconv.Itoa(i)
 			if err := os.Rename(from, l.path+"."+strconv.Itoa(i+1)); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return fmt.Errorf("audit: rotate %s: %w", from, err)
@@ -361,8 +379,10 @@ func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.flushLocked()
-	if err := l.f.Close(); err != nil {
-		l.fail(err)
+	if l.f != nil {
+		if err := l.f.Close(); err != nil {
+			l.fail(err)
+		}
 	}
 	return l.err
 }

@@ -118,3 +118,51 @@ func TestWriteRecoversAfterDiskFull(t *testing.T) {
 		t.Errorf("%d recovery messages, want 1:\n%s", n, logs.String())
 	}
 }
+
+// A rotation whose reopen fails (here the file system is out of inodes, as under
+// EMFILE or a full disk) is tried again on the next record; the retry must not shift the
+// rotated files a second time, which would overwrite the oldest one that keep allows
+// and leave path.1 empty.
+func TestRotationRetryKeepsRotatedFiles(t *testing.T) {
+	// Inodes: the root, the log, path.1, path.2 and a filler that is removed later.
+	dir := smallFS(t, "1m,nr_inodes=5")
+	path := filepath.Join(dir, "audit.jsonl")
+	older := map[string]string{path + ".1": "B", path + ".2": "C"}
+	for p, note := range older {
+		if err := os.WriteFile(p, appendJSON(nil, &Record{At: t0, Dimension: "default", Exit: "direct", Note: note}), 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := New(path, 100, 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	if err := os.WriteFile(filepath.Join(dir, "filler"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	add := func(note string) { l.Add(Record{At: t0, Dimension: "default", Exit: "direct", Note: note}) }
+	add("A") // the current file, rotated by the next record
+	add("lost")
+	if _, err := l.WriteErr(); err == nil {
+		t.Fatal("WriteErr() = nil after a rotation that could not reopen the file")
+	}
+	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	add("D")
+	if err := l.Flush(); err != nil {
+		t.Fatalf("Flush after the retry = %v", err)
+	}
+	want := map[string]string{path: "D", path + ".1": "A", path + ".2": "B", path + ".3": "C"}
+	for p, note := range want {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s: %v; want it to hold %s", filepath.Base(p), err, note)
+			continue
+		}
+		recs := readLines(t, p)
+		if len(recs) != 1 || recs[0].Note != note {
+			t.Errorf("%s holds %+v, want the one record %s", filepath.Base(p), recs, note)
+		}
+	}
+}
