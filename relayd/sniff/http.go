@@ -71,12 +71,13 @@ func HTTPHost(b []byte) (string, error) {
 	}
 }
 
-// stripPort removes a :port and the brackets of an IPv6 literal.
+// stripPort removes a :port and the brackets of an IPv6 literal. Brackets hold only an
+// IPv6 address (RFC 3986 IP-literal): "[evil.example]" is not a host.
 func stripPort(v string) string {
 	if strings.HasPrefix(v, "[") {
 		end := strings.IndexByte(v, ']')
-		if end < 0 {
-			return "" // unbalanced bracket: not a host
+		if end < 0 || !isIPv6(v[1:end]) {
+			return "" // unbalanced bracket, or no IPv6 address inside: not a host
 		}
 		if rest := v[end+1:]; rest != "" && !isPort(strings.TrimPrefix(rest, ":")) {
 			return ""

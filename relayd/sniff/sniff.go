@@ -10,6 +10,7 @@ package sniff
 
 import (
 	"errors"
+	"net/netip"
 	"strings"
 )
 
@@ -47,19 +48,30 @@ func normalize(h string) string {
 	if h == "" || len(h) > 253 || h[0] == '.' || h[len(h)-1] == '.' || strings.Contains(h, "..") {
 		return "" // empty labels
 	}
-	var lower bool
+	var lower, colon bool
 	for i := 0; i < len(h); i++ {
 		c := h[i]
 		switch {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.', c == '_', c == ':':
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '-', c == '.', c == '_':
 		case c >= 'A' && c <= 'Z':
 			lower = true
+		case c == ':':
+			colon = true
 		default:
 			return ""
 		}
+	}
+	if colon && !isIPv6(h) {
+		return "" // a colon belongs only in an IPv6 literal ("evil.example:443" is no name)
 	}
 	if lower {
 		return strings.ToLower(h)
 	}
 	return h
+}
+
+// isIPv6 reports whether s is an IPv6 address literal (without a zone).
+func isIPv6(s string) bool {
+	a, err := netip.ParseAddr(s)
+	return err == nil && a.Is6() && a.Zone() == ""
 }

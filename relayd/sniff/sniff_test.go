@@ -136,6 +136,43 @@ func TestServerNameRejects(t *testing.T) {
 	}
 }
 
+// withServerName returns a crypto/tls ClientHello whose SNI holds name, which a real
+// client would refuse to send (the bytes of a placeholder of the same length are replaced).
+func withServerName(t testing.TB, name string) []byte {
+	t.Helper()
+	placeholder := strings.Repeat("z", len(name))
+	hello := clientHello(t, &tls.Config{ServerName: placeholder, InsecureSkipVerify: true})
+	i := bytes.Index(hello, []byte(placeholder))
+	if i < 0 || bytes.Count(hello, []byte(placeholder)) != 1 {
+		t.Fatalf("cannot find the placeholder server name in the hello")
+	}
+	copy(hello[i:], name)
+	return hello
+}
+
+// A colon belongs only in an IPv6 literal and brackets only around one: a name like
+// "evil.example:443" or "a:b" is not a DNS name and must not reach domain rules or an exit.
+func TestNotDNSNames(t *testing.T) {
+	for _, name := range []string{"evil.example:443", "a:b", "x:y.allowed.example", ":::::"} {
+		if h, err := ServerName(withServerName(t, name)); h != "" || !errors.Is(err, ErrMalformed) {
+			t.Errorf("ServerName(SNI %q) = %q, %v; want ErrMalformed", name, h, err)
+		}
+	}
+	for _, host := range []string{"a:b:c", "evil.example:80:80", "[evil.example]", "[evil.example]:80", "[1.2.3.4]:80", "[::1", "::1]:80", "[::1]:8o"} {
+		req := "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+		if h, err := HTTPHost([]byte(req)); h != "" || !errors.Is(err, ErrMalformed) {
+			t.Errorf("HTTPHost(Host: %s) = %q, %v; want ErrMalformed", host, h, err)
+		}
+	}
+	// IP literals still come through (the rule engine reads them as addresses).
+	for host, want := range map[string]string{"[2001:DB8::1]:80": "2001:db8::1", "2001:db8::2": "2001:db8::2", "::ffff:192.0.2.1": "::ffff:192.0.2.1"} {
+		req := "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
+		if h, err := HTTPHost([]byte(req)); h != want || err != nil {
+			t.Errorf("HTTPHost(Host: %s) = %q, %v; want %q", host, h, err, want)
+		}
+	}
+}
+
 func TestHTTPHost(t *testing.T) {
 	tests := []struct {
 		name string
@@ -212,6 +249,9 @@ func checkResult(t *testing.T, b []byte, h string, err error) {
 	}
 	if h != "" && normalize(h) != h {
 		t.Fatalf("(%q) returned a non-normalized name %q", b, h)
+	}
+	if strings.ContainsAny(h, ":[]") && !isIPv6(h) {
+		t.Fatalf("(%q) returned %q, neither a DNS name nor an IPv6 literal", b, h)
 	}
 }
 
