@@ -44,6 +44,15 @@ func HTTPHost(b []byte) (string, error) {
 	if sp <= i || !bytes.HasPrefix(line[sp+1:], []byte("HTTP/1.")) || len(line[sp+1:]) != 8 {
 		return "", ErrNotHTTP
 	}
+	if auth, ok := targetAuthority(b[:i], line[i+1:sp]); ok {
+		// The request names its host in the target (absolute-form, or CONNECT's
+		// authority-form): a server then ignores Host (RFC 9112 §3.2.2), so must we.
+		v := string(auth)
+		if n := normalize(stripPort(v)); n != "" {
+			return n, nil
+		}
+		return "", fmt.Errorf("%w: request target host %q", ErrMalformed, truncate(v))
+	}
 	rest := b[eol+1:]
 	for {
 		eol := bytes.IndexByte(rest, '\n')
@@ -70,6 +79,35 @@ func HTTPHost(b []byte) (string, error) {
 		return "", fmt.Errorf("%w: Host header %q", ErrMalformed, truncate(v))
 	}
 }
+
+// targetAuthority returns the host[:port] a request target names, with any userinfo
+// removed: the authority of an absolute-form target ("http://user@host:port/path"), or
+// the whole target of a CONNECT. ok is false for origin-form ("/path") and "*".
+func targetAuthority(method, target []byte) (auth []byte, ok bool) {
+	if string(method) == "CONNECT" {
+		return target, true
+	}
+	// absolute-URI = scheme ":" hier-part; a scheme starts with a letter.
+	colon := bytes.Index(target, []byte("://"))
+	if colon <= 0 || !isAlpha(target[0]) {
+		return nil, false
+	}
+	for _, c := range target[1:colon] {
+		if !isAlpha(c) && !(c >= '0' && c <= '9') && c != '+' && c != '-' && c != '.' {
+			return nil, false
+		}
+	}
+	auth = target[colon+3:]
+	if end := bytes.IndexAny(auth, "/?#"); end >= 0 {
+		auth = auth[:end]
+	}
+	if at := bytes.LastIndexByte(auth, '@'); at >= 0 {
+		auth = auth[at+1:]
+	}
+	return auth, true
+}
+
+func isAlpha(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
 // stripPort removes a :port and the brackets of an IPv6 literal. Brackets hold only an
 // IPv6 address (RFC 3986 IP-literal): "[evil.example]" is not a host.
