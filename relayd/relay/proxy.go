@@ -197,7 +197,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		switch d.Exit {
 		case rules.ExitDeny:
 			r.count(rules.ExitDeny)
-			r.record(d, f.At, "")
+			r.record(d, &f, "")
 			return nil, denied
 		case rules.ExitDirect:
 			dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {
@@ -244,7 +244,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		if dial == nil {
 			r.count("refused")
 			r.o.Log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule)
-			r.record(d, f.At, unavailable(d.Exit))
+			r.record(d, &f, unavailable(d.Exit))
 			return nil, denied
 		}
 		r.count(d.Exit)
@@ -254,7 +254,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		c, err := dial(withFlow(dctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: port})
 		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
-			r.record(d, f.At, audit.Reason(err))
+			r.record(d, &f, audit.Reason(err))
 			if r.o.Debug {
 				return nil, err
 			}
@@ -262,7 +262,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			// the proxies answer 504, SOCKS 0x05 or 0x04 as the cause says.
 			return nil, audit.Redacted(err)
 		}
-		r.record(d, f.At, "")
+		r.record(d, &f, "")
 		tc := &trackedConn{Conn: c, p: p, exit: d.Exit}
 		if !p.track(tc) {
 			c.Close()

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -534,7 +535,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	switch d.Exit {
 	case rules.ExitDeny:
 		r.count(rules.ExitDeny)
-		r.record(d, f.At, "")
+		r.record(d, &f, "")
 		reset(c)
 		return
 	case rules.ExitDirect:
@@ -553,7 +554,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	if dial == nil {
 		r.count("refused")
 		log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
-		r.record(d, f.At, unavailable(d.Exit))
+		r.record(d, &f, unavailable(d.Exit))
 		reset(c)
 		return
 	}
@@ -565,11 +566,11 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
 		log.Info("flow failed: exit unreachable", "workload", w.ID, "flow", id, "exit", d.Exit, "err", r.redact(err))
-		r.record(d, f.At, audit.Reason(err))
+		r.record(d, &f, audit.Reason(err))
 		reset(c)
 		return
 	}
-	r.record(d, f.At, "")
+	r.record(d, &f, "")
 	if !p.track(up) {
 		up.Close()
 		reset(c)
@@ -655,16 +656,60 @@ func (r *Relay) redact(err error) any {
 	return audit.Reason(err)
 }
 
-// record writes the decision's audit record; reason says why the flow did not go out.
-func (r *Relay) record(d rules.Decision, at time.Time, reason string) {
+// record writes the decision's audit record for flow f; reason says why the flow did not
+// go out. The reason loses f's own host name and address (SPEC §5): a script's failure
+// (d.Reason) may quote the url, host or address it was given, and audit.Reason cannot
+// recognise a name, nor an address inside a URL.
+func (r *Relay) record(d rules.Decision, f *rules.Flow, reason string) {
 	if r.o.Audit == nil {
 		return
 	}
 	if reason == "" {
 		reason = d.Reason
 	}
-	r.o.Audit.Add(audit.Record{At: at, Rule: d.Rule, Priority: d.Priority, Dimension: d.Dimension.String(),
-		Exit: d.Exit, Note: d.Note, Reason: reason, Path: "relay"})
+	r.o.Audit.Add(audit.Record{At: f.At, Rule: d.Rule, Priority: d.Priority, Dimension: d.Dimension.String(),
+		Exit: d.Exit, Note: d.Note, Reason: withoutDestination(reason, f), Path: "relay"})
+}
+
+// withoutDestination replaces f's host name and address in s, in any letter case.
+func withoutDestination(s string, f *rules.Flow) string {
+	if s == "" {
+		return s
+	}
+	if h := strings.TrimSuffix(f.Host, "."); h != "" {
+		s = replaceFold(s, h, "<host>")
+	}
+	if a := f.Dst.Addr(); a.IsValid() {
+		s = replaceFold(s, a.String(), "<address>")
+	}
+	return s
+}
+
+// replaceFold replaces every occurrence of old in s that is not part of a longer word
+// (so that a one-label host "a" leaves the rest of the text alone), compared
+// case-insensitively.
+func replaceFold(s, old, repl string) string {
+	var b strings.Builder
+	last := 0
+	for i := 0; i+len(old) <= len(s); {
+		j := i + len(old)
+		if strings.EqualFold(s[i:j], old) && (i == 0 || !isWordByte(s[i-1])) && (j == len(s) || !isWordByte(s[j])) {
+			b.WriteString(s[last:i])
+			b.WriteString(repl)
+			i, last = j, j
+			continue
+		}
+		i++
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+func isWordByte(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '-'
 }
 
 func unavailable(exit string) string {

@@ -654,3 +654,62 @@ func TestLabelRulesFollowReregistration(t *testing.T) {
 		}
 	}
 }
+
+// A script's failure reason can quote what the script was given: the url, the host, the
+// address dnsResolve answers. The relay's audit records must not carry them (SPEC §5).
+func TestScriptReasonKeepsDestinationOut(t *testing.T) {
+	backend := echoServer(t)
+	pol, err := rules.Parse("t", []byte("script: |\n"+
+		"  function FindProxyForURL(url, host) { throw 'no route for ' + url + ' (' + host.toUpperCase() + ' at ' + dnsResolve(host) + ')'; }\n"),
+		rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, nil, time.Minute, nil, func(o *Options) {
+		o.Policy = func() Decider { return pol }
+	})
+	h.setDst(backend)
+	if _, err := h.r.Open(workload("a")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp4", h.addr(t, "/ns/a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: Secret.Example\r\n\r\n")
+	if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("flow of a failing script: %v, want a reset", err)
+	}
+	if !waitFor(func() bool { return len(h.aud.Recent(10)) == 1 }) {
+		t.Fatalf("audit records %+v, want one", h.aud.Recent(10))
+	}
+	rec := h.aud.Recent(1)[0]
+	if rec.Exit != rules.ExitDeny || !strings.Contains(rec.Reason, "script threw: no route for") {
+		t.Fatalf("record %+v, want a deny with the script's reason", rec)
+	}
+	for _, secret := range []string{"secret.example", "SECRET.EXAMPLE", backend.Addr().String()} {
+		if strings.Contains(strings.ToLower(rec.Reason), strings.ToLower(secret)) {
+			t.Errorf("audit reason %q names the destination %q", rec.Reason, secret)
+		}
+	}
+}
+
+func TestWithoutDestination(t *testing.T) {
+	f := &rules.Flow{Host: "a.example.", Dst: netip.MustParseAddrPort("192.0.2.1:443")}
+	for _, tt := range []struct{ in, want string }{
+		{"", ""},
+		{"no route for https://A.Example:443/ at 192.0.2.1", "no route for https://<host>:443/ at <address>"},
+		{"x.a.example, a.examples, 192.0.2.10, ba.example", "x.<host>, a.examples, 192.0.2.10, ba.example"},
+		{"exit proxy is not available in this relay", "exit proxy is not available in this relay"},
+	} {
+		if got := withoutDestination(tt.in, f); got != tt.want {
+			t.Errorf("withoutDestination(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+	one := &rules.Flow{Host: "a"}
+	if got, want := withoutDestination("a script that failed at a", one), "<host> script that failed at <host>"; got != want {
+		t.Errorf("withoutDestination with host %q = %q, want %q", one.Host, got, want)
+	}
+}
