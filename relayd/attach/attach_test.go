@@ -887,3 +887,53 @@ func TestPeerReset(t *testing.T) {
 		t.Fatalf("read after the destination reset = %v, want ECONNRESET", err)
 	}
 }
+
+// TestSessionDropEndsFlows: when the session drops while a flow to a silent destination
+// is being carried, the attach side ends that flow and reconnects, rather than waiting
+// for the destination to speak or close first.
+func TestSessionDropEndsFlows(t *testing.T) {
+	f := newFixture(t, clientAll)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		// Silent: it never writes, and it keeps its end open (a half-close from the
+		// attach side is not the end of it).
+		if c, err := ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	defer func() {
+		select {
+		case c := <-accepted:
+			c.Close()
+		default:
+		}
+	}()
+	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
+	first := c.Stats().Session
+	dst := ln.Addr().(*net.TCPAddr).AddrPort()
+	conn, err := f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Dst: dst}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Stats().Active != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("flow not carried: %+v", c.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.srv.pick(payWorkload).mux.Close()
+	deadline = time.Now().Add(5 * time.Second)
+	for st := c.Stats(); st.Session == first || !st.Connected || st.Active != 0; st = c.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the session dropped: %+v; want a new session and no active flow", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -323,12 +323,19 @@ func (c *Client) Run(ctx context.Context) (err error) {
 			c.event(Event{Kind: "policy", Session: w.Session, Reason: pm.Hash})
 		}
 	}()
+	// The session's flows live no longer than the session: when it ends (or ctx is
+	// done) every flow is cut, dials included, whatever its destination does. Otherwise a
+	// flow to a destination that stays silent would hold this Run, and with it the
+	// reconnect, until the destination spoke or closed.
+	sctx, endSession := context.WithCancel(ctx)
+	defer endSession()
 	go func() {
 		select {
 		case <-ctx.Done():
 		case <-mux.CloseChan():
 		}
 		mux.Close()
+		endSession()
 	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -349,12 +356,13 @@ func (c *Client) Run(ctx context.Context) (err error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.flow(ctx, w.Session, st)
+			c.flow(sctx, w.Session, st)
 		}()
 	}
 }
 
 // flow handles one flow stream: re-decide, dial from this side's network, answer, copy.
+// ctx is the session's: when it is done the flow is cut.
 func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 	defer st.Close()
 	c.flows.Add(1)
@@ -421,14 +429,18 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 	}
 	c.active.Add(1)
 	defer c.active.Add(-1)
-	defer c.track(sess, h.Flow, func() {
-		// The daemon ended the flow abnormally: reset the destination too.
+	// The daemon ended the flow abnormally, or the session ended: reset the destination
+	// too.
+	cut := func() {
 		if tc, ok := up.(*net.TCPConn); ok {
 			tc.SetLinger(0)
 		}
 		up.Close()
 		st.Close()
-	})()
+	}
+	defer c.track(sess, h.Flow, cut)()
+	stopCut := context.AfterFunc(ctx, cut)
+	defer stopCut()
 	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
 	out, in := c.pipe(sess, h.Flow, st, br, up)
 	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via, BytesOut: out, BytesIn: in})
