@@ -89,6 +89,11 @@ func (f *fixture) attach(o ClientOptions, w *api.Workload) (*Client, context.Can
 	if o.Getenv == nil {
 		o.Getenv = func(string) string { return "" }
 	}
+	if o.dialDest == nil {
+		// The tests' destinations listen on loopback, which the real dialer refuses
+		// (TestThisMachineRefused).
+		o.dialDest = (&net.Dialer{}).DialContext
+	}
 	c, err := NewClient(o)
 	if err != nil {
 		f.t.Fatal(err)
@@ -390,6 +395,7 @@ func TestThreeHops(t *testing.T) {
 				}
 				return (&net.Dialer{}).DialContext(ctx, network, dst.String())
 			}
+			c.o.dialDest = c.o.dialNet
 			clientSide := c.pols.wait(f.policy.Load().Hash(), time.Second)
 			if clientSide == nil {
 				t.Fatal("the attach side holds no policy")
@@ -744,7 +750,7 @@ func TestHostOnlyFlow(t *testing.T) {
 	f := newFixture(t, "default: direct\nrules:\n  - pattern: \"*:8443\"\n    route: client\n")
 	echo := echoServer(t, "corp")
 	c, _ := f.attach(ClientOptions{Token: testToken}, payWorkload)
-	c.o.dialNet = func(ctx context.Context, network, addr string) (net.Conn, error) {
+	c.o.dialDest = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if addr != "git.corp.example:8443" {
 			return nil, fmt.Errorf("dialled %s", addr)
 		}
@@ -935,5 +941,103 @@ func TestSessionDropEndsFlows(t *testing.T) {
 			t.Fatalf("after the session dropped: %+v; want a new session and no active flow", st)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestThisMachineRefused: the attach side dials from its network, never into the machine
+// it runs on: a flow to its loopback (by address or by name) or to 0.0.0.0 is refused,
+// also when the policy routes every flow to the client, and the refusal names no
+// destination. A PAC proxy is not asked to reach them either. (Link-local addresses are
+// refused the same way; the daemon's metadata guard keeps them from this test.)
+func TestThisMachineRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reached atomic.Int64
+	testutil.Serve(t, ln, func(c net.Conn) { reached.Add(1) })
+	local := ln.Addr().(*net.TCPAddr).AddrPort()
+	port := local.Port()
+	prox := startProxy(t, local)
+	for _, pol := range []struct{ name, src string }{
+		{"direct", clientAll},
+		{"pac proxy", "default: direct\nscript: |\n  function FindProxyForURL(url, host) { return \"PROXY " + prox.addr + "\"; }\n"},
+	} {
+		t.Run(pol.name, func(t *testing.T) {
+			f := newFixture(t, pol.src)
+			// The real dialer, not the fixture's: this is what kl-ctl attach runs.
+			c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken, Getenv: func(string) string { return "" }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { c.Keep(ctx); close(done) }()
+			t.Cleanup(func() { cancel(); <-done })
+			f.waitLive(payWorkload, true)
+			for _, fl := range []rules.Flow{
+				{Dst: local},
+				{Dst: netip.AddrPortFrom(netip.IPv4Unspecified(), port)},
+				{Host: "localhost", Dst: netip.AddrPortFrom(netip.Addr{}, port)},
+				{Host: "127.0.0.1", Dst: netip.AddrPortFrom(netip.Addr{}, port)},
+			} {
+				fl.Labels = payWorkload.Labels
+				conn, err := f.srv.Dial(context.Background(), payWorkload, fl, nil)
+				if err == nil {
+					conn.Close()
+					t.Errorf("flow to %s %s was carried into the attach side's own machine", fl.Host, fl.Dst)
+					continue
+				}
+				var re *RefusedError
+				if !errors.As(err, &re) {
+					t.Errorf("flow to %s %s: %v, want a refusal by the attach side", fl.Host, fl.Dst, err)
+				}
+				if re != nil && re.Code != RefuseLocal {
+					t.Errorf("flow to %s %s: code %s, want %s", fl.Host, fl.Dst, re.Code, RefuseLocal)
+				}
+				if strings.Contains(err.Error(), "127.0.0.1") || strings.Contains(err.Error(), "localhost") {
+					t.Errorf("the refusal names the destination: %v", err)
+				}
+			}
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := reached.Load(); n != 0 {
+		t.Errorf("the attach side's loopback listener was reached %d times", n)
+	}
+	if n := prox.n.Load(); n != 0 {
+		t.Errorf("the PAC proxy was asked %d times for the attach side's own machine", n)
+	}
+}
+
+func TestOnThisMachine(t *testing.T) {
+	tests := []struct {
+		name string
+		h    Header
+		want bool
+	}{
+		{"loopback", Header{Dst: netip.MustParseAddrPort("127.0.0.2:22"), Port: 22}, true},
+		{"v6 loopback", Header{Dst: netip.MustParseAddrPort("[::1]:22"), Port: 22}, true},
+		{"mapped loopback", Header{Dst: netip.MustParseAddrPort("[::ffff:127.0.0.1]:22"), Port: 22}, true},
+		{"unspecified", Header{Dst: netip.MustParseAddrPort("0.0.0.0:22"), Port: 22}, true},
+		{"this network", Header{Dst: netip.MustParseAddrPort("0.1.2.3:22"), Port: 22}, true},
+		{"metadata", Header{Dst: netip.MustParseAddrPort("169.254.169.254:80"), Port: 80}, true},
+		{"v6 link-local", Header{Dst: netip.MustParseAddrPort("[fe80::1]:80"), Port: 80}, true},
+		{"localhost", Header{Host: "LocalHost.", Port: 22}, true},
+		{"under localhost", Header{Host: "db.localhost", Port: 22}, true},
+		{"literal host", Header{Host: "[::1]", Port: 22}, true},
+		{"corp address", Header{Dst: netip.MustParseAddrPort("10.1.2.3:22"), Port: 22}, false},
+		{"corp name", Header{Host: "git.corp.example", Dst: netip.MustParseAddrPort("127.0.0.1:22"), Port: 22}, false},
+		{"name like localhost", Header{Host: "localhost.corp.example", Port: 22}, false},
+	}
+	for _, tt := range tests {
+		if got := tt.h.namesThisMachine(); got != tt.want {
+			t.Errorf("%s: namesThisMachine(%+v) = %v, want %v", tt.name, tt.h, got, tt.want)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:1", "[::1]:1", "0.0.0.0:1"} {
+		if _, err := destDialer(time.Second)(context.Background(), "tcp", addr); !errors.Is(err, errThisMachine) {
+			t.Errorf("destDialer(%s) = %v, want errThisMachine", addr, err)
+		}
 	}
 }

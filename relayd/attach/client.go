@@ -51,10 +51,12 @@ type ClientOptions struct {
 	// OnEvent, when set, is told about every session and flow event (it must not block).
 	OnEvent func(Event)
 
-	// dialServer and dialNet are test seams for the connection to the daemon and the
-	// attach side's own dials.
+	// dialServer, dialNet and dialDest are test seams for the connection to the daemon,
+	// the attach side's dials of proxies, and its direct dials of destinations (by
+	// default refusing this machine's own addresses: destDialer).
 	dialServer func(ctx context.Context, network, addr string) (net.Conn, error)
 	dialNet    func(ctx context.Context, network, addr string) (net.Conn, error)
+	dialDest   func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Event is one thing that happened on the attach side.
@@ -148,6 +150,9 @@ func NewClient(o ClientOptions) (*Client, error) {
 	if o.dialNet == nil {
 		d := &net.Dialer{Timeout: o.ConnectTimeout}
 		o.dialNet = d.DialContext
+	}
+	if o.dialDest == nil {
+		o.dialDest = destDialer(o.ConnectTimeout)
 	}
 	tc := &tls.Config{ServerName: o.ServerName, MinVersion: tls.VersionTLS13, NextProtos: []string{"kl-attach/1"}}
 	if tc.ServerName == "" {
@@ -414,7 +419,10 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 	if err != nil {
 		code := RefuseDial
 		var pe *proxyError
-		if errors.As(err, &pe) {
+		switch {
+		case errors.Is(err, errThisMachine):
+			code = RefuseLocal
+		case errors.As(err, &pe):
 			code = RefuseProxy
 		}
 		// The reason goes back to the daemon, into its log and audit records, which never

@@ -99,6 +99,7 @@ const (
 	RefuseProxy   = "E_PROXY"          // the proxy the decision or the environment names is unusable
 	RefuseClosing = "E_CLOSING"        // the session is ending
 	RefuseScope   = "E_SCOPE"          // the flow's workload is not one this side asked to carry
+	RefuseLocal   = "E_LOCAL"          // the destination is the attach side's own machine
 )
 
 // RulesFlow returns the rules.Flow the header describes.
