@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/yamux"
 
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
@@ -1039,5 +1042,56 @@ func TestOnThisMachine(t *testing.T) {
 		if _, err := destDialer(time.Second)(context.Background(), "tcp", addr); !errors.Is(err, errThisMachine) {
 			t.Errorf("destDialer(%s) = %v, want errThisMachine", addr, err)
 		}
+	}
+}
+
+// TestExtraStreams: the attach side opens one stream, the control stream. The daemon
+// never reads another, so each one a peer opened (before authenticating or after) would
+// hold up to a window of data for nothing: the daemon ends such a session at once.
+func TestExtraStreams(t *testing.T) {
+	f := newFixture(t, clientAll)
+	for _, authenticate := range []bool{false, true} {
+		t.Run(fmt.Sprint("authenticated=", authenticate), func(t *testing.T) {
+			c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken})
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := net.Dial("tcp", f.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := yamux.DefaultConfig()
+			cfg.LogOutput = io.Discard
+			mux, err := yamux.Client(tls.Client(raw, c.tls), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer mux.Close()
+			ctrl, err := mux.OpenStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if authenticate {
+				ctrl.SetDeadline(time.Now().Add(5 * time.Second))
+				writeFrame(ctrl, Hello{Version: Version, Token: testToken})
+				var w Welcome
+				if err := readFrame(bufio.NewReader(ctrl), maxSmallFrame, &w); err != nil || w.Error != "" {
+					t.Fatalf("welcome = %+v, %v", w, err)
+				}
+				f.waitLive(payWorkload, true)
+			}
+			extra, err := mux.OpenStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			extra.SetWriteDeadline(time.Now().Add(time.Second))
+			extra.Write(make([]byte, 200<<10))
+			select {
+			case <-mux.CloseChan():
+			case <-time.After(3 * time.Second):
+				t.Fatal("the daemon kept a session whose peer opened a stream it never reads")
+			}
+			f.waitLive(payWorkload, false)
+		})
 	}
 }

@@ -231,7 +231,9 @@ func (s *Server) muxConfig() *yamux.Config {
 	c.StreamOpenTimeout = s.o.HandshakeTimeout
 	c.StreamCloseTimeout = s.o.IdleTimeout
 	c.MaxStreamWindowSize = streamWindow
-	c.AcceptBacklog = 1024
+	// The attach side opens one stream, the control stream; the flows' streams are the
+	// daemon's to open. Streams beyond what the backlog holds are reset by yamux.
+	c.AcceptBacklog = 1
 	return c
 }
 
@@ -260,6 +262,16 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 		log.Warn("attach refused: no control stream", "err", err)
 		return
 	}
+	// Nothing reads a second stream from the attach side: each would hold up to a window
+	// of the peer's data (before authentication too) until the session ended. A peer
+	// that opens one does not speak the protocol; its session ends.
+	go func() {
+		if st, err := mux.AcceptStream(); err == nil {
+			log.Warn("attach: the attach side opened a second stream; ending the session")
+			st.Close()
+			mux.Close()
+		}
+	}()
 	br := bufio.NewReader(ctrl)
 	var h Hello
 	if err := readFrame(br, maxSmallFrame, &h); err != nil {
