@@ -968,16 +968,7 @@ func TestThisMachineRefused(t *testing.T) {
 	} {
 		t.Run(pol.name, func(t *testing.T) {
 			f := newFixture(t, pol.src)
-			// The real dialer, not the fixture's: this is what kl-ctl attach runs.
-			c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken, Getenv: func(string) string { return "" }})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { c.Keep(ctx); close(done) }()
-			t.Cleanup(func() { cancel(); <-done })
-			f.waitLive(payWorkload, true)
+			keepRealClient(t, f, false)
 			for _, fl := range []rules.Flow{
 				{Dst: local},
 				{Dst: netip.AddrPortFrom(netip.IPv4Unspecified(), port)},
@@ -1013,6 +1004,53 @@ func TestThisMachineRefused(t *testing.T) {
 	}
 }
 
+// TestThisMachineAllowed: with AllowLocal (kl-ctl attach --allow-local) the operator lends
+// the machine's own services too, a tunnel on its loopback for one.
+func TestThisMachineAllowed(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
+	local := ln.Addr().(*net.TCPAddr).AddrPort()
+	f := newFixture(t, clientAll)
+	keepRealClient(t, f, true)
+	for _, fl := range []rules.Flow{
+		{Dst: local},
+		{Host: "localhost", Dst: netip.AddrPortFrom(netip.Addr{}, local.Port())},
+	} {
+		fl.Labels = payWorkload.Labels
+		conn, err := f.srv.Dial(context.Background(), payWorkload, fl, nil)
+		if err != nil {
+			t.Errorf("flow to %s %s with AllowLocal: %v", fl.Host, fl.Dst, err)
+			continue
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		buf := make([]byte, 4)
+		if _, err := conn.Write([]byte("ping")); err != nil {
+			t.Error(err)
+		} else if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping" {
+			t.Errorf("echo through the attach side's loopback: %q, %v", buf, err)
+		}
+		conn.Close()
+	}
+}
+
+// keepRealClient keeps an attach session to f with the dialer kl-ctl attach runs (not the
+// fixture's), until the test ends.
+func keepRealClient(t *testing.T, f *fixture, allowLocal bool) {
+	t.Helper()
+	c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken, Getenv: func(string) string { return "" }, AllowLocal: allowLocal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Keep(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	f.waitLive(payWorkload, true)
+}
+
 func TestOnThisMachine(t *testing.T) {
 	tests := []struct {
 		name string
@@ -1039,7 +1077,7 @@ func TestOnThisMachine(t *testing.T) {
 		}
 	}
 	for _, addr := range []string{"127.0.0.1:1", "[::1]:1", "0.0.0.0:1"} {
-		if _, err := destDialer(time.Second)(context.Background(), "tcp", addr); !errors.Is(err, errThisMachine) {
+		if _, err := destDialer(time.Second, false)(context.Background(), "tcp", addr); !errors.Is(err, errThisMachine) {
 			t.Errorf("destDialer(%s) = %v, want errThisMachine", addr, err)
 		}
 	}

@@ -47,7 +47,11 @@ type ClientOptions struct {
 	// lower case too); default os.Getenv.
 	Getenv         func(string) string
 	ConnectTimeout time.Duration // dials to destinations and proxies (default 10s)
-	Log            *slog.Logger
+	// AllowLocal lets flows reach this machine itself (loopback, link-local: a tunnel or
+	// a corporate access helper listening on localhost). Off by default: the attach side
+	// lends its network, not the services of the machine it runs on (onThisMachine).
+	AllowLocal bool
+	Log        *slog.Logger
 	// OnEvent, when set, is told about every session and flow event (it must not block).
 	OnEvent func(Event)
 
@@ -152,7 +156,7 @@ func NewClient(o ClientOptions) (*Client, error) {
 		o.dialNet = d.DialContext
 	}
 	if o.dialDest == nil {
-		o.dialDest = destDialer(o.ConnectTimeout)
+		o.dialDest = destDialer(o.ConnectTimeout, o.AllowLocal)
 	}
 	tc := &tls.Config{ServerName: o.ServerName, MinVersion: tls.VersionTLS13, NextProtos: []string{"kl-attach/1"}}
 	if tc.ServerName == "" {

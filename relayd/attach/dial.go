@@ -40,7 +40,7 @@ func (c *Client) dial(ctx context.Context, h *Header, pacProxy string) (net.Conn
 		conn, err := c.o.dialDest(ctx, "tcp", h.target())
 		return conn, "", err
 	}
-	if h.namesThisMachine() {
+	if !c.o.AllowLocal && h.namesThisMachine() {
 		// The proxy would reach its own machine, often this one (a local corporate
 		// proxy helper).
 		return nil, "", errThisMachine
@@ -91,10 +91,14 @@ func (h *Header) namesThisMachine() bool {
 	return false
 }
 
-// destDialer dials destinations directly, refusing every address on this machine: each
-// address a name resolves to is checked as it is dialled, so no answer of the operator's
-// DNS can lead a flow into the machine itself.
-func destDialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// destDialer dials destinations directly, refusing every address on this machine unless
+// allowLocal: each address a name resolves to is checked as it is dialled, so no answer
+// of the operator's DNS can lead a flow into the machine itself.
+func destDialer(timeout time.Duration, allowLocal bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if allowLocal {
+		d := &net.Dialer{Timeout: timeout}
+		return d.DialContext
+	}
 	d := &net.Dialer{Timeout: timeout, ControlContext: func(_ context.Context, _, address string, _ syscall.RawConn) error {
 		ap, err := netip.ParseAddrPort(address)
 		if err != nil || onThisMachine(ap.Addr()) {

@@ -27,7 +27,9 @@
 // network: through the proxy the PAC named (`PROXY host:port`), else through the proxy
 // its own environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), else
 // directly, resolving hostnames here; never into this machine itself (its loopback,
-// link-local and unspecified addresses, refused with E_LOCAL). The verdict is sent only after that dial, so the
+// link-local and unspecified addresses, refused with E_LOCAL) unless the operator lends
+// those too (ClientOptions.AllowLocal, kl-ctl attach --allow-local: a tunnel on
+// localhost). The verdict is sent only after that dial, so the
 // workload sees a refused connection exactly when this side could not connect.
 //
 // Compared with mirrord's outgoing traffic and Telepresence: those move a process's

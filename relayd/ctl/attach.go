@@ -34,6 +34,7 @@ type attachFlags struct {
 	workloads                multiFlag
 	selector                 string
 	background, agent, quiet bool
+	allowLocal               bool
 	verbose                  bool
 	control, logFile         string
 }
@@ -59,6 +60,7 @@ func attachCmd(ctx context.Context, env *Env, args []string) error {
 	fs.StringVar(&af.logFile, "log", "", "the background agent's log `FILE` (default: the control socket's path + .log)")
 	fs.BoolVar(&af.verbose, "verbose", false, "show each flow's destination in the progress")
 	fs.BoolVar(&af.quiet, "quiet", false, "no progress, only the summary")
+	fs.BoolVar(&af.allowLocal, "allow-local", false, "let flows reach this machine itself (loopback, link-local), e.g. a tunnel on localhost; refused by default")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: kl-ctl attach --server HOST:PORT [--ca FILE] (--token-file FILE | --cert FILE --key FILE) [--workload ID]... [--selector K=V] [--background]\n       kl-ctl attach status|stop [--control SOCKET] [--json]")
 		fs.PrintDefaults()
@@ -81,7 +83,8 @@ func attachCmd(ctx context.Context, env *Env, args []string) error {
 		return usageError(env, "attach", "%v", err)
 	}
 	o := attach.ClientOptions{Server: af.server, ServerName: af.serverName, CAFile: af.ca, Token: token,
-		CertFile: af.cert, KeyFile: af.key, Workloads: af.workloads, Selector: af.selector, Getenv: env.Getenv}
+		CertFile: af.cert, KeyFile: af.key, Workloads: af.workloads, Selector: af.selector, Getenv: env.Getenv,
+		AllowLocal: af.allowLocal}
 	if _, err := attach.NewClient(o); err != nil {
 		return usageError(env, "attach", "%v", err)
 	}
@@ -261,6 +264,9 @@ func startAgent(ctx context.Context, env *Env, af *attachFlags, token string) er
 	}
 	if af.verbose {
 		args = append(args, "--verbose")
+	}
+	if af.allowLocal {
+		args = append(args, "--allow-local")
 	}
 	logPath := af.logFile
 	if logPath == "" {
