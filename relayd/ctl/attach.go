@@ -62,7 +62,7 @@ func attachCmd(ctx context.Context, env *Env, args []string) error {
 	fs.BoolVar(&af.quiet, "quiet", false, "no progress, only the summary")
 	fs.BoolVar(&af.allowLocal, "allow-local", false, "let flows reach this machine itself (loopback, link-local), e.g. a tunnel on localhost; refused by default")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: kl-ctl attach --server HOST:PORT [--ca FILE] (--token-file FILE | --cert FILE --key FILE) [--workload ID]... [--selector K=V] [--background]\n       kl-ctl attach status|stop [--control SOCKET] [--json]")
+		fmt.Fprintln(fs.Output(), "usage: kl-ctl attach --server HOST:PORT [--ca FILE] (--token-file FILE | --cert FILE --key FILE) [--workload ID]... [--selector K=V] [--allow-local] [--background]\n       kl-ctl attach status|stop [--control SOCKET] [--json]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseFlags(env, fs, args)
