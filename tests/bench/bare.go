@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kl-egress/kl/netns"
@@ -23,6 +26,7 @@ func init() { children["bare-relay"] = bareRelay }
 const (
 	bareRow      = "bare Go splice relay (the issue's baseline)"
 	bareDanteRow = "bare Go splice relay → dante"
+	bareSquidRow = "bare Go splice relay → squid"
 )
 
 // startBare puts the capture table in the pod and runs bareRelay there; args are the
@@ -47,16 +51,27 @@ func (b *relayBench) startBare(args ...string) error {
 // read the original destination, dial it with the mark the capture exempts, and let
 // io.Copy splice both ways, passing each end on as a half-close. Nothing else: no
 // decision, audit, metrics, timeouts or limits, only the guard against dialing itself.
-// With an argument (host:port of a SOCKS5 server) it dials that instead and asks it for
-// the original destination, with no authentication and one round trip per message (as
-// redsocks does): the same relay's cost in front of an upstream, what kl-relayd → dante
-// is measured against besides redsocks.
+// With an argument (socks5://host:port or http://host:port) it dials that upstream
+// instead and asks it for the original destination: SOCKS5 with no authentication and
+// one round trip per message, or an HTTP CONNECT, as redsocks does. That is the same
+// relay's cost in front of an upstream, what kl-relayd → dante and → squid are measured
+// against besides redsocks.
 func bareRelay(args []string) error {
-	var socks netip.AddrPort
+	var via netip.AddrPort
+	var handshake func(net.Conn, netip.AddrPort) error
 	if len(args) > 0 {
+		scheme, hp, _ := strings.Cut(args[0], "://")
 		var err error
-		if socks, err = netip.ParseAddrPort(args[0]); err != nil {
+		if via, err = netip.ParseAddrPort(hp); err != nil {
 			return err
+		}
+		switch scheme {
+		case "socks5":
+			handshake = socks5Connect
+		case "http":
+			handshake = httpConnect
+		default:
+			return fmt.Errorf("bare relay: upstream %q: want socks5:// or http://", args[0])
 		}
 	}
 	// Plain TCP, as kl-relayd listens: Go's default for listeners is MPTCP, which would
@@ -87,15 +102,15 @@ func bareRelay(args []string) error {
 				return
 			}
 			to := dst
-			if socks.IsValid() {
-				to = socks
+			if handshake != nil {
+				to = via
 			}
 			u, err := self.DialAddrPort(context.Background(), api.DefaultMark, to)
 			if err != nil {
 				return
 			}
 			defer u.Close()
-			if socks.IsValid() && socks5Connect(u, dst) != nil {
+			if handshake != nil && handshake(u, dst) != nil {
 				return
 			}
 			done := make(chan struct{})
@@ -135,6 +150,31 @@ func socks5Connect(u net.Conn, dst netip.AddrPort) error {
 	}
 	if rep[1] != 0 {
 		return fmt.Errorf("socks5: request failed (%d)", rep[1])
+	}
+	return nil
+}
+
+// httpConnect asks the HTTP proxy at the other end of u for a tunnel to dst: one CONNECT,
+// and its answer read up to the blank line (the proxy sends nothing more before the
+// tunnel's own bytes, which start with the client's request here).
+func httpConnect(u net.Conn, dst netip.AddrPort) error {
+	if _, err := fmt.Fprintf(u, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dst, dst); err != nil {
+		return err
+	}
+	var head []byte
+	b := make([]byte, 512)
+	for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
+		n, err := u.Read(b)
+		if err != nil {
+			return err
+		}
+		head = append(head, b[:n]...)
+		if len(head) > 4096 {
+			return errors.New("http connect: answer too long")
+		}
+	}
+	if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) && !bytes.HasPrefix(head, []byte("HTTP/1.0 200")) {
+		return fmt.Errorf("http connect: %q", bytes.SplitN(head, []byte("\r\n"), 2)[0])
 	}
 	return nil
 }

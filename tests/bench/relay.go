@@ -38,8 +38,8 @@ func init() {
 			"visits every variant in turn, starting further along than the last (by 1/rounds of the list), so a load change on the shared machine hits them alike. " +
 			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
 			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); the issue's reference, a bare Go " +
-			"splice relay (accept, original destination, dial, io.Copy both ways: nothing of kl's decision, audit or metrics) behind the same capture table, and the same bare relay in front of dante (a hand-written no-auth SOCKS5 " +
-			"CONNECT, one round trip per message as redsocks does); each upstream " +
+			"splice relay (accept, original destination, dial, io.Copy both ways: nothing of kl's decision, audit or metrics) behind the same capture table, and the same bare relay in front of dante and of squid (a hand-written no-auth SOCKS5 " +
+			"CONNECT, one round trip per message, or an HTTP CONNECT, as redsocks does); each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
 			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid) " +
@@ -212,7 +212,7 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			idle: otherPid, proc: otherPid, alone: "dante alone (no relay)"},
 		{name: "redsocks default (no splice) → dante", prep: func() error { return b.redsocks("socks5", benchDante, false) }, iperf: true,
 			proc: otherPid, alone: "dante alone (no relay)"},
-		{name: bareDanteRow, prep: func() error { return b.startBare(fmt.Sprintf("%s:%d", benchSrvAddr, benchDante)) }, iperf: true,
+		{name: bareDanteRow, prep: func() error { return b.startBare(danteURL) }, iperf: true,
 			proc: otherPid, alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
 		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true, proc: relayPid,
 			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante", bare: bareDanteRow},
@@ -225,8 +225,10 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			alone: "squid alone (no relay)"},
 		{name: "redsocks default (no splice) → squid", prep: func() error { return b.redsocks("http-connect", benchSquid, false) }, iperf: true,
 			proc: otherPid, alone: "squid alone (no relay)"},
+		{name: bareSquidRow, prep: func() error { return b.startBare(squidURL) }, iperf: true,
+			proc: otherPid, alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"},
 		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true, proc: relayPid,
-			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"},
+			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid", bare: bareSquidRow},
 	}
 	if base := os.Getenv("KL_BENCH_BASE_BIN"); base != "" {
 		if !fileExists(base) {
