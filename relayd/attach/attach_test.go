@@ -1141,3 +1141,27 @@ func TestExtraStreams(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusal: what the daemon keeps of an attach side's refusal. A code it does not
+// know reads E_UNKNOWN, with the code in the reason; the reason loses control bytes and
+// is cut to maxRefusalReason.
+func TestRefusal(t *testing.T) {
+	long := strings.Repeat("x", 300)
+	tests := []struct {
+		name       string
+		v          Verdict
+		code, want string
+	}{
+		{"known", Verdict{Code: RefuseDial, Reason: "connection refused"}, RefuseDial, "connection refused"},
+		{"no code", Verdict{Reason: "no"}, RefuseUnknown, `code "": no`},
+		{"unknown code", Verdict{Code: "E_NEW", Reason: "later"}, RefuseUnknown, `code "E_NEW": later`},
+		{"control bytes", Verdict{Code: RefuseProxy, Reason: "bad\nline\x1b[31m\u00e9"}, RefuseProxy, "badline[31m"},
+		{"long", Verdict{Code: RefuseDial, Reason: long}, RefuseDial, long[:maxRefusalReason]},
+	}
+	for _, tt := range tests {
+		got := refusal(tt.v)
+		if got.Code != tt.code || got.Reason != tt.want {
+			t.Errorf("%s: refusal(%+v) = %s %q, want %s %q", tt.name, tt.v, got.Code, got.Reason, tt.code, tt.want)
+		}
+	}
+}

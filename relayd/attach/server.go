@@ -47,6 +47,30 @@ func (e *RefusedError) Error() string {
 
 func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
 
+// maxRefusalReason bounds the reason of an attach side's refusal as the daemon keeps it.
+const maxRefusalReason = 200
+
+// refusal is the attach side's refusal as the daemon logs and records it. The attach
+// side is the operator's program, but its words land in the node's log and audit records:
+// a code it is not known to send reads E_UNKNOWN (with the code it sent in the reason),
+// and the reason keeps printable ASCII only, cut to maxRefusalReason bytes.
+func refusal(v Verdict) *RefusedError {
+	code, reason := v.Code, v.Reason
+	switch code {
+	case RefuseRoute, RefusePolicy, RefuseHeader, RefuseDial, RefuseProxy, RefuseScope, RefuseLocal:
+	default:
+		reason = fmt.Sprintf("code %q: %s", code, reason)
+		code = RefuseUnknown
+	}
+	b := make([]byte, 0, min(len(reason), maxRefusalReason))
+	for i := 0; i < len(reason) && len(b) < maxRefusalReason; i++ {
+		if c := reason[i]; c >= 0x20 && c < 0x7f {
+			b = append(b, c)
+		}
+	}
+	return &RefusedError{Code: code, Reason: string(b)}
+}
+
 // ServerOptions configure a Server. Settings and Policy are required.
 type ServerOptions struct {
 	Settings *Settings
@@ -544,7 +568,7 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	if !v.OK {
 		se.refused.Add(1)
 		st.Close()
-		return fail(&RefusedError{Code: v.Code, Reason: v.Reason})
+		return fail(refusal(v))
 	}
 	st.SetDeadline(time.Time{})
 	if br.Buffered() > 0 {

@@ -92,14 +92,16 @@ type Verdict struct {
 
 // Refusal codes of a Verdict. They appear in the daemon's log and audit records.
 const (
-	RefuseRoute   = "E_ROUTE_MISMATCH" // the attach side's own decision is not client
-	RefusePolicy  = "E_POLICY_UNKNOWN" // the header names a policy version the attach side does not hold
-	RefuseHeader  = "E_BAD_HEADER"     // the header does not parse or lacks a destination
-	RefuseDial    = "E_DIAL"           // the attach side could not reach the destination
-	RefuseProxy   = "E_PROXY"          // the proxy the decision or the environment names is unusable
-	RefuseClosing = "E_CLOSING"        // the session is ending
-	RefuseScope   = "E_SCOPE"          // the flow's workload is not one this side asked to carry
-	RefuseLocal   = "E_LOCAL"          // the destination is the attach side's own machine
+	RefuseRoute  = "E_ROUTE_MISMATCH" // the attach side's own decision is not client
+	RefusePolicy = "E_POLICY_UNKNOWN" // the header names a policy version the attach side does not hold
+	RefuseHeader = "E_BAD_HEADER"     // the header does not parse or lacks a destination
+	RefuseDial   = "E_DIAL"           // the attach side could not reach the destination
+	RefuseProxy  = "E_PROXY"          // the proxy the decision or the environment names is unusable
+	RefuseScope  = "E_SCOPE"          // the flow's workload is not one this side asked to carry
+	RefuseLocal  = "E_LOCAL"          // the destination is the attach side's own machine
+	// RefuseUnknown is what the daemon records for a code an attach side is not known to
+	// send (a newer or a modified kl-ctl); the code it sent is kept in the reason.
+	RefuseUnknown = "E_UNKNOWN"
 )
 
 // RulesFlow returns the rules.Flow the header describes.
