@@ -84,13 +84,15 @@ func scrubAddrs(s string) string {
 		for j < len(s) && isAddrByte(s[j]) {
 			j++
 		}
-		// A word only: "ad" in "bad" is no candidate, nor is the run in "5s".
-		word := (i == 0 || !isWordByte(s[i-1])) && (j == len(s) || !isWordByte(s[j]))
-		lit := strings.TrimRight(s[i:j], ".:") // "…:443: connect" ends the literal at 443
-		if word && isAddrLiteral(lit) && !strings.HasSuffix(s[:i], "//") {
-			b.WriteString(s[last:i])
+		// An address may be glued to the text around it ("to:203.0.113.7:443",
+		// "host_203.0.113.7", "203.0.113.7:443:x"): a leaked destination costs more than
+		// a run of hex digits and dots taken for one, so no word boundary is asked for.
+		start, lit := literalIn(s[i:j])
+		start += i
+		if lit != "" && !strings.HasSuffix(s[:start], "//") {
+			b.WriteString(s[last:start])
 			b.WriteString("<address>")
-			last = i + len(lit)
+			last = start + len(lit)
 		}
 		i = j
 	}
@@ -101,8 +103,29 @@ func scrubAddrs(s string) string {
 	return b.String()
 }
 
-func isWordByte(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '-'
+// literalIn finds the address literal in run, a run of the bytes one is made of: the run
+// itself, or what is left once the colons that join it to a word before are dropped and
+// the ":…" parts after it (a port, then whatever followed) are cut one by one. It
+// returns the literal's offset in run and the literal, "" when there is none.
+func literalIn(run string) (int, string) {
+	start := 0
+	for {
+		lit := strings.TrimRight(run[start:], ".:") // "…:443: connect" ends at 443
+		for lit != "" {
+			if isAddrLiteral(lit) {
+				return start, lit
+			}
+			k := strings.LastIndexByte(lit, ':')
+			if k <= 0 || strings.Count(lit, ":") > 2 {
+				break // no more to cut, or IPv6 (whose colons are its own)
+			}
+			lit = lit[:k]
+		}
+		if start >= len(run) || run[start] != ':' {
+			return 0, ""
+		}
+		start++
+	}
 }
 
 // isAddrLiteral reports whether s is an IP address or an address with a port.

@@ -46,6 +46,8 @@ func TestReason(t *testing.T) {
 			"upstream socks5://192.0.2.1:1080: connect: dial tcp: connect: connection refused", addr},
 		{"not addresses", errors.New("bad port \"abc\" after 5s, HTTP/1.1 rule 12.3 at 10:30 (mark 0x4b4c, tcp4: 1.2.3)"),
 			"bad port \"abc\" after 5s, HTTP/1.1 rule 12.3 at 10:30 (mark 0x4b4c, tcp4: 1.2.3)", ""},
+		{"glued to words", errors.New("to:203.0.113.7:443, host_203.0.113.8, [2001:db8::9]:80:x and 203.0.113.10:443:80"),
+			"to:<address>, host_<address>, <address>:x and <address>:80", "203.0.113"},
 		{"plain", errors.New("denied by policy"), "denied by policy", ""},
 		{"context", context.DeadlineExceeded, "context deadline exceeded", ""},
 	}
