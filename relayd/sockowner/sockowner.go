@@ -45,7 +45,8 @@ type Finder struct {
 
 	mu    sync.Mutex
 	cache map[Key]result
-	hints map[uint64][]int // per netns inode: pids that owned its sockets lately
+	busy  map[Key]*inFlight // lookups under way, so a Forget meanwhile keeps them out of the cache
+	hints map[uint64][]int  // per netns inode: pids that owned its sockets lately
 }
 
 // Hints bound the per-netns memory of recent owners: a workload's connections mostly
@@ -58,6 +59,13 @@ const (
 type result struct {
 	p   rules.Process
 	err error
+}
+
+// inFlight counts the lookups of one key under way; forgotten is set when the key is
+// forgotten meanwhile.
+type inFlight struct {
+	n         int
+	forgotten bool
 }
 
 // ErrNotFound is returned when no process of the netns holds the socket (it exited, or
@@ -73,6 +81,15 @@ func (f *Finder) Lookup(k Key) (rules.Process, error) {
 		f.mu.Unlock()
 		return r.p, r.err
 	}
+	if f.busy == nil {
+		f.busy = map[Key]*inFlight{}
+	}
+	st := f.busy[k]
+	if st == nil {
+		st = &inFlight{}
+		f.busy[k] = st
+	}
+	st.n++
 	f.mu.Unlock()
 	p, err := f.lookup(k)
 	max := f.MaxCached
@@ -80,20 +97,30 @@ func (f *Finder) Lookup(k Key) (rules.Process, error) {
 		max = 1 << 16
 	}
 	f.mu.Lock()
+	if st.n--; st.n == 0 {
+		delete(f.busy, k)
+	}
 	if f.cache == nil {
 		f.cache = map[Key]result{}
 	}
-	if len(f.cache) < max {
+	// A connection that ended while it was looked up (Forget ran meanwhile) is not
+	// cached: the entry would outlive it and answer for the next connection that reuses
+	// its source port to the same destination.
+	if !st.forgotten && len(f.cache) < max {
 		f.cache[k] = result{p, err}
 	}
 	f.mu.Unlock()
 	return p, err
 }
 
-// Forget drops k from the cache (call it when the connection ends).
+// Forget drops k from the cache (call it when the connection ends), also the answer of
+// a lookup of k still under way.
 func (f *Finder) Forget(k Key) {
 	f.mu.Lock()
 	delete(f.cache, k)
+	if st := f.busy[k]; st != nil {
+		st.forgotten = true
+	}
 	f.mu.Unlock()
 }
 

@@ -121,6 +121,41 @@ func TestCacheBound(t *testing.T) {
 	}
 }
 
+// TestForgetDuringLookup: a connection that ends while its owner is looked up (Forget
+// meanwhile, as proxy mode does when the client closes) leaves nothing in the cache for
+// the next connection that reuses its source port to answer from.
+func TestForgetDuringLookup(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	f := &Finder{Proc: procFS(),
+		SocketInode: func(string, netip.AddrPort, netip.AddrPort) (uint64, error) {
+			close(started)
+			<-release
+			return 900, nil
+		},
+		NetnsInode: func(string) (uint64, error) { return 4001, nil }}
+	k := Key{Netns: "/run/netns/pod", Src: netip.MustParseAddrPort("192.0.2.10:40000"), Dst: netip.MustParseAddrPort("127.0.0.1:15080")}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if p, err := f.Lookup(k); err != nil || p.Comm != "curl" {
+			t.Errorf("Lookup = %+v, %v; want curl", p, err)
+		}
+	}()
+	<-started
+	f.Forget(k)
+	close(release)
+	<-done
+	if n := f.Cached(); n != 0 {
+		t.Errorf("%d cached after the connection was forgotten during its lookup, want 0", n)
+	}
+	// The next lookup of the key is cached as usual.
+	f.SocketInode = func(string, netip.AddrPort, netip.AddrPort) (uint64, error) { return 900, nil }
+	f.Lookup(k)
+	if n := f.Cached(); n != 1 {
+		t.Errorf("%d cached after a later lookup, want 1", n)
+	}
+}
+
 func TestUnsupportedIsUnknown(t *testing.T) {
 	var f Finder
 	p, err := f.Lookup(Key{})
