@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/kl-egress/kl/relayd/install"
@@ -28,6 +29,14 @@ func installer(verb string) func(ctx context.Context, env *Env, args []string) e
 			}
 			return nil
 		}
-		return install.Run(ctx, append([]string{verb}, args...), env.Stdout, env.Stderr)
+		err := install.Run(ctx, append([]string{verb}, args...), env.Stdout, env.Stderr)
+		var ue *install.UsageError
+		if errors.As(err, &ue) {
+			if !ue.Reported {
+				fmt.Fprintf(env.Stderr, "kl-ctl %s: %v\n", verb, err)
+			}
+			return &ExitError{Code: ExitInvalid, Err: err}
+		}
+		return err
 	}
 }

@@ -25,6 +25,9 @@ func TestInstall(t *testing.T) {
 		{"uninstall-cni-dry-run", []string{"uninstall", "cni", "--dry-run"}},
 		{"install-unknown-target", []string{"install", "podman"}},
 		{"install-no-target", []string{"install"}},
+		// Command-line mistakes exit 2, each said once (the flag package prints its own).
+		{"install-unknown-flag", []string{"install", "containerd", "--bogus"}},
+		{"uninstall-extra-argument", []string{"uninstall", "docker", "extra"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -28,13 +28,31 @@ prints the diff and writes nothing.`
 // Run carries out `kl-ctl install …` or `kl-ctl uninstall …`: args starts with the verb
 // ("install" or "uninstall") and the target. Diffs go to stdout, progress to stderr.
 // With `install cni --watch` it runs until ctx ends (kl-ctl cancels it on SIGTERM).
+// UsageError is a mistake in the command line (kl-ctl exits 2 for it). Reported is set
+// when the flag package has already printed it, with the usage, to stderr.
+type UsageError struct {
+	Err      error
+	Reported bool
+}
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// parseError is a flag set's parse error: already reported, or a request for help.
+func parseError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return &UsageError{Err: err, Reported: true}
+}
+
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) < 2 {
-		return fmt.Errorf("usage: %s", Usage)
+		return &UsageError{Err: fmt.Errorf("usage: %s", Usage)}
 	}
 	verb, target := args[0], args[1]
 	if verb != "install" && verb != "uninstall" {
-		return fmt.Errorf("unknown command %q: want install or uninstall", verb)
+		return &UsageError{Err: fmt.Errorf("unknown command %q: want install or uninstall", verb)}
 	}
 	fs := flag.NewFlagSet(verb+" "+target, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -57,17 +75,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		interval := fs.Duration("interval", 5*time.Second, "how often --watch checks")
 		onExit := fs.Bool("uninstall-on-exit", false, "with --watch: take kl out of the conflist when terminated (not for a watcher that restarts: pods created while kl is out are never captured)")
 		if err := fs.Parse(args[2:]); err != nil {
-			return err
+			return parseError(err)
 		}
 		c := CNI{}
 		if *conf != "" {
 			if err := json.Unmarshal([]byte(*conf), &c.Conf); err != nil {
-				return fmt.Errorf("--conf: want a JSON object: %w", err)
+				return &UsageError{Err: fmt.Errorf("--conf: want a JSON object: %w", err)}
 			}
 		}
 		if *watch {
 			if *uninstall || *dryRun || *confFile != "" {
-				return errors.New("--watch installs into --cni-conf-dir; it takes no --uninstall, --dry-run or --cni-conf-file")
+				return &UsageError{Err: errors.New("--watch installs into --cni-conf-dir; it takes no --uninstall, --dry-run or --cni-conf-file")}
 			}
 			agent = &CNIAgent{ConfDir: *confDir, BinDir: *binDir, Binary: *binary, Entry: c, Interval: *interval, UninstallOnExit: *onExit,
 				Log: slog.New(slog.NewTextHandler(stderr, nil))}
@@ -109,7 +127,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		name := fs.String("runtime-name", DefaultRuntimeName, "the runtime's name (the RuntimeClass handler)")
 		bin := fs.String("runtime-binary", DefaultRuntimeBinary, "kl-runtime's path on the node")
 		if err := fs.Parse(args[2:]); err != nil {
-			return err
+			return parseError(err)
 		}
 		editor = Containerd{Name: *name, BinaryName: *bin, Version: *version}
 		path = func() (string, error) { return *cfg, nil }
@@ -119,15 +137,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		bin := fs.String("runtime-binary", DefaultRuntimeBinary, "kl-runtime's path on the node")
 		def := fs.Bool("default", false, `also make it dockerd's "default-runtime"`)
 		if err := fs.Parse(args[2:]); err != nil {
-			return err
+			return parseError(err)
 		}
 		editor = Docker{Name: *name, Path: *bin, Default: *def}
 		path = func() (string, error) { return *cfg, nil }
 	default:
-		return fmt.Errorf("unknown target %q: want cni, containerd or docker", target)
+		return &UsageError{Err: fmt.Errorf("unknown target %q: want cni, containerd or docker", target)}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return &UsageError{Err: fmt.Errorf("unexpected arguments: %q", fs.Args())}
 	}
 	if agent != nil {
 		return agent.Run(ctx)
