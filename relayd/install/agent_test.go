@@ -117,3 +117,23 @@ func TestCNIAgentVersionMismatch(t *testing.T) {
 		t.Errorf("kl-cni chained into a network it cannot serve:\n%s", got)
 	}
 }
+
+// An agent told to uninstall on exit on a node whose network is a single-plugin .conf
+// (kl could never be chained into it) exits cleanly: there is nothing to take out.
+func TestCNIAgentUninstallSingleConf(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "99-single.conf")
+	orig := read(t, "99-single.conf")
+	if err := os.WriteFile(conf, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err := CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "0.4.0"), Interval: 20 * time.Millisecond, UninstallOnExit: true}.Run(ctx)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := mustRead(t, conf); !bytes.Equal(got, orig) {
+		t.Errorf("the .conf changed:\n%s", got)
+	}
+}

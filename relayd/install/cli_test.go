@@ -135,3 +135,29 @@ func TestRunDockerUninstallNote(t *testing.T) {
 		t.Errorf("kl-ctl did not say it removed the default runtime:\n%s", errb.String())
 	}
 }
+
+// kl is never in a single-plugin .conf (it cannot chain anything), so uninstalling when
+// the runtime's file is one has nothing to do; it is not an error.
+func TestRunUninstallSingleConf(t *testing.T) {
+	netd := t.TempDir()
+	conf := filepath.Join(netd, "99-single.conf")
+	orig := read(t, "99-single.conf")
+	if err := os.WriteFile(conf, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"uninstall", "cni", "--cni-conf-dir", netd},
+		{"uninstall", "cni", "--cni-conf-file", conf},
+	} {
+		var out, errb bytes.Buffer
+		if err := Run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("Run(%q): %v", args, err)
+		}
+		if want := conf + ": kl is not in it; nothing to do"; !strings.Contains(errb.String(), want) {
+			t.Errorf("Run(%q) said %q, want %q", args, errb.String(), want)
+		}
+		if cur := mustRead(t, conf); !bytes.Equal(cur, orig) || out.Len() != 0 {
+			t.Errorf("Run(%q) changed the .conf or printed a diff:\n%s", args, out.String())
+		}
+	}
+}

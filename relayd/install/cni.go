@@ -158,6 +158,13 @@ func (c CNI) Uninstall(old []byte) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return old, nil
 	}
+	if single, err := singlePlugin(old); err != nil {
+		return nil, err
+	} else if single {
+		// A single-plugin .conf cannot chain anything, so kl is never in one: nothing
+		// to take out (Install refuses such a file).
+		return old, nil
+	}
 	next := old
 	for {
 		_, plugins, kl, err := c.conflist(next)
@@ -174,6 +181,16 @@ func (c CNI) Uninstall(old []byte) ([]byte, error) {
 		return nil, err
 	}
 	return next, nil
+}
+
+// singlePlugin reports whether data is a single-plugin network configuration (a .conf:
+// an object with a "type" and no "plugins" list).
+func singlePlugin(data []byte) (bool, error) {
+	root, err := parseSpans(data)
+	if err != nil {
+		return false, err
+	}
+	return root.Kind == '{' && root.get("plugins") == nil && root.get("type") != nil, nil
 }
 
 // check proves an edit changed nothing but kl's entries: the two documents, with kl's

@@ -348,6 +348,15 @@ func TestApply(t *testing.T) {
 	}
 }
 
+// Uninstalling from a single-plugin .conf changes nothing: kl is never in one.
+func TestCNIUninstallSingleConf(t *testing.T) {
+	orig := read(t, "99-single.conf")
+	got, err := CNI{}.Uninstall(orig)
+	if err != nil || !bytes.Equal(got, orig) {
+		t.Fatalf("Uninstall(.conf) = %q, %v; want it unchanged", got, err)
+	}
+}
+
 func TestFindCNIConfig(t *testing.T) {
 	dir := t.TempDir()
 	if _, err := FindCNIConfig(dir); err == nil {
