@@ -98,18 +98,21 @@ func (a CNIAgent) once(confDir string, entry CNI, log *slog.Logger) error {
 }
 
 func (a CNIAgent) uninstall(confDir string, log *slog.Logger) error {
-	path, err := FindCNIConfig(confDir)
-	if err != nil {
+	if _, err := CNIConfigs(confDir); err != nil {
 		// Nothing to take kl out of.
 		log.Info("no CNI configuration left to clean", "err", err)
 		return nil
 	}
-	ch, err := Apply(path, a.Entry, Options{Uninstall: true, NoBackup: true})
-	if err != nil {
-		return fmt.Errorf("remove kl-cni from %s: %w", path, err)
+	// Every conflist of the directory: the network plugin may have renamed its file
+	// since kl was chained into it.
+	chs, err := UninstallCNIDir(confDir, a.Entry, Options{NoBackup: true})
+	for _, ch := range chs {
+		if ch.Changed {
+			log.Info("removed kl-cni from the CNI configuration", "path", ch.Path)
+		}
 	}
-	if ch.Changed {
-		log.Info("removed kl-cni from the CNI configuration", "path", path)
+	if err != nil {
+		return fmt.Errorf("remove kl-cni: %w", err)
 	}
 	return nil
 }

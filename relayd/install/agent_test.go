@@ -137,3 +137,35 @@ func TestCNIAgentUninstallSingleConf(t *testing.T) {
 		t.Errorf("the .conf changed:\n%s", got)
 	}
 }
+
+// --uninstall-on-exit takes kl out of every conflist, also one the network plugin no
+// longer uses (it renamed its file after kl was chained into the old one).
+func TestCNIAgentUninstallEveryConflist(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "10-flannel.conflist")
+	orig := read(t, "10-flannel.conflist")
+	old := filepath.Join(dir, "20-calico.conflist")
+	calico := read(t, "10-calico.conflist")
+	withKl, err := CNI{}.Install(calico)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(old, withKl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "0.3.1"), Interval: 20 * time.Millisecond, UninstallOnExit: true}.Run(ctx)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := mustRead(t, conf); !bytes.Equal(got, orig) {
+		t.Errorf("%s not restored:\n%s", conf, got)
+	}
+	if got := mustRead(t, old); !bytes.Equal(got, calico) {
+		t.Errorf("kl left in %s:\n%s", old, got)
+	}
+}

@@ -22,8 +22,10 @@ const Usage = `kl-ctl install|uninstall cni|containerd|docker [flags]
 
 Every edit is idempotent, keeps the rest of the file as it was, saves the previous
 contents as FILE.kl-backup-<time> and prints a unified diff; uninstall takes out exactly
-what install added, and points a default runtime that named kl back at runc. --dry-run
-prints the diff and writes nothing.`
+what install added, and points a default runtime that named kl back at runc.
+install cni chains kl into the conflist the runtime uses (the first in name order);
+uninstall cni takes it out of every conflist of the directory, reporting each file
+(--cni-conf-file edits just that one). --dry-run prints the diff and writes nothing.`
 
 // Run carries out `kl-ctl install …` or `kl-ctl uninstall …`: args starts with the verb
 // ("install" or "uninstall") and the target. Diffs go to stdout, progress to stderr.
@@ -63,11 +65,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		editor Editor
 		path   func() (string, error)
 		agent  *CNIAgent
+		sweep  string // uninstall cni: the directory whose every conflist is cleaned
 	)
 	switch target {
 	case "cni":
 		confDir := fs.String("cni-conf-dir", DefaultCNIConfDir, "the node's CNI configuration directory")
-		confFile := fs.String("cni-conf-file", "", "the conflist to edit (default: the first .conf/.conflist/.json in --cni-conf-dir, as runtimes pick it)")
+		confFile := fs.String("cni-conf-file", "", "the conflist to edit (default: install picks the first .conf/.conflist/.json in --cni-conf-dir, as runtimes do; uninstall cleans every one)")
 		binDir := fs.String("cni-bin-dir", DefaultCNIBinDir, "the node's CNI plugin directory")
 		binary := fs.String("cni-binary", "", "copy this kl-cni binary into --cni-bin-dir first")
 		conf := fs.String("conf", "", `further settings of kl's entry as a JSON object, e.g. '{"mode":"proxy"}'`)
@@ -115,6 +118,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			c.Versions = vs
 		}
 		editor = c
+		if *uninstall && *confFile == "" {
+			// kl may be in another file than the one the runtime picks now (the network
+			// plugin renamed its conflist, or --cni-conf-file chose it): take it out of
+			// every one.
+			sweep = *confDir
+		}
 		path = func() (string, error) {
 			if *confFile != "" {
 				return *confFile, nil
@@ -151,32 +160,46 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return agent.Run(ctx)
 	}
 
+	o := Options{Uninstall: *uninstall, DryRun: *dryRun}
+	if sweep != "" {
+		chs, err := UninstallCNIDir(sweep, editor.(CNI), o)
+		for _, ch := range chs {
+			report(ch, o, target, stdout, stderr)
+		}
+		return err
+	}
 	p, err := path()
 	if err != nil {
 		return err
 	}
-	ch, err := Apply(p, editor, Options{Uninstall: *uninstall, DryRun: *dryRun})
+	ch, err := Apply(p, editor, o)
 	if err != nil {
 		return err
 	}
+	report(ch, o, target, stdout, stderr)
+	return nil
+}
+
+// report prints what Apply did to one file: its diff to stdout, the rest to stderr.
+func report(ch Change, o Options, target string, stdout, stderr io.Writer) {
+	p := ch.Path
 	io.WriteString(stdout, ch.Diff)
 	for _, n := range ch.Notes {
 		fmt.Fprintf(stderr, "%s: %s\n", p, n)
 	}
 	switch {
-	case !ch.Changed && *uninstall:
+	case !ch.Changed && o.Uninstall:
 		fmt.Fprintf(stderr, "%s: kl is not in it; nothing to do\n", p)
 	case !ch.Changed:
 		fmt.Fprintf(stderr, "%s: kl is already in it; nothing to do\n", p)
-	case *dryRun:
+	case o.DryRun:
 		fmt.Fprintf(stderr, "%s: dry run, nothing written\n", p)
 	case ch.Backup != "":
 		fmt.Fprintf(stderr, "%s: written; previous contents in %s\n", p, ch.Backup)
 	default:
 		fmt.Fprintf(stderr, "%s: written\n", p)
 	}
-	if ch.Changed && !*dryRun && target != "cni" {
+	if ch.Changed && !o.DryRun && target != "cni" {
 		fmt.Fprintf(stderr, "restart %s for the change to take effect\n", target)
 	}
-	return nil
 }

@@ -161,3 +161,65 @@ func TestRunUninstallSingleConf(t *testing.T) {
 		}
 	}
 }
+
+// uninstall cni takes kl out of every conflist of the directory that chains it, not only
+// the one the runtime uses now, and says what it did to each file; --cni-conf-file
+// still edits just that file.
+func TestRunUninstallEveryConflist(t *testing.T) {
+	netd := t.TempDir()
+	clean := read(t, "10-flannel.conflist")
+	calico := read(t, "10-calico.conflist")
+	withKl, err := CNI{}.Install(calico)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		"10-flannel.conflist": clean,
+		"20-calico.conflist":  withKl,
+		"30-calico.conflist":  withKl,
+		"99-single.conf":      read(t, "99-single.conf"),
+	}
+	for n, b := range files {
+		if err := os.WriteFile(filepath.Join(netd, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One file named: only that one.
+	var out, errb bytes.Buffer
+	if err := Run(context.Background(), []string{"uninstall", "cni", "--cni-conf-file", filepath.Join(netd, "20-calico.conflist")}, &out, &errb); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, filepath.Join(netd, "20-calico.conflist")); !bytes.Equal(got, calico) {
+		t.Errorf("--cni-conf-file: kl not taken out:\n%s", got)
+	}
+	if got := mustRead(t, filepath.Join(netd, "30-calico.conflist")); !bytes.Equal(got, withKl) {
+		t.Errorf("--cni-conf-file edited another file:\n%s", got)
+	}
+
+	out.Reset()
+	errb.Reset()
+	if err := os.WriteFile(filepath.Join(netd, "20-calico.conflist"), withKl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), []string{"uninstall", "cni", "--cni-conf-dir", netd}, &out, &errb); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	for n, want := range map[string][]byte{"10-flannel.conflist": clean, "20-calico.conflist": calico, "30-calico.conflist": calico, "99-single.conf": files["99-single.conf"]} {
+		if got := mustRead(t, filepath.Join(netd, n)); !bytes.Equal(got, want) {
+			t.Errorf("%s after uninstall:\n%s", n, UnifiedDiff("want", "got", want, got))
+		}
+	}
+	for _, want := range []string{
+		filepath.Join(netd, "10-flannel.conflist") + ": kl is not in it; nothing to do",
+		filepath.Join(netd, "20-calico.conflist") + ": written; previous contents in ",
+		filepath.Join(netd, "30-calico.conflist") + ": written; previous contents in ",
+		filepath.Join(netd, "99-single.conf") + ": kl is not in it; nothing to do",
+	} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errb.String())
+		}
+	}
+	if n := strings.Count(out.String(), `-      "type": "kl-cni",`); n != 2 {
+		t.Errorf("stdout has %d diffs removing kl-cni, want 2:\n%s", n, out.String())
+	}
+}

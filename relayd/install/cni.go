@@ -235,25 +235,62 @@ func (c CNI) check(before, after []byte, installed bool) error {
 // .conf, .conflist or .json file in lexical order, as libcni, containerd and CRI-O pick
 // it.
 func FindCNIConfig(dir string) (string, error) {
+	paths, err := CNIConfigs(dir)
+	if err != nil {
+		return "", err
+	}
+	return paths[0], nil
+}
+
+// CNIConfigs returns every network configuration file in dir (.conf, .conflist and
+// .json), in lexical order, the first being the one runtimes use. It is an error when
+// there is none.
+func CNIConfigs(dir string) ([]string, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return "", fmt.Errorf("read CNI configuration directory: %w", err)
+		return nil, fmt.Errorf("read CNI configuration directory: %w", err)
 	}
-	var names []string
+	var paths []string
 	for _, e := range ents {
 		if e.IsDir() {
 			continue
 		}
 		switch filepath.Ext(e.Name()) {
 		case ".conf", ".conflist", ".json":
-			names = append(names, e.Name())
+			paths = append(paths, filepath.Join(dir, e.Name()))
 		}
 	}
-	if len(names) == 0 {
-		return "", fmt.Errorf("no CNI network configuration in %s (is the cluster's network plugin installed?)", dir)
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("no CNI network configuration in %s (is the cluster's network plugin installed?)", dir)
 	}
-	sort.Strings(names)
-	return filepath.Join(dir, names[0]), nil
+	sort.Strings(paths)
+	return paths, nil
+}
+
+// UninstallCNIDir takes kl's entry out of every network configuration in dir, not only
+// the one runtimes use now: the network plugin may have renamed its file, or kl may have
+// been chained into another one by --cni-conf-file. It goes on past a file it cannot
+// edit, and returns one Change per file it edited or found without kl, in name order,
+// with the errors of the others joined. o.Uninstall is implied.
+func UninstallCNIDir(dir string, c CNI, o Options) ([]Change, error) {
+	paths, err := CNIConfigs(dir)
+	if err != nil {
+		return nil, err
+	}
+	o.Uninstall = true
+	var (
+		chs  []Change
+		errs []error
+	)
+	for _, p := range paths {
+		ch, err := Apply(p, c, o)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		chs = append(chs, ch)
+	}
+	return chs, errors.Join(errs...)
 }
 
 // sameJSON reports whether raw decodes to the same value as v.
