@@ -1,9 +1,11 @@
 package install
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"strings"
 )
@@ -29,8 +31,10 @@ func or(s, def string) string {
 }
 
 // Install adds runtimes.<name> = {"path": …} (and default-runtime), keeping every other
-// key and its position. dockerd rejects unknown keys in daemon.json, so kl records
-// nothing else there.
+// key and its position. When kl's runtime is already there, only its "path" is
+// corrected, in place: the operator's other keys in it (runtimeArgs…) stay, as the
+// containerd editor keeps theirs. dockerd rejects unknown keys in daemon.json, so kl
+// records nothing else there.
 func (d Docker) Install(old []byte) ([]byte, error) {
 	data := old
 	if len(strings.TrimSpace(string(data))) == 0 {
@@ -45,26 +49,31 @@ func (d Docker) Install(old []byte) ([]byte, error) {
 	}
 	want := orderedObject{{"path", d.path()}}
 	next := data
-	rts := root.get("runtimes")
+	rts := lastValue(root, "runtimes")
 	switch {
 	case rts == nil:
 		next, err = addMember(next, root, "runtimes", orderedObject{{d.name(), want}})
 	case rts.Kind != '{':
 		return nil, errors.New(`daemon.json: "runtimes" is not an object`)
 	default:
-		cur := rts.get(d.name())
-		if cur != nil && sameJSON(data[cur.Start:cur.End], want) {
-			break
-		}
-		if cur != nil {
-			// Another definition under kl's name: replace it.
-			next = removeMember(next, rts, d.name())
-			if root, err = parseSpans(next); err != nil {
-				return nil, err
+		cur := lastValue(rts, d.name())
+		switch {
+		case cur == nil:
+			next, err = addMember(next, rts, d.name(), want)
+		case cur.Kind != '{':
+			// Not a runtime definition at all: kl's takes its place.
+			next, err = replaceValue(next, root, cur, want)
+		default:
+			// kl's runtime is there: correct only the key kl owns, in place; the
+			// operator's own keys (runtimeArgs…) and their order stay.
+			p := lastValue(cur, "path")
+			switch {
+			case p == nil:
+				next, err = addMember(next, cur, "path", d.path())
+			case !sameJSON(data[p.Start:p.End], d.path()):
+				next, err = replaceValue(next, root, p, d.path())
 			}
-			rts = root.get("runtimes")
 		}
-		next, err = addMember(next, rts, d.name(), want)
 	}
 	if err != nil {
 		return nil, err
@@ -74,7 +83,7 @@ func (d Docker) Install(old []byte) ([]byte, error) {
 			return nil, err
 		}
 	}
-	if err := d.check(data, next); err != nil {
+	if err := d.check(data, next, true); err != nil {
 		return nil, err
 	}
 	if len(strings.TrimSpace(string(old))) == 0 && string(next) == string(data) {
@@ -111,8 +120,8 @@ func (d Docker) setDefault(data []byte) ([]byte, error) {
 	return addMember(data, root, "default-runtime", d.name())
 }
 
-// Uninstall removes runtimes.<name> (and "runtimes" when that leaves it empty), and
-// default-runtime when it names kl.
+// Uninstall removes runtimes.<name> (and "runtimes" when that leaves it empty), whatever
+// else the operator put in it, and default-runtime when it names kl.
 func (d Docker) Uninstall(old []byte) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return old, nil
@@ -134,14 +143,29 @@ func (d Docker) Uninstall(old []byte) ([]byte, error) {
 			}
 		}
 	}
-	if rts := root.get("runtimes"); rts != nil && rts.Kind == '{' && rts.get(d.name()) != nil {
-		if len(rts.Members) == 1 {
-			next = removeMember(next, root, "runtimes")
-		} else {
-			next = removeMember(next, rts, d.name())
+	// Every definition under kl's name, also a repeated one (encoding/json, as dockerd,
+	// takes the last).
+	for removed := true; removed; {
+		removed = false
+		for i, m := range root.Members {
+			rts := m.Value
+			if m.Key != "runtimes" || rts.Kind != '{' || rts.get(d.name()) == nil {
+				continue
+			}
+			if len(rts.Members) == 1 {
+				starts, ends := entries(root)
+				next = removeEntry(next, starts, ends, i)
+			} else {
+				next = removeMember(next, rts, d.name())
+			}
+			if root, err = parseSpans(next); err != nil {
+				return nil, err
+			}
+			removed = true
+			break
 		}
 	}
-	if err := d.check(old, next); err != nil {
+	if err := d.check(old, next, false); err != nil {
 		return nil, err
 	}
 	return next, nil
@@ -159,8 +183,10 @@ func (d Docker) notes(old, next []byte, uninstall bool) []string {
 	return nil
 }
 
-// check proves that only kl's keys differ between the two documents.
-func (d Docker) check(before, after []byte) error {
+// check proves that only kl's keys differ between the two documents. After an install
+// (installed) kl's runtime must have kl's path, and the operator's other keys in it must
+// be what they were; after an uninstall it must be gone.
+func (d Docker) check(before, after []byte, installed bool) error {
 	var a, b map[string]any
 	if err := json.Unmarshal(before, &a); err != nil {
 		return fmt.Errorf("re-read original: %w", err)
@@ -168,9 +194,26 @@ func (d Docker) check(before, after []byte) error {
 	if err := json.Unmarshal(after, &b); err != nil {
 		return fmt.Errorf("edit produced invalid JSON (a bug): %w", err)
 	}
+	rts, _ := b["runtimes"].(map[string]any)
+	kl, ok := rts[d.name()]
+	switch klm, _ := kl.(map[string]any); {
+	case installed && klm["path"] != d.path():
+		return fmt.Errorf("runtime %q after the edit is %v, without kl's path (defined twice?); nothing written", d.name(), kl)
+	case !installed && ok:
+		return fmt.Errorf("runtime %q is still defined after the edit (defined twice?); nothing written", d.name())
+	}
 	for _, m := range []map[string]any{a, b} {
 		if rts, ok := m["runtimes"].(map[string]any); ok {
-			delete(rts, d.name())
+			// What is left of kl's runtime without kl's own key is the operator's.
+			kl, ok := rts[d.name()].(map[string]any)
+			if kl = maps.Clone(kl); ok && installed {
+				delete(kl, "path")
+			}
+			if installed && len(kl) > 0 {
+				rts[d.name()] = kl
+			} else {
+				delete(rts, d.name())
+			}
 			if len(rts) == 0 {
 				delete(m, "runtimes")
 			}
@@ -204,6 +247,40 @@ func addMember(data []byte, obj *span, key string, value any) ([]byte, error) {
 		}
 		return string(k) + ": " + v, nil
 	})
+}
+
+// lastValue returns the value of an object's member key, the last one when the key is
+// repeated (as encoding/json, and so dockerd, reads it), or nil.
+func lastValue(obj *span, key string) *span {
+	var v *span
+	for _, m := range obj.Members {
+		if m.Key == key {
+			v = m.Value
+		}
+	}
+	return v
+}
+
+// replaceValue returns data with the value v replaced by value, written the way the
+// file is (multi-line with the indentation of v's line when v starts a multi-line
+// value's line, compact otherwise).
+func replaceValue(data []byte, root, v *span, value any) ([]byte, error) {
+	// The indentation of the line v starts on (its member's).
+	i := bytes.LastIndexByte(data[:v.Start], '\n') + 1
+	j := i
+	for j < v.Start && (data[j] == ' ' || data[j] == '\t') {
+		j++
+	}
+	ind := string(data[i:j])
+	multi := bytes.IndexByte(data[root.Start:root.End], '\n') >= 0
+	text, err := render(value, ind, indentUnit(data, root), multi)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, 0, len(data)+len(text))
+	out = append(out, data[:v.Start]...)
+	out = append(out, text...)
+	return append(out, data[v.End:]...), nil
 }
 
 // removeMember takes member key out of object obj.

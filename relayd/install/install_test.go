@@ -228,8 +228,50 @@ func TestInstallReplacesStale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := `{"runtimes": {"crun": {"path": "/usr/bin/crun"}, "kl": {"path":"/usr/bin/kl-runtime"}}}`; string(d) != want {
+	if want := `{"runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}, "crun": {"path": "/usr/bin/crun"}}}`; string(d) != want {
 		t.Errorf("docker replace = %s, want %s", d, want)
+	}
+}
+
+// Re-installing docker corrects only kl's own key of runtimes.kl, in place, as the
+// containerd editor does: the operator's keys there and the runtimes' order stay.
+func TestDockerReinstallKeepsOperatorKeys(t *testing.T) {
+	cases := []struct{ name, in, want string }{
+		{"stale path",
+			"{\n  \"runtimes\": {\n    \"kl\": {\n      \"path\": \"/opt/old/kl-runtime\",\n      \"runtimeArgs\": [\"--debug\"]\n    },\n    \"crun\": {\"path\": \"/usr/bin/crun\"}\n  }\n}\n",
+			"{\n  \"runtimes\": {\n    \"kl\": {\n      \"path\": \"/usr/bin/kl-runtime\",\n      \"runtimeArgs\": [\"--debug\"]\n    },\n    \"crun\": {\"path\": \"/usr/bin/crun\"}\n  }\n}\n"},
+		{"no path",
+			"{\n  \"runtimes\": {\n    \"kl\": {\n      \"runtimeArgs\": [\"--debug\"]\n    },\n    \"crun\": {\"path\": \"/usr/bin/crun\"}\n  }\n}\n",
+			"{\n  \"runtimes\": {\n    \"kl\": {\n      \"runtimeArgs\": [\"--debug\"],\n      \"path\": \"/usr/bin/kl-runtime\"\n    },\n    \"crun\": {\"path\": \"/usr/bin/crun\"}\n  }\n}\n"},
+		{"right path already", `{"runtimes": {"kl": {"runtimeArgs": [], "path": "/usr/bin/kl-runtime"}, "crun": {}}}`, `{"runtimes": {"kl": {"runtimeArgs": [], "path": "/usr/bin/kl-runtime"}, "crun": {}}}`},
+		{"not an object", `{"runtimes": {"kl": "x", "crun": {}}}`, `{"runtimes": {"kl": {"path":"/usr/bin/kl-runtime"}, "crun": {}}}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Docker{}.Install([]byte(tc.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("Install:\n%s", UnifiedDiff("want", "got", []byte(tc.want), got))
+			}
+			if again, err := (Docker{}).Install(got); err != nil || !bytes.Equal(again, got) {
+				t.Errorf("second Install = %s, %v", again, err)
+			}
+		})
+	}
+	// A runtime defined twice under kl's name (dockerd reads the last): install sets the
+	// one dockerd uses, uninstall takes both out.
+	got, err := Docker{}.Install([]byte(`{"runtimes": {"kl": {"path": "/a"}, "crun": {}, "kl": {"path": "/b"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"runtimes": {"kl": {"path": "/a"}, "crun": {}, "kl": {"path": "/usr/bin/kl-runtime"}}}`; string(got) != want {
+		t.Errorf("Install of a repeated kl = %s, want %s", got, want)
+	}
+	back, err := Docker{}.Uninstall(got)
+	if want := `{"runtimes": {"crun": {}}}`; err != nil || string(back) != want {
+		t.Errorf("Uninstall of a repeated kl = %s, %v; want %s", back, err, want)
 	}
 }
 
