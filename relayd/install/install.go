@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -144,7 +145,9 @@ func backupName(path string, t time.Time) string {
 
 // writeAtomic writes data to a temporary file beside path and renames it over path, so
 // a reader (containerd, dockerd, a CNI runtime) never sees a half-written file. The new
-// file gets mode, and the owner of like when like is not nil.
+// file gets mode, and the owner of like when like is not nil. The file is synced before
+// the rename and the directory after it, so that after a crash path holds either the
+// old contents or the new, and once writeAtomic returns, the new ones.
 func writeAtomic(path string, data []byte, mode fs.FileMode, like fs.FileInfo) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".kl-tmp-*")
 	if err != nil {
@@ -173,7 +176,27 @@ func writeAtomic(path string, data []byte, mode fs.FileMode, like fs.FileInfo) e
 	if err := f.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes a rename in dir durable. A file system that cannot sync a directory
+// (EINVAL) has nothing more to offer and is not an error.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil && !errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
 }
 
 // CopyBinary installs the executable src as dir/name atomically (mode 0755), the way
