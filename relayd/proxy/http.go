@@ -165,16 +165,26 @@ func dialStatus(err error) (int, string) {
 	return http.StatusBadGateway, f.String()
 }
 
+// maxResponseHeaderBytes bounds what an origin may send before its answer's headers end
+// (interim answers included): net/http's ReadResponse reads a header block of any size
+// into memory.
+const maxResponseHeaderBytes = 1 << 20
+
+// errResponseHeaderTooLarge ends a read once an answer's headers pass the bound.
+var errResponseHeaderTooLarge = fmt.Errorf("response headers over %d bytes", maxResponseHeaderBytes)
+
 // origin is the kept-alive connection to the destination of forwarded requests. Every
 // read and write on it (through Read and Write, which br uses) must make progress within
 // idle; while until is set, reads end at that time instead (the wait for response
-// headers). An origin that stops answering cannot hold the handler.
+// headers), and at most headerLeft more bytes are read. An origin that stops answering,
+// or answers with headers that never end, cannot hold the handler or its memory.
 type origin struct {
-	conn  net.Conn
-	br    *bufio.Reader // reads through Read
-	key   string
-	idle  time.Duration
-	until time.Time
+	conn       net.Conn
+	br         *bufio.Reader // reads through Read
+	key        string
+	idle       time.Duration
+	until      time.Time
+	headerLeft int64
 }
 
 func (s *Server) newOrigin(conn net.Conn, key string) *origin {
@@ -187,9 +197,18 @@ func (o *origin) Read(p []byte) (int, error) {
 	d := o.until
 	if d.IsZero() {
 		d = time.Now().Add(o.idle)
+	} else {
+		if o.headerLeft <= 0 {
+			return 0, errResponseHeaderTooLarge
+		}
+		if int64(len(p)) > o.headerLeft {
+			p = p[:o.headerLeft]
+		}
 	}
 	_ = o.conn.SetReadDeadline(d)
-	return o.conn.Read(p)
+	n, err := o.conn.Read(p)
+	o.headerLeft -= int64(n)
+	return n, err
 }
 
 func (o *origin) Write(p []byte) (int, error) {
@@ -384,6 +403,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	// whole (an origin trickling them cannot stretch it), and a client that leaves
 	// meanwhile ends the wait.
 	o.until = time.Now().Add(s.idleTimeout())
+	o.headerLeft = maxResponseHeaderBytes
 	stopWatch := watchClient(c, cbr, o)
 	var resp *http.Response
 	for {
@@ -398,7 +418,9 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			status, msg := http.StatusBadGateway, "no valid response from the destination"
 			// A deadline in the middle of a header line reads as a malformed answer.
 			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(o.until) {
+			if errors.Is(err, errResponseHeaderTooLarge) {
+				msg = "the destination's " + errResponseHeaderTooLarge.Error()
+			} else if errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(o.until) {
 				status, msg = http.StatusGatewayTimeout, "the destination did not answer in time"
 			}
 			writeError(cw, status, msg)

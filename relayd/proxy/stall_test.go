@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,5 +147,47 @@ func TestHTTPForwardPipelinedWhileWaiting(t *testing.T) {
 	}
 	if n := len(w.dialed()); n != 1 {
 		t.Errorf("%d dials, want 1 (the origin connection kept)", n)
+	}
+}
+
+// TestHTTPForwardHugeResponseHeader: an origin that sends an endless header block is cut
+// off once the headers pass maxResponseHeaderBytes, with a 502 that says why. (Before,
+// the proxy buffered all of it until the idle timeout: memory without bound, at the
+// speed of the origin, in the daemon that serves every pod.)
+func TestHTTPForwardHugeResponseHeader(t *testing.T) {
+	for _, tt := range []struct{ name, start string }{
+		{"endless header line", "HTTP/1.1 200 OK\r\nX-Big: "},
+		{"endless status line", "HTTP/1.1 200 "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newWorld()
+			closed := w.origin(t, "big.test", func(c net.Conn) {
+				_, _ = http.ReadRequest(bufio.NewReader(c))
+				_, _ = io.WriteString(c, tt.start)
+				big := []byte(strings.Repeat("a", 64<<10))
+				for {
+					if _, err := c.Write(big); err != nil {
+						return
+					}
+				}
+			})
+			httpAddr, _ := w.serve(t, &Server{IdleTimeout: 20 * time.Second})
+			c, br := dialProxy(t, httpAddr)
+			start := time.Now()
+			_, _ = io.WriteString(c, "GET http://big.test/ HTTP/1.1\r\nHost: big.test\r\n\r\n")
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), "response headers over") {
+				t.Fatalf("answer %d %q after %v; want 502 about the response headers", resp.StatusCode, body, time.Since(start))
+			}
+			select {
+			case <-closed:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the origin connection stayed open")
+			}
+		})
 	}
 }
