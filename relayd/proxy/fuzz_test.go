@@ -21,6 +21,8 @@ var httpSeeds = []string{
 	"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
 	"CONNECT h HTTP/1.1\r\n\r\n",
 	"GET http://u:p@h/ HTTP/1.0\r\n\r\n",
+	"CONNECT [a.test:1]:443 HTTP/1.1\r\n\r\n",
+	"GET http://a.test../ HTTP/1.1\r\n\r\n",
 }
 
 // FuzzReadProxyRequest: any input yields a request with a usable target or an error,
@@ -56,6 +58,8 @@ var socksSeeds = [][]byte{
 	{5, 1, 2},
 	{4, 1, 0, 80, 1, 2, 3, 4, 0},
 	{5, 1, 0, 5, 1, 0, 3, 0, 0, 80},
+	append(append([]byte{5, 1, 0, 5, 1, 0, 3, 8}, "a.test:1"...), 1, 187),
+	append(append([]byte{5, 1, 0, 5, 1, 0, 3, 3}, "::1"...), 1, 187),
 }
 
 // FuzzSOCKS5Handshake: any input yields a valid CONNECT target or a refusal.
@@ -124,6 +128,10 @@ func TestAuthorityTarget(t *testing.T) {
 		{"[fe80::1%eth0]:443", 0, "", true},
 		{"exa mple.com:443", 0, "", true},
 		{":443", 0, "", true},
+		{"[example.com:1]:443", 0, "", true},
+		{"[example.com:1]", 80, "", true},
+		{"example.com..:443", 0, "", true},
+		{"[::1]:443", 0, "[::1]:443", false},
 	}
 	for _, tt := range tests {
 		got, err := authorityTarget(tt.in, tt.def)

@@ -511,6 +511,8 @@ func TestSOCKS5BadRequests(t *testing.T) {
 		{"http to socks port", []byte("GET / HTTP/1.1\r\n\r\n"), nil, "not a SOCKS5 greeting (version byte 0x47)"},
 		{"empty domain", []byte{5, 1, 0, 5, 1, 0, 3, 0, 0, 80}, []byte{5, 0, 5, 4, 0, 1, 0, 0, 0, 0, 0, 0}, "empty hostname"},
 		{"bad domain", append(append([]byte{5, 1, 0, 5, 1, 0, 3, 3}, "a b"...), 0, 80), []byte{5, 0, 5, 4, 0, 1, 0, 0, 0, 0, 0, 0}, "hostname has byte 0x20"},
+		{"domain with a port", append(append([]byte{5, 1, 0, 5, 1, 0, 3, 11}, "echo.test:7"...), 0, 80), []byte{5, 0, 5, 4, 0, 1, 0, 0, 0, 0, 0, 0}, "hostname has ':'"},
+		{"domain with two trailing dots", append(append([]byte{5, 1, 0, 5, 1, 0, 3, 11}, "echo.test.."...), 0, 80), []byte{5, 0, 5, 4, 0, 1, 0, 0, 0, 0, 0, 0}, "hostname has an empty label"},
 		{"port zero", append(append([]byte{5, 1, 0, 5, 1, 0, 3, 9}, "echo.test"...), 0, 0), []byte{5, 0, 5, 4, 0, 1, 0, 0, 0, 0, 0, 0}, "destination port 0"},
 		{"truncated", []byte{5, 1, 0, 5, 1, 0, 1, 127}, []byte{5, 0}, "timed out"},
 	}

@@ -137,8 +137,15 @@ func domainTarget(h string) (string, error) {
 			return "", fmt.Errorf("hostname has byte 0x%02x at %d", c, i)
 		}
 	}
-	if h[0] == '.' || strings.Contains(h, "..") {
+	if h[0] == '.' || h[len(h)-1] == '.' || strings.Contains(h, "..") {
 		return "", errors.New("hostname has an empty label")
+	}
+	// ':' belongs only to an IPv6 literal (a SOCKS5 domain may carry one); in a name it
+	// would hand the policy and the exits "name:port" as if it were a host.
+	if strings.IndexByte(h, ':') >= 0 {
+		if _, err := netip.ParseAddr(h); err != nil {
+			return "", errors.New("hostname has ':' but is not an IPv6 address")
+		}
 	}
 	return strings.ToLower(h), nil
 }
