@@ -175,6 +175,15 @@ func Parse(name string, data []byte) (*Config, error) {
 	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("settings %s: %w", name, err)
 	}
+	// Decode reads one document: settings after a second "---" would be ignored silently.
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		where := ""
+		if err == nil {
+			where = fmt.Sprintf(" (the second starts at line %d)", more.Line)
+		}
+		return nil, fmt.Errorf("settings %s: more than one YAML document%s; put every setting in one", name, where)
+	}
 	if err := c.Fill(); err != nil {
 		return nil, fmt.Errorf("settings %s: %w", name, err)
 	}

@@ -77,6 +77,13 @@ exits:
 			}
 		}},
 		{name: "metrics", in: "metrics: nonsense\n", wantErr: "metrics"},
+		{name: "second document", in: "httpPort: 3128\n---\nproxy: {url: 'http://squid:3128'}\n", wantErr: "more than one YAML document"},
+		{name: "empty first document", in: "---\n---\nhttpPort: 3128\n", wantErr: "more than one YAML document"},
+		{name: "explicit start of one document", in: "---\nhttpPort: 3128\n", check: func(t *testing.T, c *Config) {
+			if c.HTTPPort != 3128 {
+				t.Errorf("httpPort = %d, want 3128", c.HTTPPort)
+			}
+		}},
 		{name: "sniff wait", in: "sniff: {wait: 1m}\n", wantErr: "sniff: wait"},
 		{name: "containerd default namespaces", in: "containerd: {socket: /run/containerd/containerd.sock}\n", check: func(t *testing.T, c *Config) {
 			if got := strings.Join(c.Containerd.Namespaces, ","); got != "k8s.io,default" {
