@@ -216,6 +216,21 @@ func (o *origin) Write(p []byte) (int, error) {
 	return o.conn.Write(p)
 }
 
+// usable reports whether a kept-alive origin connection can carry the next request: the
+// origin has neither closed it (HTTP servers close idle connections after a few seconds)
+// nor sent anything unasked. It waits at most a millisecond: a deadline already past
+// would fail the read before it looks at the socket.
+func (o *origin) usable() bool {
+	if o.br.Buffered() > 0 {
+		return false
+	}
+	o.until, o.headerLeft = time.Now().Add(time.Millisecond), 1
+	_, err := o.br.Peek(1)
+	o.until, o.headerLeft = time.Time{}, 0
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
 func (o *origin) close() {
 	if o != nil && o.conn != nil {
 		_ = o.conn.Close()
@@ -351,7 +366,7 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t up
 // connection to keep for the next request.
 func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req *http.Request, t upstream.Target, o *origin) (bool, *origin) {
 	key := t.String()
-	if o != nil && o.key != key {
+	if o != nil && (o.key != key || !o.usable()) {
 		o.close()
 		o = nil
 	}

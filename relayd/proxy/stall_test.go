@@ -191,3 +191,45 @@ func TestHTTPForwardHugeResponseHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestHTTPForwardOriginClosedIdle: an origin that closes a kept-alive connection while it
+// is idle (Node's default is 5s) is not used again: the next request to it is sent on a
+// new connection instead of failing with a 502. (Before, every request that followed an
+// origin's idle close got a 502.)
+func TestHTTPForwardOriginClosedIdle(t *testing.T) {
+	w := newWorld()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) {
+		// One answer, kept alive as far as the headers say, then an idle close.
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(req.URL.Path), req.URL.Path)
+		time.Sleep(50 * time.Millisecond)
+		_ = c.Close()
+	})
+	w.mu.Lock()
+	w.names["idle.test"] = ln.Addr().String()
+	w.mu.Unlock()
+	httpAddr, _ := w.serve(t, nil)
+	c, br := dialProxy(t, httpAddr)
+	for _, path := range []string{"/one", "/two", "/three"} {
+		_, _ = io.WriteString(c, "GET http://idle.test"+path+" HTTP/1.1\r\nHost: idle.test\r\n\r\n")
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("answer for %s: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || string(body) != path {
+			t.Fatalf("answer for %s: %d %q", path, resp.StatusCode, body)
+		}
+		time.Sleep(200 * time.Millisecond) // the origin closes meanwhile
+	}
+	if n := len(w.dialed()); n != 3 {
+		t.Errorf("%d dials, want 3 (one per origin connection)", n)
+	}
+}
