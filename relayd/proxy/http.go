@@ -480,6 +480,11 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	clientKeep := !req.Close && req.ProtoAtLeast(1, 1) && framed
 	originKeep := !resp.Close && framed
 	resp.Close = !clientKeep
+	if !req.ProtoAtLeast(1, 1) && isChunked(resp.TransferEncoding) {
+		// An HTTP/1.0 client does not know chunked framing: the body goes as is, ended
+		// by the close (clientKeep is false for it).
+		resp.TransferEncoding, resp.ContentLength = nil, -1
+	}
 	err := resp.Write(cw)
 	_ = resp.Body.Close()
 	if err != nil {

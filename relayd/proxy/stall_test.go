@@ -233,3 +233,28 @@ func TestHTTPForwardOriginClosedIdle(t *testing.T) {
 		t.Errorf("%d dials, want 3 (one per origin connection)", n)
 	}
 }
+
+// TestHTTPForwardChunkedToHTTP10: an HTTP/1.0 client cannot read chunked framing (RFC
+// 9112 §7.1: never sent to a 1.0 recipient), so a chunked answer reaches it unframed and
+// ended by the close. (Before, the chunk sizes ended up in the body it saw.)
+func TestHTTPForwardChunkedToHTTP10(t *testing.T) {
+	w := newWorld()
+	w.origin(t, "chunky.test", func(c net.Conn) {
+		_, _ = http.ReadRequest(bufio.NewReader(c))
+		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+	})
+	httpAddr, _ := w.serve(t, nil)
+	c, br := dialProxy(t, httpAddr)
+	_, _ = io.WriteString(c, "GET http://chunky.test/ HTTP/1.0\r\n\r\n")
+	resp, err := http.ReadResponse(br, &http.Request{Method: "GET", ProtoMajor: 1, ProtoMinor: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.TransferEncoding) > 0 || resp.Header.Get("Transfer-Encoding") != "" {
+		t.Errorf("answer to an HTTP/1.0 request has Transfer-Encoding %v", resp.TransferEncoding)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || string(body) != "hello world" {
+		t.Fatalf("body %q, %v; want %q", body, err, "hello world")
+	}
+}
