@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kl-egress/kl/relayd/upstream"
@@ -218,17 +219,44 @@ func (o *origin) Write(p []byte) (int, error) {
 
 // usable reports whether a kept-alive origin connection can carry the next request: the
 // origin has neither closed it (HTTP servers close idle connections after a few seconds)
-// nor sent anything unasked. It waits at most a millisecond: a deadline already past
-// would fail the read before it looks at the socket.
+// nor sent anything unasked. A socket is asked without waiting (peekIdle); any other
+// connection gets a read of at most a millisecond, since a deadline already past would
+// fail the read before it looks at the connection.
 func (o *origin) usable() bool {
 	if o.br.Buffered() > 0 {
 		return false
+	}
+	if idle, ok := peekIdle(Raw(o.conn)); ok {
+		return idle
 	}
 	o.until, o.headerLeft = time.Now().Add(time.Millisecond), 1
 	_, err := o.br.Peek(1)
 	o.until, o.headerLeft = time.Time{}, 0
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// peekIdle asks c's socket, without waiting and without taking anything, whether it is
+// open with nothing to read (idle is true), or closed or holding bytes (false). ok is
+// false when c is not a socket it can ask.
+func peekIdle(c net.Conn) (idle, ok bool) {
+	sc, isSock := c.(syscall.Conn)
+	if !isSock {
+		return false, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false, false
+	}
+	var perr error
+	if err := rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, perr = syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true // never wait: the answer is now or never
+	}); err != nil {
+		return false, true
+	}
+	return errors.Is(perr, syscall.EAGAIN), true
 }
 
 func (o *origin) close() {
