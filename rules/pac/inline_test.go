@@ -1,6 +1,7 @@
 package pac
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -260,9 +261,19 @@ func TestStackReuse(t *testing.T) {
 	s := mustCompile(t, corporatePAC(t), Options{})
 	c := Call{Host: "www.example.org", Port: 443}
 	s.Eval(c)
-	with := testing.AllocsPerRun(200, func() { s.Eval(c) })
+	// AllocsPerRun counts the whole process's allocations: a parallel test's, and a
+	// garbage collection emptying the runtimes' sync.Pool mid-run (CI saw 15 once),
+	// only ever add to them. The least of a few measurements is the Eval's own.
+	least := func() float64 {
+		n := math.Inf(1)
+		for range 5 {
+			n = min(n, testing.AllocsPerRun(200, func() { s.Eval(c) }))
+		}
+		return n
+	}
+	with := least()
 	stackReuse.on = false
-	without := testing.AllocsPerRun(200, func() { s.Eval(c) })
+	without := least()
 	stackReuse.on = true
 	t.Logf("allocations per Eval: %.1f with the stack lent, %.1f without", with, without)
 	if raceEnabled {
