@@ -53,30 +53,41 @@ func HTTPHost(b []byte) (string, error) {
 		}
 		return "", fmt.Errorf("%w: request target host %q", ErrMalformed, truncate(v))
 	}
+	// The first Host answers, and the header lines already at hand after it are read on
+	// for a second one: a request with two is refused by a server (RFC 9112 §3.2), and
+	// which of them it would serve is not for the relay to guess. Lines not received yet
+	// are not waited for.
+	host := ""
 	rest := b[eol+1:]
 	for {
 		eol := bytes.IndexByte(rest, '\n')
 		if eol < 0 {
+			if host != "" {
+				return host, nil
+			}
 			return "", ErrIncomplete
 		}
 		h := bytes.TrimSuffix(rest[:eol], []byte("\r"))
 		rest = rest[eol+1:]
 		if len(h) == 0 {
-			return "", nil // end of headers, no Host (HTTP/1.0)
+			return host, nil // end of headers; no Host at all is HTTP/1.0's way
 		}
 		colon := bytes.IndexByte(h, ':')
-		if colon < 0 {
+		switch {
+		case colon < 0 && host != "":
+			return host, nil // past the Host the lines only matter for a second Host
+		case colon < 0:
 			return "", fmt.Errorf("%w: header line without a colon", ErrMalformed)
-		}
-		if colon != 4 || !asciiEqualFold(h[:4], "host") {
+		case colon != 4 || !asciiEqualFold(h[:4], "host"):
 			continue
 		}
-		v := string(bytes.TrimSpace(h[colon+1:]))
-		host := stripPort(v)
-		if n := normalize(host); n != "" {
-			return n, nil
+		if host != "" {
+			return "", fmt.Errorf("%w: two Host headers", ErrMalformed)
 		}
-		return "", fmt.Errorf("%w: Host header %q", ErrMalformed, truncate(v))
+		v := string(bytes.TrimSpace(h[colon+1:]))
+		if host = normalize(stripPort(v)); host == "" {
+			return "", fmt.Errorf("%w: Host header %q", ErrMalformed, truncate(v))
+		}
 	}
 }
 

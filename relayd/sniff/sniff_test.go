@@ -136,6 +136,61 @@ func TestServerNameRejects(t *testing.T) {
 	}
 }
 
+// rawHello builds a TLS 1.3-style ClientHello record with these extensions (each a type
+// and its data), for shapes crypto/tls never sends.
+func rawHello(exts ...[]byte) []byte {
+	var e []byte
+	for i := 0; i+1 < len(exts); i += 2 {
+		typ, data := exts[i], exts[i+1]
+		e = append(e, typ...)
+		e = append(e, byte(len(data)>>8), byte(len(data)))
+		e = append(e, data...)
+	}
+	body := []byte{0x03, 0x03}
+	body = append(body, make([]byte, 32)...)           // random
+	body = append(body, 0, 0, 2, 0x13, 0x01, 1, 0)     // no session id, one suite, null compression
+	body = append(body, byte(len(e)>>8), byte(len(e))) // extensions
+	body = append(body, e...)
+	msg := append([]byte{0x01, 0, byte(len(body) >> 8), byte(len(body))}, body...)
+	return append([]byte{0x16, 0x03, 0x01, byte(len(msg) >> 8), byte(len(msg))}, msg...)
+}
+
+// serverNames is a server_name extension's data listing these host_names.
+func serverNames(names ...string) []byte {
+	var list []byte
+	for _, n := range names {
+		list = append(list, 0, byte(len(n)>>8), byte(len(n)))
+		list = append(list, n...)
+	}
+	return append([]byte{byte(len(list) >> 8), byte(len(list))}, list...)
+}
+
+// An ambiguous SNI is refused: a server reads one name, and which one is not for the
+// relay to guess.
+func TestServerNameAmbiguous(t *testing.T) {
+	sni := []byte{0, 0}
+	other := []byte{0, 0x2b} // supported_versions
+	tests := []struct {
+		name string
+		b    []byte
+		want string
+		err  error
+	}{
+		{"one name", rawHello(sni, serverNames("a.example"), other, []byte{2, 3, 4}), "a.example", nil},
+		{"two host_names", rawHello(sni, serverNames("a.example", "b.example")), "", ErrMalformed},
+		{"the same name twice", rawHello(sni, serverNames("a.example", "a.example")), "", ErrMalformed},
+		{"two server_name extensions", rawHello(sni, serverNames("a.example"), sni, serverNames("b.example")), "", ErrMalformed},
+		{"no host_name in the list", rawHello(sni, []byte{0, 0}), "", ErrMalformed},
+		{"no server_name", rawHello(other, []byte{2, 3, 4}), "", nil},
+	}
+	for _, tt := range tests {
+		h, err := ServerName(tt.b)
+		if h != tt.want || !errors.Is(err, tt.err) || (tt.err == nil && err != nil) {
+			t.Errorf("%s: ServerName = %q, %v; want %q, %v", tt.name, h, err, tt.want, tt.err)
+		}
+	}
+}
+
 // withServerName returns a crypto/tls ClientHello whose SNI holds name, which a real
 // client would refuse to send (the bytes of a placeholder of the same length are replaced).
 func withServerName(t testing.TB, name string) []byte {
@@ -208,6 +263,10 @@ func TestHTTPHost(t *testing.T) {
 		{"control in target", "GET /\x01", "", ErrNotHTTP},
 		{"bad host", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "", ErrMalformed},
 		{"header without colon", "GET / HTTP/1.1\r\nbogus\r\n\r\n", "", ErrMalformed},
+		{"two host headers", "GET / HTTP/1.1\r\nHost: a.example\r\nAccept: */*\r\nhost: b.example\r\n\r\n", "", ErrMalformed},
+		{"the same host twice", "GET / HTTP/1.1\r\nHost: a.example\r\nHost: a.example\r\n\r\n", "", ErrMalformed},
+		{"a second host not received yet is not waited for", "GET / HTTP/1.1\r\nHost: a.example\r\nAccept: */*\r\nHo", "a.example", nil},
+		{"a line without a colon after host ends the look", "GET / HTTP/1.1\r\nHost: a.example\r\nfolded\r\nHost: b.example\r\n\r\n", "a.example", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

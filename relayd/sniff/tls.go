@@ -151,6 +151,10 @@ func helloServerName(hs []byte) (string, error) {
 	if r.bad {
 		return "", fmt.Errorf("%w: extensions overrun the ClientHello", ErrMalformed)
 	}
+	// Every extension is read: a second server_name extension, or a second host_name in
+	// one, makes the name ambiguous (RFC 8446 §4.2, RFC 6066 §3: a server refuses such a
+	// hello), and one the policy read could be another than the server reads.
+	host, seen := "", false
 	for len(ext.b) > 0 {
 		typ := ext.u16()
 		data := ext.bytes(ext.u16())
@@ -160,6 +164,10 @@ func helloServerName(hs []byte) (string, error) {
 		if typ != extServerName {
 			continue
 		}
+		if seen {
+			return "", fmt.Errorf("%w: two server_name extensions", ErrMalformed)
+		}
+		seen = true
 		sn := reader{b: data}
 		list := reader{b: sn.bytes(sn.u16())}
 		for !sn.bad && len(list.b) > 0 {
@@ -168,15 +176,19 @@ func helloServerName(hs []byte) (string, error) {
 			if list.bad {
 				break
 			}
-			if nt == nameTypeHostName {
-				h := normalize(string(name))
-				if h == "" {
-					return "", fmt.Errorf("%w: server name is not a DNS name", ErrMalformed)
-				}
-				return h, nil
+			if nt != nameTypeHostName {
+				continue
+			}
+			if host != "" {
+				return "", fmt.Errorf("%w: more than one host_name in server_name", ErrMalformed)
+			}
+			if host = normalize(string(name)); host == "" {
+				return "", fmt.Errorf("%w: server name is not a DNS name", ErrMalformed)
 			}
 		}
-		return "", fmt.Errorf("%w: bad server_name extension", ErrMalformed)
+		if sn.bad || list.bad || host == "" {
+			return "", fmt.Errorf("%w: bad server_name extension", ErrMalformed)
+		}
 	}
-	return "", nil
+	return host, nil
 }
