@@ -69,7 +69,7 @@ func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (ne
 		br.Reset(nil)
 		readers.Put(br)
 	}()
-	code, _, err := readResponseHead(br)
+	code, err := readResponseHead(br)
 	if err != nil {
 		return nil, d.handshakeErr(ctx, "read CONNECT reply", err)
 	}
@@ -95,36 +95,33 @@ func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (ne
 }
 
 // readResponseHead reads an HTTP/1.x status line and headers, bounded in size, and
-// returns the status code and reason phrase. Headers are skipped: a CONNECT client needs
-// none of them (RFC 9110 §9.3.6: a 2xx CONNECT answer has no body to frame).
-func readResponseHead(br *bufio.Reader) (int, string, error) {
+// returns the status code; the reason phrase is not kept (it may name the target).
+// Headers are skipped: a CONNECT client needs none of them (RFC 9110 §9.3.6: a 2xx
+// CONNECT answer has no body to frame).
+func readResponseHead(br *bufio.Reader) (int, error) {
 	total := 0
 	line, err := readLine(br, &total)
 	if err != nil {
-		return 0, "", err
+		return 0, err
 	}
 	// HTTP/1.1 200 Connection established
 	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
-		return 0, "", fmt.Errorf("%w: bad status line (%d bytes, not HTTP/1.x NNN)", ErrProtocol, len(line))
+		return 0, fmt.Errorf("%w: bad status line (%d bytes, not HTTP/1.x NNN)", ErrProtocol, len(line))
 	}
 	code, err := strconv.Atoi(string(line[9:12]))
 	if err != nil || code < 100 || (len(line) > 12 && line[12] != ' ') {
-		return 0, "", fmt.Errorf("%w: bad status line (no 3-digit status code)", ErrProtocol)
-	}
-	reason := ""
-	if len(line) > 13 {
-		reason = string(truncate(line[13:]))
+		return 0, fmt.Errorf("%w: bad status line (no 3-digit status code)", ErrProtocol)
 	}
 	for i := 0; ; i++ {
 		if i >= maxHeaderLines {
-			return 0, "", fmt.Errorf("%w: more than %d header lines", ErrProtocol, maxHeaderLines)
+			return 0, fmt.Errorf("%w: more than %d header lines", ErrProtocol, maxHeaderLines)
 		}
 		h, err := readLine(br, &total)
 		if err != nil {
-			return 0, "", err
+			return 0, err
 		}
 		if len(h) == 0 {
-			return code, reason, nil
+			return code, nil
 		}
 	}
 }
@@ -142,11 +139,4 @@ func readLine(br *bufio.Reader, total *int) ([]byte, error) {
 	}
 	line = bytes.TrimSuffix(line[:len(line)-1], []byte("\r"))
 	return line, nil
-}
-
-func truncate(b []byte) []byte {
-	if len(b) > 64 {
-		return b[:64]
-	}
-	return b
 }
