@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -58,7 +57,7 @@ func TestAuditKeepsDestinationsOut(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var logs syncBuffer
+			var logs testutil.Buffer
 			r := relay.New(relay.Options{
 				RedirectPort: redirect, HTTPPort: 15980, SOCKSPort: 15981, Mark: mark,
 				ConnectTimeout: 2 * time.Second,
@@ -131,21 +130,4 @@ func TestAuditKeepsDestinationsOut(t *testing.T) {
 func socksConnect(host string, port uint16) string {
 	req := append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}, host...)
 	return string(append(req, byte(port>>8), byte(port)))
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *syncBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
