@@ -7,14 +7,16 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
-// origin registers name as an origin served by handle and returns a channel closed when
-// handle returns (the origin saw the proxy's connection end, or gave up).
+// origin registers name as an origin served by handle, once per connection, and returns
+// a channel closed when the first handle returns (the origin saw the proxy's connection
+// end, or gave up).
 func (w *world) origin(t *testing.T, name string, handle func(c net.Conn)) <-chan struct{} {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -22,8 +24,9 @@ func (w *world) origin(t *testing.T, name string, handle func(c net.Conn)) <-cha
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
+	var once sync.Once
 	testutil.Serve(t, ln, func(c net.Conn) {
-		defer close(done)
+		defer once.Do(func() { close(done) })
 		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 		handle(c)
 	})
@@ -198,11 +201,7 @@ func TestHTTPForwardHugeResponseHeader(t *testing.T) {
 // origin's idle close got a 502.)
 func TestHTTPForwardOriginClosedIdle(t *testing.T) {
 	w := newWorld()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Serve(t, ln, func(c net.Conn) {
+	w.origin(t, "idle.test", func(c net.Conn) {
 		// One answer, kept alive as far as the headers say, then an idle close.
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
@@ -212,9 +211,6 @@ func TestHTTPForwardOriginClosedIdle(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		_ = c.Close()
 	})
-	w.mu.Lock()
-	w.names["idle.test"] = ln.Addr().String()
-	w.mu.Unlock()
 	httpAddr, _ := w.serve(t, nil)
 	c, br := dialProxy(t, httpAddr)
 	for _, path := range []string{"/one", "/two", "/three"} {
