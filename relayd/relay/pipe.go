@@ -155,17 +155,15 @@ func (d *dir) init(dst, src net.Conn) {
 // generic fallback (fewer frames on the stack an idle flow keeps, no wrapper allocated
 // per window).
 func (d *dir) copyOnce(bounded bool) (int64, error) {
-	switch {
-	case !bounded && d.splice != nil:
-		return d.splice.ReadFrom(d.src)
-	case !bounded:
-		return io.Copy(d.dst, d.src)
+	var src io.Reader = d.src
+	if bounded {
+		d.lr.N = chunk
+		src = &d.lr
 	}
-	d.lr.N = chunk
 	if d.splice != nil {
-		return d.splice.ReadFrom(&d.lr)
+		return d.splice.ReadFrom(src)
 	}
-	return io.Copy(d.dst, &d.lr)
+	return io.Copy(d.dst, src)
 }
 
 // end counts one direction out; an error aborts both.
