@@ -65,13 +65,17 @@ func (w *world) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(w.logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// serve starts both proxies and returns their addresses.
+// serve starts both proxies and returns their addresses. s dials through w unless it
+// has a Dial of its own.
 func (w *world) serve(t *testing.T, s *Server) (httpAddr, socksAddr string) {
 	t.Helper()
 	if s == nil {
 		s = &Server{}
 	}
-	s.Dial, s.Log = w.dial, w.logger()
+	if s.Dial == nil {
+		s.Dial = w.dial
+	}
+	s.Log = w.logger()
 	ctx, cancel := context.WithCancel(context.Background())
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -539,19 +543,12 @@ func TestSOCKS5BadRequests(t *testing.T) {
 func TestSOCKS5SlowDial(t *testing.T) {
 	w := newWorld()
 	port := w.echoOrigin(t, "echo.test")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s := &Server{HandshakeTimeout: 200 * time.Millisecond, Log: w.logger(),
+	_, socksAddr := w.serve(t, &Server{HandshakeTimeout: 200 * time.Millisecond,
 		Dial: func(ctx context.Context, tg upstream.Target) (net.Conn, error) {
 			time.Sleep(500 * time.Millisecond) // slow, then fine
 			return w.dial(ctx, tg)
-		}}
-	go s.ServeSOCKS5(ctx, ln)
-	c, br := dialProxy(t, ln.Addr().String())
+		}})
+	c, br := dialProxy(t, socksAddr)
 	host := "echo.test"
 	req := append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}, host...)
 	_, _ = c.Write(append(req, byte(port>>8), byte(port)))
