@@ -350,34 +350,16 @@ func (w *worker) resetState() error {
 // add to the global object (its functions, this.x = ...).
 func stateNames(prog *ast.Program) (names stateNameLists) {
 	vars, fixed, props := map[string]bool{}, map[string]bool{}, map[string]bool{}
-	for _, d := range prog.DeclarationList {
-		for _, b := range d.List {
-			for _, n := range boundNames(b.Target) {
-				vars[n] = true
-			}
-		}
+	top := topLevel(prog)
+	for _, n := range top.vars {
+		vars[n] = true
 	}
-	for _, st := range prog.Body {
-		switch st := st.(type) {
-		case *ast.LexicalDeclaration:
-			for _, b := range st.List {
-				for _, n := range boundNames(b.Target) {
-					names.lexicals = append(names.lexicals, n)
-					fixed[n] = true
-				}
-			}
-		case *ast.ClassDeclaration:
-			if st.Class.Name != nil {
-				n := st.Class.Name.Name.String()
-				names.lexicals = append(names.lexicals, n)
-				fixed[n] = true
-			}
-		case *ast.FunctionDeclaration:
-			if st.Function.Name != nil {
-				n := st.Function.Name.Name.String()
-				fixed[n], props[n] = true, true
-			}
-		}
+	names.lexicals = top.lexicals
+	for _, n := range top.lexicals {
+		fixed[n] = true
+	}
+	for _, n := range top.funcs {
+		fixed[n], props[n] = true, true
 	}
 	walkAST(prog, func(n ast.Node) bool {
 		forTargets(n, func(t ast.Expression) {
@@ -409,6 +391,39 @@ func stateNames(prog *ast.Program) (names stateNameLists) {
 	slices.Sort(names.globals)
 	slices.Sort(names.props)
 	return names
+}
+
+// topLevelNames are a script's top-level declarations.
+type topLevelNames struct {
+	vars     []string // var names (in any top-level block)
+	lexicals []string // let, const and class names, in source order
+	funcs    []string // function declaration names
+}
+
+// topLevel lists prog's top-level declarations (stateNames and checkState).
+func topLevel(prog *ast.Program) (t topLevelNames) {
+	for _, d := range prog.DeclarationList {
+		for _, b := range d.List {
+			t.vars = append(t.vars, boundNames(b.Target)...)
+		}
+	}
+	for _, st := range prog.Body {
+		switch st := st.(type) {
+		case *ast.LexicalDeclaration:
+			for _, b := range st.List {
+				t.lexicals = append(t.lexicals, boundNames(b.Target)...)
+			}
+		case *ast.ClassDeclaration:
+			if st.Class.Name != nil {
+				t.lexicals = append(t.lexicals, st.Class.Name.Name.String())
+			}
+		case *ast.FunctionDeclaration:
+			if st.Function.Name != nil {
+				t.funcs = append(t.funcs, st.Function.Name.Name.String())
+			}
+		}
+	}
+	return t
 }
 
 // onGlobal: the expression may be the global object (this, globalThis, window, self).
@@ -495,32 +510,12 @@ func boundNames(t ast.Node) []string {
 func checkState(prog *ast.Program) *CompileError {
 	c := &stateCheck{file: prog.File, lexical: map[string]bool{}, top: map[string]bool{}}
 	c.globals, _ = builtinNames()
-	for _, d := range prog.DeclarationList {
-		for _, b := range d.List {
-			for _, n := range boundNames(b.Target) {
-				c.top[n] = true
-			}
-		}
+	top := topLevel(prog)
+	for _, n := range top.vars {
+		c.top[n] = true
 	}
-	for _, st := range prog.Body {
-		var names []string
-		switch st := st.(type) {
-		case *ast.LexicalDeclaration:
-			for _, b := range st.List {
-				names = append(names, boundNames(b.Target)...)
-			}
-		case *ast.ClassDeclaration:
-			if st.Class.Name != nil {
-				names = append(names, st.Class.Name.Name.String())
-			}
-		case *ast.FunctionDeclaration:
-			if st.Function.Name != nil {
-				names = append(names, st.Function.Name.Name.String())
-			}
-		}
-		for _, n := range names {
-			c.lexical[n], c.top[n] = true, true
-		}
+	for _, n := range slices.Concat(top.lexicals, top.funcs) {
+		c.lexical[n], c.top[n] = true, true
 	}
 	for _, st := range prog.Body {
 		c.walk(st, nil, false)
