@@ -539,11 +539,8 @@ func (c *stateCheck) walk(n ast.Node, scopes []map[string]bool, call bool) {
 			return false
 		}
 		switch n := n.(type) {
-		case *ast.FunctionLiteral:
-			c.function(n, n.ParameterList, n.Body, n.Name, scopes, true)
-			return false
-		case *ast.ArrowFunctionLiteral:
-			c.function(n, n.ParameterList, n.Body, nil, scopes, true)
+		case *ast.FunctionLiteral, *ast.ArrowFunctionLiteral:
+			c.function(n, scopes, true)
 			return false
 		case *ast.CallExpression:
 			if !call && c.loadTimeCall(n.Callee, n.ArgumentList, scopes) {
@@ -568,14 +565,26 @@ func (c *stateCheck) loadTimeCall(callee ast.Expression, args []ast.Expression, 
 	if f == nil {
 		return false
 	}
-	c.function(f, paramsOf(f), bodyOf(f), nameOf(f), scopes, false)
+	c.function(f, scopes, false)
 	for _, a := range args {
 		c.walk(a, scopes, false)
 	}
 	return true
 }
 
-func (c *stateCheck) function(n ast.Node, params *ast.ParameterList, body ast.Node, name *ast.Identifier, scopes []map[string]bool, call bool) {
+// function walks a function literal or arrow function with its own names in scope.
+func (c *stateCheck) function(f ast.Node, scopes []map[string]bool, call bool) {
+	var (
+		params *ast.ParameterList
+		body   ast.Node
+		name   *ast.Identifier
+	)
+	switch f := f.(type) {
+	case *ast.FunctionLiteral:
+		params, body, name = f.ParameterList, f.Body, f.Name
+	case *ast.ArrowFunctionLiteral:
+		params, body = f.ParameterList, f.Body
+	}
 	decl := declared(params, body)
 	if name != nil {
 		decl[name.Name.String()] = true
@@ -648,33 +657,6 @@ func iife(callee ast.Expression) ast.Node {
 		return f
 	case *ast.ArrowFunctionLiteral:
 		return f
-	}
-	return nil
-}
-
-func paramsOf(f ast.Node) *ast.ParameterList {
-	switch f := f.(type) {
-	case *ast.FunctionLiteral:
-		return f.ParameterList
-	case *ast.ArrowFunctionLiteral:
-		return f.ParameterList
-	}
-	return nil
-}
-
-func bodyOf(f ast.Node) ast.Node {
-	switch f := f.(type) {
-	case *ast.FunctionLiteral:
-		return f.Body
-	case *ast.ArrowFunctionLiteral:
-		return f.Body
-	}
-	return nil
-}
-
-func nameOf(f ast.Node) *ast.Identifier {
-	if f, ok := f.(*ast.FunctionLiteral); ok {
-		return f.Name
 	}
 	return nil
 }
