@@ -265,28 +265,28 @@ func (m *Manager) update(po *pod, pd Pod, p *rules.Policy) error {
 	m.mu.Lock()
 	po.Labels, po.Image = pd.Labels, pd.Image
 	m.mu.Unlock()
-	var err error
-	if !m.o.NoWatch {
-		if err = m.rewatch(po); err != nil {
-			err = fmt.Errorf("fastpath: pod %s: watch conntrack: %w", po.ID, err)
-		}
-	}
-	var c netns.Capture
-	if err == nil {
-		c, err = m.captureOf(pd)
-	}
-	if err == nil {
-		m.mu.Lock()
-		po.Capture, po.capture = pd.Capture, c
-		m.mu.Unlock()
-		err = m.install(po, m.newRound(p))
-	}
-	if err != nil {
+	fail := func(err error) error {
 		m.mu.Lock()
 		po.err = err.Error()
 		m.mu.Unlock()
+		return err
 	}
-	return err
+	if !m.o.NoWatch {
+		if err := m.rewatch(po); err != nil {
+			return fail(fmt.Errorf("fastpath: pod %s: watch conntrack: %w", po.ID, err))
+		}
+	}
+	c, err := m.captureOf(pd)
+	if err != nil {
+		return fail(err)
+	}
+	m.mu.Lock()
+	po.Capture, po.capture = pd.Capture, c
+	m.mu.Unlock()
+	if err := m.install(po, m.newRound(p)); err != nil {
+		return fail(err)
+	}
+	return nil
 }
 
 // captureOf returns the capture program of pd: its own, or the one installed in its netns.
