@@ -31,18 +31,21 @@ const maxHostLen = 255
 
 // splitHost drops one trailing dot from a hostname and reports whether it still has
 // upper-case letters to fold. A host that is an IP literal (also in brackets) comes
-// back as an address instead.
+// back as an address instead, also with one trailing dot ("169.254.169.254.",
+// "[fe80::1]."): a resolver answers such a name with the address itself, so the
+// metadata guard and cidr rules must see it as one.
 func splitHost(h string) (host string, lit netip.Addr, fold bool) {
 	if h == "" {
 		return "", netip.Addr{}, false
 	}
 	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' {
-		s := h
-		if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
-			s = s[1 : len(s)-1]
+		if a, ok := ipLiteral(h); ok {
+			return "", a, false
 		}
-		if a, err := netip.ParseAddr(s); err == nil {
-			return "", a.WithZone(""), false
+		if len(h) > 1 && h[len(h)-1] == '.' {
+			if a, ok := ipLiteral(h[:len(h)-1]); ok {
+				return "", a, false
+			}
 		}
 	}
 	h = strings.TrimSuffix(h, ".")
@@ -52,6 +55,15 @@ func splitHost(h string) (host string, lit netip.Addr, fold bool) {
 		}
 	}
 	return h, netip.Addr{}, false
+}
+
+// ipLiteral parses an IP address, also in brackets, without its zone.
+func ipLiteral(s string) (netip.Addr, bool) {
+	if len(s) > 2 && s[0] == '[' && s[len(s)-1] == ']' {
+		s = s[1 : len(s)-1]
+	}
+	a, err := netip.ParseAddr(s)
+	return a.WithZone(""), err == nil
 }
 
 // foldHost lower-cases h into buf (allocating only for names longer than any DNS name).

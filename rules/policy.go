@@ -157,7 +157,7 @@ func (p *Policy) compile() error {
 // Decide answers which exit a flow takes. For a policy without a script it allocates
 // nothing.
 func (p *Policy) Decide(f *Flow) Decision {
-	host, lit, fold := splitFlowHost(f.Host)
+	host, lit, fold := splitHost(f.Host)
 	if fold {
 		// Only here does a decision need a buffer on its stack.
 		var hb [maxHostLen + 1]byte
@@ -266,7 +266,7 @@ func (p *Policy) decideScript(f *Flow, vhost string, addr netip.Addr, port uint1
 func (p *Policy) walk(f *Flow) Decision {
 	var hb [maxHostLen + 1]byte
 	var ib [maxImageLen]byte
-	host, lit := normFlowHost(f.Host, &hb)
+	host, lit := normHost(f.Host, &hb)
 	addr := flowAddr(f, lit)
 	if addr.IsValid() && metadata.Contains(addr) {
 		return guardDecision
@@ -295,7 +295,7 @@ func (p *Policy) Matches(f *Flow) []int {
 	}
 	var hb [maxHostLen + 1]byte
 	var ib [maxImageLen]byte
-	host, lit := normFlowHost(f.Host, &hb)
+	host, lit := normHost(f.Host, &hb)
 	v := makeView(f, host, flowAddr(f, lit), &ib)
 	var out []int
 	for i := range p.rules {
@@ -304,28 +304,6 @@ func (p *Policy) Matches(f *Flow) []int {
 		}
 	}
 	return out
-}
-
-// splitFlowHost is splitHost, and also takes an IP literal with one trailing dot
-// ("169.254.169.254.", "[fe80::1].") as that address: a resolver answers such a name
-// with the address itself, so the metadata guard and cidr rules must see it as one.
-func splitFlowHost(h string) (host string, lit netip.Addr, fold bool) {
-	host, lit, fold = splitHost(h)
-	if !lit.IsValid() && len(h) > 1 && h[len(h)-1] == '.' {
-		if _, a, _ := splitHost(h[:len(h)-1]); a.IsValid() {
-			return "", a, false
-		}
-	}
-	return host, lit, fold
-}
-
-// normFlowHost is splitFlowHost followed by foldHost when needed.
-func normFlowHost(h string, buf *[maxHostLen + 1]byte) (string, netip.Addr) {
-	host, lit, fold := splitFlowHost(h)
-	if fold {
-		host = foldHost(host, buf)
-	}
-	return host, lit
 }
 
 // summarize records what decisions can depend on.
