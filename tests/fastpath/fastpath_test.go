@@ -479,9 +479,6 @@ func TestNConnectionsNRecords(t *testing.T) {
 	}
 }
 
-// A reload while flows run: every flow is decided wholly by the old or wholly by the
-// new rules (where it went and its record agree with one of them), connections
-// established before the reload keep flowing, and new flows follow the new rules.
 // TestReloadKeepsRelayedFlowsRelayed: reloads that keep a destination relayed never let a
 // flow to it out through the kernel. A reload replaces the pod's table in one transaction,
 // but for a moment while it commits the new table's interval sets match nothing; before
@@ -538,6 +535,9 @@ func TestReloadKeepsRelayedFlowsRelayed(t *testing.T) {
 	}
 }
 
+// A reload while flows run: every flow is decided wholly by the old or wholly by the
+// new rules (where it went and its record agree with one of them), connections
+// established before the reload keep flowing, and new flows follow the new rules.
 func TestReloadWhileFlowsRun(t *testing.T) {
 	tp := newTopo(t)
 	a := mustPolicy(t, "default: proxy\nrules:\n  - cidr: 198.51.100.0/24\n    action: direct\n    note: A\n")
