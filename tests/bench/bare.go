@@ -30,9 +30,11 @@ const (
 )
 
 // startBare puts the capture table in the pod and runs bareRelay there; args are the
-// relay's (a SOCKS5 upstream address, or none).
+// relay's (an upstream url, socks5:// or http://, or none).
 func (b *relayBench) startBare(args ...string) error {
-	b.stopRelay()
+	// Everything before stops first: a bare relay's undo removes the capture table,
+	// so stopping one after the Install below would leave the next one uncaptured.
+	b.clear()
 	self, err := os.Executable()
 	if err != nil {
 		return err
