@@ -49,7 +49,7 @@ type ClientOptions struct {
 	ConnectTimeout time.Duration // dials to destinations and proxies (default 10s)
 	// AllowLocal lets flows reach this machine itself (loopback, link-local: a tunnel or
 	// a corporate access helper listening on localhost). Off by default: the attach side
-	// lends its network, not the services of the machine it runs on (onThisMachine).
+	// lends its network, not the services of the machine it runs on (netns.HostLocal).
 	AllowLocal bool
 	Log        *slog.Logger
 	// OnEvent, when set, is told about every session and flow event (it must not block).

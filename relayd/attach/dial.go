@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/net/http/httpproxy"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/upstream"
 )
 
@@ -57,36 +58,28 @@ func (c *Client) dial(ctx context.Context, h *Header, pacProxy string) (net.Conn
 	return conn, d.String(), err
 }
 
-// errThisMachine refuses a destination on the attach side's own machine. It names no
-// address: it goes back to the daemon, into its log and audit records.
+// errThisMachine refuses a destination on the attach side's own machine
+// (netns.HostLocal). The attach side lends a workload its network (VPN, corporate
+// network), not the services of the operator's own machine: whatever listens on its
+// loopback only (a `kubectl proxy` with the operator's credentials, a local database, an
+// agent's API) and, on a cloud machine, the metadata service and its credentials. The
+// daemon's gateway exit refuses the node's own addresses with the same predicate. It
+// names no address: it goes back to the daemon, into its log and audit records.
 var errThisMachine = errors.New("destination is on this machine itself (loopback, link-local or unspecified): refused")
-
-// onThisMachine reports whether a is an address of the machine itself rather than of a
-// network: loopback, link-local, unspecified, or IPv4 0.0.0.0/8 (which Linux also treats
-// as local). The attach side lends a workload its network (VPN, corporate network), not
-// the services of the operator's own machine: whatever listens on its loopback only (a
-// `kubectl proxy` with the operator's credentials, a local database, an agent's API)
-// and, on a cloud machine, the metadata service and its credentials. The daemon's
-// gateway exit refuses the node's own addresses for the same reason.
-func onThisMachine(a netip.Addr) bool {
-	a = a.Unmap()
-	return !a.IsValid() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() ||
-		(a.Is4() && a.As4()[0] == 0)
-}
 
 // namesThisMachine reports whether the header's destination is the machine itself by
 // what it says: an address on it, or a name that means it (localhost). A name that
 // resolves there is caught when it is dialled (destDialer).
 func (h *Header) namesThisMachine() bool {
 	if h.Host == "" {
-		return h.Dst.IsValid() && onThisMachine(h.Dst.Addr())
+		return h.Dst.IsValid() && netns.HostLocal(h.Dst.Addr())
 	}
 	host := strings.TrimSuffix(strings.ToLower(h.Host), ".")
 	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
 		return true
 	}
 	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return onThisMachine(a)
+		return netns.HostLocal(a)
 	}
 	return false
 }
@@ -101,7 +94,7 @@ func destDialer(timeout time.Duration, allowLocal bool) func(ctx context.Context
 	}
 	d := &net.Dialer{Timeout: timeout, ControlContext: func(_ context.Context, _, address string, _ syscall.RawConn) error {
 		ap, err := netip.ParseAddrPort(address)
-		if err != nil || onThisMachine(ap.Addr()) {
+		if err != nil || netns.HostLocal(ap.Addr()) {
 			return errThisMachine
 		}
 		return nil

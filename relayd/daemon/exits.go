@@ -95,7 +95,7 @@ func dialGateway(ctx context.Context, node *netns.Handle, mark uint32, dst relay
 	}
 	var off []netip.AddrPort
 	for _, a := range addrs {
-		if a = a.Unmap(); !onNode(a) {
+		if a = a.Unmap(); !netns.HostLocal(a) {
 			off = append(off, netip.AddrPortFrom(a, dst.Port))
 		}
 	}
@@ -105,11 +105,4 @@ func dialGateway(ctx context.Context, node *netns.Handle, mark uint32, dst relay
 	return netns.DialFirst(ctx, off, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
 		return node.DialAddrPort(ctx, mark, ap)
 	})
-}
-
-// onNode reports whether a is an address of the node itself rather than of a network:
-// loopback, link-local, unspecified, or IPv4 0.0.0.0/8 (which Linux also treats as local).
-func onNode(a netip.Addr) bool {
-	return !a.IsValid() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() ||
-		(a.Is4() && a.As4()[0] == 0)
 }
