@@ -1040,15 +1040,7 @@ func TestThisMachineAllowed(t *testing.T) {
 // fixture's), until the test ends.
 func keepRealClient(t *testing.T, f *fixture, allowLocal bool) {
 	t.Helper()
-	c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken, Getenv: func(string) string { return "" }, AllowLocal: allowLocal})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { c.Keep(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	f.waitLive(payWorkload, true)
+	f.attach(ClientOptions{Token: testToken, AllowLocal: allowLocal, dialDest: destDialer(10*time.Second, allowLocal)}, payWorkload)
 }
 
 func TestOnThisMachine(t *testing.T) {
