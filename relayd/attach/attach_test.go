@@ -1007,12 +1007,7 @@ func TestThisMachineRefused(t *testing.T) {
 // TestThisMachineAllowed: with AllowLocal (kl-ctl attach --allow-local) the operator lends
 // the machine's own services too, a tunnel on its loopback for one.
 func TestThisMachineAllowed(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
-	local := ln.Addr().(*net.TCPAddr).AddrPort()
+	local := echoServer(t, "loopback")
 	f := newFixture(t, clientAll)
 	keepRealClient(t, f, true)
 	for _, fl := range []rules.Flow{
@@ -1025,14 +1020,7 @@ func TestThisMachineAllowed(t *testing.T) {
 			t.Errorf("flow to %s %s with AllowLocal: %v", fl.Host, fl.Dst, err)
 			continue
 		}
-		conn.SetDeadline(time.Now().Add(5 * time.Second))
-		buf := make([]byte, 4)
-		if _, err := conn.Write([]byte("ping")); err != nil {
-			t.Error(err)
-		} else if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "ping" {
-			t.Errorf("echo through the attach side's loopback: %q, %v", buf, err)
-		}
-		conn.Close()
+		roundTrip(t, conn, "hello from loopback\n")
 	}
 }
 
