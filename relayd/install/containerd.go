@@ -183,6 +183,12 @@ func hasPrefix(path, prefix []string) bool {
 	return len(path) >= len(prefix) && reflect.DeepEqual(path[:len(prefix)], prefix)
 }
 
+// defaultRuntimePath is the key path of default_runtime_name, beside the runtimes table
+// at rp.
+func defaultRuntimePath(rp []string) []string {
+	return append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")
+}
+
 // lookup walks a decoded TOML value along path.
 func lookup(v map[string]any, path ...string) any {
 	var cur any = v
@@ -315,7 +321,7 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 		return nil, err
 	}
 	// The cgroup driver of the runtime kl stands in for.
-	def, _ := lookup(d.value, append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")...).(string)
+	def, _ := lookup(d.value, defaultRuntimePath(rp)...).(string)
 	if def == "" || def == c.name() {
 		def = "runc"
 	}
@@ -417,10 +423,7 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 	if b, ok := sysd.(bool); ok {
 		fmt.Fprintf(&blk, "%s  SystemdCgroup = %t\n", optInd, b)
 	}
-	at := len(base)
-	if after+1 < len(d.lines) {
-		at = d.lines[after+1]
-	}
+	at := d.lineStart(after + 1)
 	next := make([]byte, 0, len(base)+blk.Len())
 	next = append(next, base[:at]...)
 	next = append(next, blk.String()...)
@@ -445,12 +448,6 @@ func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, err
 	if quote == 0 || d.version == 1 {
 		quote = '"'
 	}
-	lineStart := func(l int) int {
-		if l < len(d.lines) {
-			return d.lines[l]
-		}
-		return len(d.data)
-	}
 	type edit struct {
 		from, to int
 		text     string
@@ -470,7 +467,7 @@ func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, err
 		name := s.path[len(s.path)-1]
 		if kv := d.keyval(path); kv != nil {
 			if nv == nil {
-				edits = append(edits, edit{lineStart(kv.first), lineStart(kv.end + 1), ""})
+				edits = append(edits, edit{d.lineStart(kv.first), d.lineStart(kv.end + 1), ""})
 				continue
 			}
 			q := quote
@@ -506,7 +503,7 @@ func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, err
 		}
 		parent := path[:len(path)-1]
 		if i := d.section(parent); i >= 0 {
-			at := lineStart(d.sections[i].bodyEnd + 1)
+			at := d.lineStart(d.sections[i].bodyEnd + 1)
 			edits = append(edits, edit{at, at, d.keyIndent(i) + name + " = " + text + "\n"})
 			continue
 		}
@@ -529,7 +526,7 @@ func (c Containerd) update(d *tomlDoc, kl []string, sets []setting) ([]byte, err
 		for _, l := range newOpts {
 			b.WriteString(ind + "  " + l + "\n")
 		}
-		at := lineStart(d.sections[last].bodyEnd + 1)
+		at := d.lineStart(d.sections[last].bodyEnd + 1)
 		edits = append(edits, edit{at, at, b.String()})
 	}
 	if len(edits) == 0 {
@@ -774,7 +771,7 @@ func (c Containerd) resetDefault(data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	path := append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")
+	path := defaultRuntimePath(rp)
 	if v, _ := lookup(d.value, path...).(string); v != c.name() {
 		return data, nil
 	}
@@ -807,7 +804,7 @@ func (c Containerd) notes(old, next []byte, uninstall bool) []string {
 		if err != nil {
 			return ""
 		}
-		s, _ := lookup(d.value, append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")...).(string)
+		s, _ := lookup(d.value, defaultRuntimePath(rp)...).(string)
 		return s
 	}
 	if def(old) == c.name() && def(next) == "runc" {
@@ -818,11 +815,15 @@ func (c Containerd) notes(old, next []byte, uninstall bool) []string {
 
 // line returns line i with its newline.
 func (d *tomlDoc) line(i int) []byte {
-	end := len(d.data)
-	if i+1 < len(d.lines) {
-		end = d.lines[i+1]
+	return d.data[d.lines[i]:d.lineStart(i+1)]
+}
+
+// lineStart returns the byte offset of line l; past the last line, the end of the data.
+func (d *tomlDoc) lineStart(l int) int {
+	if l < len(d.lines) {
+		return d.lines[l]
 	}
-	return d.data[d.lines[i]:end]
+	return len(d.data)
 }
 
 // check proves the edit touched only what kl owns. With sets (an install) kl's runtime
@@ -844,7 +845,7 @@ func (c Containerd) check(before, after []byte, sets []setting) error {
 		return err
 	}
 	got := lookup(b.value, append(rp[:len(rp):len(rp)], c.name())...)
-	defPath := append(rp[:len(rp)-1:len(rp)-1], "default_runtime_name")
+	defPath := defaultRuntimePath(rp)
 	switch {
 	case sets == nil && got != nil:
 		return fmt.Errorf("runtime %q is still defined after the edit (defined in a way kl does not edit?); nothing written", c.name())
