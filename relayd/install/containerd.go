@@ -413,20 +413,30 @@ func (c Containerd) Install(old []byte) ([]byte, error) {
 	if d.version == 1 {
 		quote = '"'
 	}
-	q := func(s string) string { return string(quote) + s + string(quote) }
-	var blk strings.Builder
-	fmt.Fprintf(&blk, "\n%s[%s]\n", hdrInd, tomlKey(kl, quote))
-	fmt.Fprintf(&blk, "%s  runtime_type = %s\n", hdrInd, q("io.containerd.runc.v2"))
-	fmt.Fprintf(&blk, "%s  pod_annotations = [%s]\n", hdrInd, q(ModeAnnotation))
-	fmt.Fprintf(&blk, "\n%s[%s]\n", optInd, tomlKey(append(kl, "options"), quote))
-	fmt.Fprintf(&blk, "%s  BinaryName = %s\n", optInd, q(c.binary()))
-	if b, ok := sysd.(bool); ok {
-		fmt.Fprintf(&blk, "%s  SystemdCgroup = %t\n", optInd, b)
+	// kl's table and its options table, holding what the settings want.
+	var main, opts strings.Builder
+	fmt.Fprintf(&main, "\n%s[%s]\n", hdrInd, tomlKey(kl, quote))
+	fmt.Fprintf(&opts, "\n%s[%s]\n", optInd, tomlKey(append(kl, "options"), quote))
+	for _, s := range sets {
+		v, _, _ := s.next(nil)
+		if v == nil {
+			continue
+		}
+		text, err := tomlValue(v, quote)
+		if err != nil {
+			return nil, err
+		}
+		if len(s.path) == 1 {
+			fmt.Fprintf(&main, "%s  %s = %s\n", hdrInd, s.path[0], text)
+		} else {
+			fmt.Fprintf(&opts, "%s  %s = %s\n", optInd, s.path[1], text)
+		}
 	}
+	blk := main.String() + opts.String()
 	at := d.lineStart(after + 1)
-	next := make([]byte, 0, len(base)+blk.Len())
+	next := make([]byte, 0, len(base)+len(blk))
 	next = append(next, base[:at]...)
-	next = append(next, blk.String()...)
+	next = append(next, blk...)
 	next = append(next, base[at:]...)
 
 	if err := c.check(old, next, sets); err != nil {
