@@ -96,24 +96,33 @@ func mustRead(t *testing.T, p string) []byte {
 	return b
 }
 
+// runAgent writes files into a fresh conf dir and runs a CNI agent there, with a kl-cni
+// that answers versions, until timeout. It returns the conf dir.
+func runAgent(t *testing.T, files map[string][]byte, versions []string, timeout time.Duration, uninstallOnExit bool) string {
+	t.Helper()
+	dir := t.TempDir()
+	for n, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	a := CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, versions...), Interval: 20 * time.Millisecond, UninstallOnExit: uninstallOnExit}
+	if err := a.Run(ctx); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return dir
+}
+
 // An agent whose kl-cni does not accept the network's cniVersion leaves the conflist
 // alone (pods keep starting, without kl) instead of breaking every pod on the node.
 func TestCNIAgentVersionMismatch(t *testing.T) {
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "10-flannel.conflist")
 	orig := read(t, "10-flannel.conflist") // cniVersion 0.3.1
-	if err := os.WriteFile(conf, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The probe of the plugin runs under this context too: give a loaded machine time
-	// to start the fake plugin, then let the agent loop until the deadline.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	err := CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "1.0.0", "1.1.0"), Interval: 20 * time.Millisecond}.Run(ctx)
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if got := mustRead(t, conf); !bytes.Equal(got, orig) {
+	// The probe of the plugin runs under the agent's context too: give a loaded machine
+	// time to start the fake plugin, then let the agent loop until the deadline.
+	dir := runAgent(t, map[string][]byte{"10-flannel.conflist": orig}, []string{"1.0.0", "1.1.0"}, 3*time.Second, false)
+	if got := mustRead(t, filepath.Join(dir, "10-flannel.conflist")); !bytes.Equal(got, orig) {
 		t.Errorf("kl-cni chained into a network it cannot serve:\n%s", got)
 	}
 }
@@ -121,19 +130,9 @@ func TestCNIAgentVersionMismatch(t *testing.T) {
 // An agent told to uninstall on exit on a node whose network is a single-plugin .conf
 // (kl could never be chained into it) exits cleanly: there is nothing to take out.
 func TestCNIAgentUninstallSingleConf(t *testing.T) {
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "99-single.conf")
 	orig := read(t, "99-single.conf")
-	if err := os.WriteFile(conf, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	err := CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "0.4.0"), Interval: 20 * time.Millisecond, UninstallOnExit: true}.Run(ctx)
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if got := mustRead(t, conf); !bytes.Equal(got, orig) {
+	dir := runAgent(t, map[string][]byte{"99-single.conf": orig}, []string{"0.4.0"}, 500*time.Millisecond, true)
+	if got := mustRead(t, filepath.Join(dir, "99-single.conf")); !bytes.Equal(got, orig) {
 		t.Errorf("the .conf changed:\n%s", got)
 	}
 }
@@ -141,27 +140,14 @@ func TestCNIAgentUninstallSingleConf(t *testing.T) {
 // --uninstall-on-exit takes kl out of every conflist, also one the network plugin no
 // longer uses (it renamed its file after kl was chained into the old one).
 func TestCNIAgentUninstallEveryConflist(t *testing.T) {
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "10-flannel.conflist")
 	orig := read(t, "10-flannel.conflist")
-	old := filepath.Join(dir, "20-calico.conflist")
 	calico := read(t, "10-calico.conflist")
 	withKl, err := CNI{}.Install(calico)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(conf, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(old, withKl, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	err = CNIAgent{ConfDir: dir, BinDir: filepath.Join(dir, "bin"), Binary: fakePlugin(t, dir, "0.3.1"), Interval: 20 * time.Millisecond, UninstallOnExit: true}.Run(ctx)
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	dir := runAgent(t, map[string][]byte{"10-flannel.conflist": orig, "20-calico.conflist": withKl}, []string{"0.3.1"}, 500*time.Millisecond, true)
+	conf, old := filepath.Join(dir, "10-flannel.conflist"), filepath.Join(dir, "20-calico.conflist")
 	if got := mustRead(t, conf); !bytes.Equal(got, orig) {
 		t.Errorf("%s not restored:\n%s", conf, got)
 	}
