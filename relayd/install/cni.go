@@ -67,6 +67,10 @@ func (c CNI) entry() (orderedObject, error) {
 	return o, nil
 }
 
+// errSinglePlugin is conflist's error for a single-plugin network configuration (a
+// .conf: an object with a "type" and no "plugins" list).
+var errSinglePlugin = errors.New(`a single-plugin network configuration (no "plugins" list) cannot chain kl-cni; convert it to a .conflist`)
+
 // conflist locates the plugins array of a conflist and kl's entries in it.
 func (c CNI) conflist(data []byte) (root, plugins *span, kl []int, err error) {
 	root, err = parseSpans(data)
@@ -79,7 +83,7 @@ func (c CNI) conflist(data []byte) (root, plugins *span, kl []int, err error) {
 	plugins = root.get("plugins")
 	if plugins == nil {
 		if root.get("type") != nil {
-			return nil, nil, nil, errors.New(`a single-plugin network configuration (no "plugins" list) cannot chain kl-cni; convert it to a .conflist`)
+			return nil, nil, nil, errSinglePlugin
 		}
 		return nil, nil, nil, errors.New(`not a CNI configuration list: no "plugins" list`)
 	}
@@ -158,16 +162,14 @@ func (c CNI) Uninstall(old []byte) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return old, nil
 	}
-	if single, err := singlePlugin(old); err != nil {
-		return nil, err
-	} else if single {
-		// A single-plugin .conf cannot chain anything, so kl is never in one: nothing
-		// to take out (Install refuses such a file).
-		return old, nil
-	}
 	next := old
 	for {
 		_, plugins, kl, err := c.conflist(next)
+		if errors.Is(err, errSinglePlugin) {
+			// A single-plugin .conf cannot chain anything, so kl is never in one:
+			// nothing to take out (Install refuses such a file).
+			return old, nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -181,16 +183,6 @@ func (c CNI) Uninstall(old []byte) ([]byte, error) {
 		return nil, err
 	}
 	return next, nil
-}
-
-// singlePlugin reports whether data is a single-plugin network configuration (a .conf:
-// an object with a "type" and no "plugins" list).
-func singlePlugin(data []byte) (bool, error) {
-	root, err := parseSpans(data)
-	if err != nil {
-		return false, err
-	}
-	return root.Kind == '{' && root.get("plugins") == nil && root.get("type") != nil, nil
 }
 
 // check proves an edit changed nothing but kl's entries: the two documents, with kl's
