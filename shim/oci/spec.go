@@ -37,18 +37,9 @@ type Spec struct {
 
 // Parse decodes a spec. name is used in errors only.
 func Parse(name string, data []byte) (*Spec, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber() // keep 64-bit ids and unusual numbers exactly as written
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%s: %w: %w", name, ErrMalformed, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%s: %w: trailing data after the JSON object", name, ErrMalformed)
-	}
-	doc, ok := v.(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("%s: %w: top level is %s, not an object", name, ErrMalformed, kind(v))
+	doc, err := decodeObject(name, data, "top level")
+	if err != nil {
+		return nil, err
 	}
 	s := &Spec{doc: doc}
 	// Check the parts kl edits now, so a bad spec fails before anything is written.
@@ -77,8 +68,22 @@ func Parse(name string, data []byte) (*Spec, error) {
 // reads. The result is edited like a spec (its "process" is the file's object) and
 // written back as the object alone. name is used in errors only.
 func ParseProcess(name string, data []byte) (*Spec, error) {
+	proc, err := decodeObject(name, data, "process")
+	if err != nil {
+		return nil, err
+	}
+	s := &Spec{doc: map[string]any{"process": proc}, processOnly: true}
+	if _, err := s.Env(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return s, nil
+}
+
+// decodeObject decodes data, which must hold exactly one JSON object (what names it in
+// errors), keeping numbers as written.
+func decodeObject(name string, data []byte, what string) (map[string]any, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
+	dec.UseNumber() // keep 64-bit ids and unusual numbers exactly as written
 	var v any
 	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("%s: %w: %w", name, ErrMalformed, err)
@@ -86,14 +91,11 @@ func ParseProcess(name string, data []byte) (*Spec, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%s: %w: trailing data after the JSON object", name, ErrMalformed)
 	}
-	if _, ok := v.(map[string]any); !ok {
-		return nil, fmt.Errorf("%s: %w: process is %s, not an object", name, ErrMalformed, kind(v))
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: %w: %s is %s, not an object", name, ErrMalformed, what, kind(v))
 	}
-	s := &Spec{doc: map[string]any{"process": v}, processOnly: true}
-	if _, err := s.Env(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return s, nil
+	return obj, nil
 }
 
 // Load reads bundle/config.json.
