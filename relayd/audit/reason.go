@@ -67,7 +67,7 @@ func walk(err error, fn func(error) bool) {
 }
 
 // scrubAddrs replaces IP address literals (with or without a port, IPv6 with or without
-// brackets) with "<address>", except inside a URL ("scheme://" right before it).
+// brackets and a zone) with "<address>", except inside a URL ("scheme://" right before it).
 func scrubAddrs(s string) string {
 	isAddrByte := func(c byte) bool {
 		return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' ||
@@ -83,6 +83,21 @@ func scrubAddrs(s string) string {
 		j := i
 		for j < len(s) && isAddrByte(s[j]) {
 			j++
+		}
+		// An IPv6 address may carry a zone ("fe80::1%eth0", "[fe80::1%eth0]:443"): the
+		// zone belongs to the address and goes with it, so the run takes it in, and the
+		// "]:port" after it.
+		if j < len(s) && s[j] == '%' && strings.Count(s[i:j], ":") >= 2 {
+			k := j + 1
+			for k < len(s) && isZoneByte(s[k]) {
+				k++
+			}
+			if k > j+1 {
+				j = k
+				for j < len(s) && isAddrByte(s[j]) {
+					j++
+				}
+			}
 		}
 		// An address may be glued to the text around it ("to:203.0.113.7:443",
 		// "host_203.0.113.7", "203.0.113.7:443:x"): a leaked destination costs more than
@@ -101,6 +116,13 @@ func scrubAddrs(s string) string {
 	}
 	b.WriteString(s[last:])
 	return b.String()
+}
+
+// isZoneByte reports whether c may be part of an IPv6 zone: an interface name or index.
+// Linux allows almost any byte in one, so only what ends a word in an error's text ends
+// the zone (a ":" too, for the port or the message after it).
+func isZoneByte(c byte) bool {
+	return c > ' ' && c < 0x7f && !strings.ContainsRune(`%:/\[](){}<>"'`+"`,;", rune(c))
 }
 
 // literalIn finds the address literal in run, a run of the bytes one is made of: the run

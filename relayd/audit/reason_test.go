@@ -48,6 +48,13 @@ func TestReason(t *testing.T) {
 			"bad port \"abc\" after 5s, HTTP/1.1 rule 12.3 at 10:30 (mark 0x4b4c, tcp4: 1.2.3)", ""},
 		{"glued to words", errors.New("to:203.0.113.7:443, host_203.0.113.8, [2001:db8::9]:80:x and 203.0.113.10:443:80"),
 			"to:<address>, host_<address>, <address>:x and <address>:80", "203.0.113"},
+		{"ipv6 zone", errors.New("to fe80::1%eth0, [fe80::2%eth0.100]:443: refused, fe80::3%2. and ::1%lo"),
+			"to <address>, <address>: refused, <address>. and <address>", "eth0"},
+		{"ipv6 zone glued", errors.New("to:fe80::1%veth-a_1:x (via [fe80::2%br0]) and fe80::3%"),
+			"to:<address>:x (via <address>) and <address>%", "fe80"},
+		{"zone kept in url", errors.New("upstream socks5://[fe80::1%25eth0]:1080: refused"),
+			"upstream socks5://[fe80::1%25eth0]:1080: refused", ""},
+		{"percent not a zone", errors.New("192.0.2.1:80%x at 10:30%, 50%ab"), "<address>%x at 10:30%, 50%ab", "192.0.2"},
 		{"plain", errors.New("denied by policy"), "denied by policy", ""},
 		{"context", context.DeadlineExceeded, "context deadline exceeded", ""},
 	}
