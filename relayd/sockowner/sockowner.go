@@ -6,9 +6,11 @@
 //
 // It is not a process monitor: one lookup per connection, cached under the
 // connection's tuple until the caller forgets it when the connection ends. A lookup
-// that fails (the process already exited, no permission, the socket is gone) is an
-// explicit unknown (rules.Process{Known: false}) with an error saying why; it never
-// panics. /proc is read through an fs.FS so tests feed it from testdata.
+// that fails (the process already exited, its pid was reused meanwhile, no permission,
+// the socket is gone, sock_diag failed) is an explicit unknown
+// (rules.Process{Known: false}) with an error saying why; it never panics, and it is
+// cached only briefly, so a later lookup of the same connection tries again. /proc is
+// read through an fs.FS so tests feed it from testdata.
 package sockowner
 
 import (
@@ -20,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kl-egress/kl/rules"
 )
@@ -47,7 +50,14 @@ type Finder struct {
 	cache map[Key]result
 	busy  map[Key]*inFlight // lookups under way, so a Forget meanwhile keeps them out of the cache
 	hints map[uint64][]int  // per netns inode: pids that owned its sockets lately
+	now   func() time.Time  // time.Now when nil; tests set it
 }
+
+// failureTTL is how long a failed lookup is cached: long enough that the requests of
+// one kept-alive proxy connection do not each scan /proc again while the owner cannot
+// be found, short enough that a transient failure (sock_diag interrupted or out of
+// buffers, the netns busy) does not leave the connection unknown for its whole life.
+const failureTTL = time.Second
 
 // Hints bound the per-netns memory of recent owners: a workload's connections mostly
 // come from the same few processes, which are checked before a full /proc scan.
@@ -57,8 +67,9 @@ const (
 )
 
 type result struct {
-	p   rules.Process
-	err error
+	p     rules.Process
+	err   error
+	until time.Time // a failure's expiry; a success is kept until forgotten
 }
 
 // inFlight counts the lookups of one key under way; forgotten is set when the key is
@@ -72,14 +83,22 @@ type inFlight struct {
 // handed the socket to a process in another netns).
 var ErrNotFound = errors.New("no process holds the socket")
 
+// ErrOwnerChanged is returned when the process found holding the socket was gone, or
+// its pid taken by another process, before its names were read: the names read may not
+// be the owner's.
+var ErrOwnerChanged = errors.New("the owning process changed while it was read")
+
 // Lookup returns the owner of connection k, from the cache when k was looked up
 // before and not forgotten since. On failure the Process is unknown and the error says
-// why; the failure is cached too (the connection will not change owner's visibility).
+// why; a failure is cached for failureTTL only, so a later lookup can still succeed.
 func (f *Finder) Lookup(k Key) (rules.Process, error) {
 	f.mu.Lock()
 	if r, ok := f.cache[k]; ok {
-		f.mu.Unlock()
-		return r.p, r.err
+		if r.err == nil || f.clock().Before(r.until) {
+			f.mu.Unlock()
+			return r.p, r.err
+		}
+		delete(f.cache, k)
 	}
 	if f.busy == nil {
 		f.busy = map[Key]*inFlight{}
@@ -107,7 +126,11 @@ func (f *Finder) Lookup(k Key) (rules.Process, error) {
 	// cached: the entry would outlive it and answer for the next connection that reuses
 	// its source port to the same destination.
 	if !st.forgotten && len(f.cache) < max {
-		f.cache[k] = result{p, err}
+		r := result{p: p, err: err}
+		if err != nil {
+			r.until = f.clock().Add(failureTTL)
+		}
+		f.cache[k] = r
 	}
 	f.mu.Unlock()
 	return p, err
@@ -122,6 +145,13 @@ func (f *Finder) Forget(k Key) {
 		st.forgotten = true
 	}
 	f.mu.Unlock()
+}
+
+func (f *Finder) clock() time.Time {
+	if f.now != nil {
+		return f.now()
+	}
+	return time.Now()
 }
 
 // Cached is the number of cached connections.
@@ -147,7 +177,56 @@ func (f *Finder) lookup(k Key) (rules.Process, error) {
 	if err != nil {
 		return rules.Process{}, err
 	}
-	return f.Describe(pid)
+	return f.describeOwner(pid, ns, sock)
+}
+
+// describeOwner reads the names of process pid, found holding socket sockIno in the
+// netns nsIno, and makes sure they are that process's: a pid is reused once its process
+// exits, and the names of another program must not decide the flow. The process's start
+// time is the same before and after the names are read (the same process all along),
+// and it still holds the socket afterwards (it is the process found, not a newcomer
+// that took its pid before the first look at its start time).
+func (f *Finder) describeOwner(pid int, nsIno, sockIno uint64) (rules.Process, error) {
+	before, err := f.startTime(pid)
+	if err != nil {
+		return rules.Process{}, fmt.Errorf("process %d: %w: %w", pid, ErrOwnerChanged, err)
+	}
+	p, err := f.Describe(pid)
+	if err != nil {
+		return rules.Process{}, err
+	}
+	after, err := f.startTime(pid)
+	if err != nil || after != before {
+		return rules.Process{}, fmt.Errorf("process %d: %w", pid, ErrOwnerChanged)
+	}
+	if !f.holds(strconv.Itoa(pid), "net:["+strconv.FormatUint(nsIno, 10)+"]", "socket:["+strconv.FormatUint(sockIno, 10)+"]") {
+		return rules.Process{}, fmt.Errorf("process %d: %w", pid, ErrOwnerChanged)
+	}
+	return p, nil
+}
+
+// startTime returns field 22 of /proc/PID/stat, the process's start time in clock ticks
+// since boot: with the pid, it names one process.
+func (f *Finder) startTime(pid int) (uint64, error) {
+	b, err := fs.ReadFile(f.Proc, strconv.Itoa(pid)+"/stat")
+	if err != nil {
+		return 0, err
+	}
+	// "pid (comm) state ppid ...": comm may hold spaces and parentheses, so the fields
+	// are counted from the last ")"; starttime is the 20th after it.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("stat: no \")\" in %q", b)
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("stat: %d fields after the name, want at least 20", len(fields))
+	}
+	t, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("stat: start time: %w", err)
+	}
+	return t, nil
 }
 
 // Owner returns the pid of a process in the netns with inode nsIno that holds the

@@ -2,16 +2,24 @@ package sockowner
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/netip"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/kl-egress/kl/rules"
 )
 
 func link(target string) *fstest.MapFile {
 	return &fstest.MapFile{Data: []byte(target), Mode: fs.ModeSymlink | 0o777}
+}
+
+// stat is a /proc/PID/stat of process pid named comm that started at tick start (field
+// 22), the rest as Linux writes it.
+func stat(pid int, comm string, start uint64) *fstest.MapFile {
+	return &fstest.MapFile{Data: fmt.Appendf(nil, "%d (%s) S 1 %d %d 0 -1 4194560 99 0 0 0 0 0 0 0 20 0 1 0 %d 3133440 410 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n", pid, comm, pid, pid, start)}
 }
 
 // procFS is a /proc with: pid 10 (curl, in netns 4001, socket 900), pid 11 (busybox
@@ -26,11 +34,13 @@ func procFS() fstest.MapFS {
 		"10/comm":    {Data: []byte("curl\n")},
 		"10/exe":     link("/usr/bin/curl"),
 		"10/cmdline": {Data: []byte("curl\x00-s\x00http://x/\x00")},
+		"10/stat":    stat(10, "curl", 5000),
 		"11/ns/net":  link("net:[4001]"),
 		"11/fd/5":    link("socket:[901]"),
 		"11/comm":    {Data: []byte("busybox\n")},
 		"11/exe":     link("/usr/bin/busybox"),
 		"11/cmdline": {Data: []byte("/bin/wget\x00-q\x00")},
+		"11/stat":    stat(11, "busy box) S (x", 5001),
 		"30/ns/net":  link("net:[4999]"),
 		"30/fd/5":    link("socket:[901]"),
 		"30/comm":    {Data: []byte("other\n")},
@@ -39,6 +49,7 @@ func procFS() fstest.MapFS {
 		"12/comm":    {Data: []byte("app\n")},
 		"12/exe":     link("/opt/app/bin/app (deleted)"),
 		"12/cmdline": {Data: []byte("")},
+		"12/stat":    stat(12, "app", 5002),
 		"13/ns/net":  link("net:[4001]"),
 		"13/comm":    {Data: []byte("secret\n")},
 		"self/comm":  {Data: []byte("kl-relayd\n")},
@@ -184,5 +195,125 @@ func TestOwnerHints(t *testing.T) {
 	// Hints are per netns: another netns does not see them.
 	if _, err := f.Owner(4999, 902); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Owner in another netns: %v, want ErrNotFound", err)
+	}
+}
+
+// hookFS is a /proc whose files run a hook (once) when first read, to change the
+// processes between the reads of one lookup.
+type hookFS struct {
+	m  fstest.MapFS
+	on map[string]func()
+}
+
+func (h *hookFS) hook(name string) {
+	if fn := h.on[name]; fn != nil {
+		delete(h.on, name)
+		fn()
+	}
+}
+
+func (h *hookFS) Open(name string) (fs.File, error) { h.hook(name); return h.m.Open(name) }
+func (h *hookFS) ReadLink(name string) (string, error) {
+	h.hook(name)
+	return h.m.ReadLink(name)
+}
+func (h *hookFS) Lstat(name string) (fs.FileInfo, error) { h.hook(name); return h.m.Lstat(name) }
+
+// TestOwnerChanged: the process found holding the socket exits and another takes its
+// pid before its names are read; the names read must not be given as the owner's.
+func TestOwnerChanged(t *testing.T) {
+	// reuse replaces pid 10 with "evil", started later, holding no socket of the netns.
+	reuse := func(m fstest.MapFS) func() {
+		return func() {
+			for _, n := range []string{"10/fd/3", "10/exe"} {
+				delete(m, n)
+			}
+			m["10/comm"] = &fstest.MapFile{Data: []byte("evil\n")}
+			m["10/cmdline"] = &fstest.MapFile{Data: []byte("evil\x00")}
+			m["10/stat"] = stat(10, "evil", 9000)
+		}
+	}
+	exit := func(m fstest.MapFS) func() {
+		return func() {
+			for n := range m {
+				if n[:3] == "10/" {
+					delete(m, n)
+				}
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		at     string // the file whose first read runs the change
+		change func(fstest.MapFS) func()
+		want   rules.Process
+		err    error
+	}{
+		{"unchanged", "", nil, rules.Process{Known: true, Comm: "curl", Exe: "curl", Argv0: "curl"}, nil},
+		{"reused before the names", "10/comm", reuse, rules.Process{}, ErrOwnerChanged},
+		{"reused between the names", "10/cmdline", reuse, rules.Process{}, ErrOwnerChanged},
+		{"reused before the start time", "10/stat", reuse, rules.Process{}, ErrOwnerChanged},
+		{"exited after the names", "10/cmdline", exit, rules.Process{}, ErrOwnerChanged},
+		{"exited before the start time", "10/stat", exit, rules.Process{}, ErrOwnerChanged},
+		{"socket handed on after the names", "10/cmdline", func(m fstest.MapFS) func() {
+			return func() { delete(m, "10/fd/3") }
+		}, rules.Process{}, ErrOwnerChanged},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := procFS()
+			h := &hookFS{m: m, on: map[string]func(){}}
+			if tc.change != nil {
+				h.on[tc.at] = tc.change(m)
+			}
+			f := &Finder{Proc: h,
+				SocketInode: func(string, netip.AddrPort, netip.AddrPort) (uint64, error) { return 900, nil },
+				NetnsInode:  func(string) (uint64, error) { return 4001, nil }}
+			got, err := f.Lookup(Key{Netns: "/run/netns/pod", Src: netip.MustParseAddrPort("192.0.2.10:40000")})
+			if got != tc.want {
+				t.Errorf("Lookup = %+v, want %+v", got, tc.want)
+			}
+			if (tc.err == nil) != (err == nil) || tc.err != nil && !errors.Is(err, tc.err) {
+				t.Errorf("err = %v, want %v", err, tc.err)
+			}
+			if len(h.on) != 0 {
+				t.Errorf("%s was never read: the change did not happen", tc.at)
+			}
+		})
+	}
+}
+
+// TestFailureRetried: a failed lookup (here a transient sock_diag failure) is cached
+// only briefly: the requests of a kept-alive proxy connection right after it share the
+// failure, a later one looks the owner up again and finds it.
+func TestFailureRetried(t *testing.T) {
+	clock := time.Unix(1e9, 0)
+	calls := 0
+	f := &Finder{Proc: procFS(),
+		SocketInode: func(string, netip.AddrPort, netip.AddrPort) (uint64, error) {
+			if calls++; calls == 1 {
+				return 0, fmt.Errorf("sock_diag receive: %w", errors.New("no buffer space available"))
+			}
+			return 900, nil
+		},
+		NetnsInode: func(string) (uint64, error) { return 4001, nil },
+		now:        func() time.Time { return clock }}
+	k := Key{Netns: "/run/netns/pod", Src: netip.MustParseAddrPort("192.0.2.10:40000"), Dst: netip.MustParseAddrPort("127.0.0.1:15080")}
+	curl := rules.Process{Known: true, Comm: "curl", Exe: "curl", Argv0: "curl"}
+	for _, step := range []struct {
+		name    string
+		advance time.Duration
+		want    rules.Process
+		calls   int // socket lookups made so far
+	}{
+		{"transient failure", 0, rules.Process{}, 1},
+		{"shared right after", failureTTL / 2, rules.Process{}, 1},
+		{"retried later", failureTTL, curl, 2},
+		{"success kept", 10 * failureTTL, curl, 2},
+	} {
+		clock = clock.Add(step.advance)
+		got, err := f.Lookup(k)
+		if got != step.want || (err == nil) != got.Known || calls != step.calls {
+			t.Errorf("%s: Lookup = %+v, %v after %d socket lookups; want %+v after %d", step.name, got, err, calls, step.want, step.calls)
+		}
 	}
 }
