@@ -41,6 +41,25 @@ func CheckID(id string) error {
 	return nil
 }
 
+// CheckWorkload returns an error unless wl is a workload the daemon can serve: an id
+// CheckID accepts, an absolute netns path, the transparent or proxy mode. The daemon
+// checks every registration it is sent with it, and Load every one it restores, so a
+// store file edited by hand or corrupted cannot slip past what the API refuses.
+func CheckWorkload(wl api.Workload) error {
+	if err := CheckID(wl.ID); err != nil {
+		return err
+	}
+	if wl.Netns == "" || !filepath.IsAbs(wl.Netns) {
+		return fmt.Errorf("workload %s: netns %q is not an absolute path", wl.ID, wl.Netns)
+	}
+	switch wl.Mode {
+	case api.ModeTransparent, api.ModeProxy:
+	default:
+		return fmt.Errorf("workload %s: mode %q is not %s or %s", wl.ID, wl.Mode, api.ModeTransparent, api.ModeProxy)
+	}
+	return nil
+}
+
 // Store is a directory of registrations. Its methods are safe for concurrent use on
 // distinct ids; the daemon serialises calls for one id.
 type Store struct {
@@ -61,13 +80,13 @@ func Open(stateDir string) (*Store, error) {
 // Dir is where the entries live.
 func (s *Store) Dir() string { return s.dir }
 
-// Put writes an entry atomically (write a temporary file, rename). It does not fsync:
+// Put writes an entry atomically, refusing one Load would refuse (CheckWorkload) (write a temporary file, rename). It does not fsync:
 // registrations must survive a restart of the daemon, which the page cache guarantees,
 // not a reboot, after which every netns they name is gone anyway. Skipping the sync
 // keeps it off the sandbox-creation path.
 func (s *Store) Put(e Entry) error {
 	id := e.Registration.Workload.ID
-	if err := CheckID(id); err != nil {
+	if err := CheckWorkload(e.Registration.Workload); err != nil {
 		return fmt.Errorf("persist registration: %w", err)
 	}
 	data, err := json.Marshal(e)
@@ -103,9 +122,11 @@ func (s *Store) Delete(id string) error {
 	return nil
 }
 
-// Load returns every readable entry sorted by id. Entries that cannot be read or decoded
-// are returned as errors (one per file) and left in place for an operator to inspect;
-// leftover temporary files from an interrupted Put are removed.
+// Load returns every readable entry sorted by id. Entries that cannot be read or decoded,
+// or whose workload the API would refuse (CheckWorkload) or whose id is not the one the
+// file's name says, are returned as errors (one per file, naming it) and left in place
+// for an operator to inspect; leftover temporary files from an interrupted Put are
+// removed.
 func (s *Store) Load() ([]Entry, []error) {
 	des, err := os.ReadDir(s.dir)
 	if err != nil {
@@ -131,6 +152,10 @@ func (s *Store) Load() ([]Entry, []error) {
 		var e Entry
 		if err := json.Unmarshal(data, &e); err != nil {
 			errs = append(errs, fmt.Errorf("decode registration %s: %w", p, err))
+			continue
+		}
+		if err := CheckWorkload(e.Registration.Workload); err != nil {
+			errs = append(errs, fmt.Errorf("registration %s: %w", p, err))
 			continue
 		}
 		if id := e.Registration.Workload.ID; id+suffix != name {

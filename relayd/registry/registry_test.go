@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,52 @@ func TestLoadReportsBadFiles(t *testing.T) {
 	}
 }
 
+// TestLoadRefusesInvalid: a store file edited by hand or corrupted into a workload the
+// API would refuse is not restored; the error names the file and what is wrong with the
+// record, and the valid entries beside it still load.
+func TestLoadRefusesInvalid(t *testing.T) {
+	record := func(id, netns, mode string) string {
+		return `{"registration":{"workload":{"id":` + strconv.Quote(id) + `,"netns":` + strconv.Quote(netns) +
+			`,"mode":` + strconv.Quote(mode) + `,"source":"cni"},"listeners":{"redirect":15001}},"netnsDev":4,"netnsIno":4026532000}`
+	}
+	for _, tc := range []struct {
+		name, file, data string
+		want             string // in the error, besides the file's path
+	}{
+		{"empty id", ".json", record("", "/var/run/netns/x", "transparent"), `workload id ""`},
+		{"id starting with a dash", "-x.json", record("-x", "/var/run/netns/x", "transparent"), `workload id "-x"`},
+		{"hidden id", ".x.json", record(".x", "/var/run/netns/x", "transparent"), `workload id ".x"`},
+		{"space in id", "a b.json", record("a b", "/var/run/netns/x", "transparent"), `workload id "a b"`},
+		{"relative netns", "rel.json", record("rel", "netns/x", "proxy"), `netns "netns/x" is not an absolute path`},
+		{"no netns", "nons.json", record("nons", "", "proxy"), `netns "" is not an absolute path`},
+		{"unknown mode", "mode.json", record("mode", "/var/run/netns/x", "tproxy"), `mode "tproxy" is not transparent or proxy`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Open(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Put(entry("ok")); err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(s.Dir(), tc.file)
+			if err := os.WriteFile(p, []byte(tc.data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, errs := s.Load()
+			if len(got) != 1 || got[0].Registration.Workload.ID != "ok" {
+				t.Errorf("Load = %+v, want just ok", got)
+			}
+			if len(errs) != 1 || !strings.Contains(errs[0].Error(), p) || !strings.Contains(errs[0].Error(), tc.want) {
+				t.Errorf("Load errors = %v, want one naming %s and saying %s", errs, p, tc.want)
+			}
+			if _, err := os.Stat(p); err != nil {
+				t.Errorf("refused file not left in place: %v", err)
+			}
+		})
+	}
+}
+
 func TestCheckID(t *testing.T) {
 	for _, tt := range []struct {
 		id string
@@ -98,5 +145,10 @@ func TestCheckID(t *testing.T) {
 	s, _ := Open(t.TempDir())
 	if err := s.Put(entry("../x")); err == nil {
 		t.Error("Put with a path-like id succeeded")
+	}
+	bad := entry("x")
+	bad.Registration.Workload.Mode = "tproxy"
+	if err := s.Put(bad); err == nil {
+		t.Error("Put of a workload Load would refuse succeeded")
 	}
 }
