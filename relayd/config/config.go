@@ -46,6 +46,11 @@ const (
 	DefaultAuditRing      = 256
 )
 
+// MinConnectTimeout is the shortest connectTimeout accepted, the daemon's or an
+// upstream's: below it no dial, even to a proxy next door, has time to complete, and
+// every flow would fail with a timeout that looks like an unreachable upstream.
+const MinConnectTimeout = 10 * time.Millisecond
+
 // Config is the daemon's settings. Zero values mean "the default".
 type Config struct {
 	Socket   string `yaml:"socket"`   // unix socket of the API (api.DefaultSocket)
@@ -273,6 +278,8 @@ func (c *Config) Fill() error {
 	}
 	if c.ConnectTimeout < 0 {
 		errs = append(errs, fmt.Errorf("connectTimeout: %v is negative", c.ConnectTimeout))
+	} else if c.ConnectTimeout < MinConnectTimeout {
+		errs = append(errs, fmt.Errorf("connectTimeout: %v is shorter than %v", c.ConnectTimeout, MinConnectTimeout))
 	}
 	if c.Proxy != nil {
 		if err := c.Proxy.fill(c.ConnectTimeout); err != nil {
@@ -335,12 +342,16 @@ func checkExitName(name string) error {
 	return nil
 }
 
+// fill gives u the daemon's connect timeout def unless it has its own, and validates it.
+// A def out of bounds is reported once, by Fill, not again for every upstream using it.
 func (u *Upstream) fill(def time.Duration) error {
-	if u.ConnectTimeout == 0 {
-		u.ConnectTimeout = def
-	}
-	if u.ConnectTimeout < 0 {
+	switch {
+	case u.ConnectTimeout < 0:
 		return fmt.Errorf("connectTimeout %v is negative", u.ConnectTimeout)
+	case u.ConnectTimeout == 0:
+		u.ConnectTimeout = def
+	case u.ConnectTimeout < MinConnectTimeout:
+		return fmt.Errorf("connectTimeout %v is shorter than %v", u.ConnectTimeout, MinConnectTimeout)
 	}
 	if u.URL == "" {
 		return errors.New("url is missing")

@@ -76,6 +76,15 @@ exits:
 				t.Error("exits: b: pipeline not set")
 			}
 		}},
+		{name: "proxy connect timeout too short", in: "proxy: {url: 'http://squid:3128', connectTimeout: 1ns}\n", wantErr: "proxy: connectTimeout 1ns is shorter than 10ms"},
+		{name: "exit connect timeout too short", in: "exits: {b: {url: 'socks5://a:1080', connectTimeout: 9ms}}\n", wantErr: "exits: b: connectTimeout 9ms is shorter than 10ms"},
+		{name: "exit connect timeout negative", in: "exits: {b: {url: 'socks5://a:1080', connectTimeout: -1s}}\n", wantErr: "exits: b: connectTimeout -1s is negative"},
+		{name: "connect timeout too short", in: "connectTimeout: 1us\nproxy: {url: 'http://squid:3128'}\n", wantErr: "connectTimeout: 1µs is shorter than 10ms"},
+		{name: "connect timeout at the floor", in: "connectTimeout: 10ms\nproxy: {url: 'http://squid:3128'}\nexits: {b: {url: 'socks5://a:1080', connectTimeout: 10ms}}\n", check: func(t *testing.T, c *Config) {
+			if c.ConnectTimeout != MinConnectTimeout || c.Proxy.ConnectTimeout != MinConnectTimeout || c.Exits["b"].ConnectTimeout != MinConnectTimeout {
+				t.Errorf("connect timeouts = %v, proxy %v, exit b %v; want 10ms each", c.ConnectTimeout, c.Proxy.ConnectTimeout, c.Exits["b"].ConnectTimeout)
+			}
+		}},
 		{name: "metrics", in: "metrics: nonsense\n", wantErr: "metrics"},
 		{name: "second document", in: "httpPort: 3128\n---\nproxy: {url: 'http://squid:3128'}\n", wantErr: "more than one YAML document"},
 		{name: "empty first document", in: "---\n---\nhttpPort: 3128\n", wantErr: "more than one YAML document"},
