@@ -382,7 +382,7 @@ func (d *Daemon) healthy(ctx context.Context, probe *api.Client) error {
 func (d *Daemon) restore(ctx context.Context) {
 	entries, errs := d.store.Load()
 	for _, err := range errs {
-		d.log.Error("registration unreadable; left in place", "err", err)
+		d.log.Error("saved registration unreadable or refused; left in place", "err", err)
 	}
 	kept, dropped := 0, 0
 	for i, e := range entries {

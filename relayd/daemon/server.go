@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"time"
@@ -65,16 +64,8 @@ func (d *Daemon) handleRegister(w http.ResponseWriter, r *http.Request) {
 var errInvalid = errors.New("invalid workload")
 
 func validate(wl api.Workload) error {
-	if err := registry.CheckID(wl.ID); err != nil {
+	if err := registry.CheckWorkload(wl); err != nil {
 		return fmt.Errorf("%w: %w", errInvalid, err)
-	}
-	if wl.Netns == "" || !filepath.IsAbs(wl.Netns) {
-		return fmt.Errorf("%w %s: netns %q is not an absolute path", errInvalid, wl.ID, wl.Netns)
-	}
-	switch wl.Mode {
-	case api.ModeTransparent, api.ModeProxy:
-	default:
-		return fmt.Errorf("%w %s: mode %q is not %s or %s", errInvalid, wl.ID, wl.Mode, api.ModeTransparent, api.ModeProxy)
 	}
 	return nil
 }

@@ -80,10 +80,10 @@ func Open(stateDir string) (*Store, error) {
 // Dir is where the entries live.
 func (s *Store) Dir() string { return s.dir }
 
-// Put writes an entry atomically, refusing one Load would refuse (CheckWorkload) (write a temporary file, rename). It does not fsync:
-// registrations must survive a restart of the daemon, which the page cache guarantees,
-// not a reboot, after which every netns they name is gone anyway. Skipping the sync
-// keeps it off the sandbox-creation path.
+// Put writes an entry atomically (write a temporary file, rename), refusing one that Load
+// would refuse (CheckWorkload). It does not fsync: registrations must survive a restart
+// of the daemon, which the page cache guarantees, not a reboot, after which every netns
+// they name is gone anyway. Skipping the sync keeps it off the sandbox-creation path.
 func (s *Store) Put(e Entry) error {
 	id := e.Registration.Workload.ID
 	if err := CheckWorkload(e.Registration.Workload); err != nil {
