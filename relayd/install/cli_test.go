@@ -136,6 +136,40 @@ func TestRunDockerUninstallNote(t *testing.T) {
 	}
 }
 
+// kl-ctl says what happens to dockerd's default runtime, and where it keeps what
+// uninstall puts back; uninstall then gives the file back as it was.
+func TestRunDockerDefaultNotes(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "daemon.json")
+	orig := read(t, "daemon-minimal.json")
+	if err := os.WriteFile(p, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		args []string
+		want []string // lines of stderr
+	}{
+		{[]string{"install", "docker", "--config", p, "--default"}, []string{
+			p + `: "default-runtime" was "runc"; set to "kl", and uninstall sets it back`,
+			p + ": what uninstall puts back is kept in " + StatePath(p)}},
+		{[]string{"install", "docker", "--config", p, "--default"}, []string{p + ": kl is already in it; nothing to do"}},
+		{[]string{"uninstall", "docker", "--config", p}, []string{p + `: "default-runtime" was "kl"; set back to "runc", as it was before kl was installed`}},
+	}
+	for _, s := range steps {
+		var out, errb bytes.Buffer
+		if err := Run(context.Background(), s.args, &out, &errb); err != nil {
+			t.Fatalf("Run(%q): %v", s.args, err)
+		}
+		for _, w := range s.want {
+			if !strings.Contains(errb.String(), w+"\n") {
+				t.Errorf("Run(%q) stderr lacks %q:\n%s", s.args, w, errb.String())
+			}
+		}
+	}
+	if cur := mustRead(t, p); !bytes.Equal(cur, orig) {
+		t.Errorf("daemon.json after uninstall:\n%s", UnifiedDiff("original", "now", orig, cur))
+	}
+}
+
 // kl is never in a single-plugin .conf (it cannot chain anything), so uninstalling when
 // the runtime's file is one has nothing to do; it is not an error.
 func TestRunUninstallSingleConf(t *testing.T) {

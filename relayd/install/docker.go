@@ -34,27 +34,35 @@ func or(s, def string) string {
 // key and its position. When kl's runtime is already there, only its "path" is
 // corrected, in place: the operator's other keys in it (runtimeArgs…) stay, as the
 // containerd editor keeps theirs. dockerd rejects unknown keys in daemon.json, so kl
-// records nothing else there.
+// records nothing else there: what default-runtime was before kl took it, Apply keeps
+// in StatePath (see edit).
 func (d Docker) Install(old []byte) ([]byte, error) {
+	next, _, err := d.install(old)
+	return next, err
+}
+
+// install is Install that also returns the default-runtime it replaced (prior), when it
+// made kl's runtime the default.
+func (d Docker) install(old []byte) (next []byte, prior *dockerState, err error) {
 	data := old
 	if len(strings.TrimSpace(string(data))) == 0 {
 		data = []byte("{}\n")
 	}
 	root, err := parseSpans(data)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if root.Kind != '{' {
-		return nil, errors.New("daemon.json: the top level is not an object")
+		return nil, nil, errors.New("daemon.json: the top level is not an object")
 	}
 	want := orderedObject{{"path", d.path()}}
-	next := data
+	next = data
 	rts := lastValue(root, "runtimes")
 	switch {
 	case rts == nil:
 		next, err = addMember(next, root, "runtimes", orderedObject{{d.name(), want}})
 	case rts.Kind != '{':
-		return nil, errors.New(`daemon.json: "runtimes" is not an object`)
+		return nil, nil, errors.New(`daemon.json: "runtimes" is not an object`)
 	default:
 		cur := lastValue(rts, d.name())
 		switch {
@@ -76,53 +84,130 @@ func (d Docker) Install(old []byte) ([]byte, error) {
 		}
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if d.Default {
-		if next, err = d.setDefault(next); err != nil {
-			return nil, err
+		if next, prior, err = d.setDefault(next); err != nil {
+			return nil, nil, err
 		}
 	}
 	if err := d.check(data, next, true); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(strings.TrimSpace(string(old))) == 0 && string(next) == string(data) {
-		return old, nil
+		return old, prior, nil
 	}
-	return next, nil
+	return next, prior, nil
 }
 
-func (d Docker) setDefault(data []byte) ([]byte, error) {
+// setDefault makes kl's runtime dockerd's default-runtime: in place of a "runc" (or
+// empty) one, which it returns as prior, or as a new last member, returning an empty
+// prior. prior is nil when kl's runtime already was the default.
+func (d Docker) setDefault(data []byte) ([]byte, *dockerState, error) {
 	root, err := parseSpans(data)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	cur := root.get("default-runtime")
-	if cur != nil {
-		var s string
-		if err := json.Unmarshal(data[cur.Start:cur.End], &s); err != nil {
-			return nil, errors.New(`daemon.json: "default-runtime" is not a string`)
+	cur := lastValue(root, "default-runtime")
+	if cur == nil {
+		next, err := addMember(data, root, "default-runtime", d.name())
+		return next, &dockerState{Runtime: d.name()}, err
+	}
+	var s string
+	if err := json.Unmarshal(data[cur.Start:cur.End], &s); err != nil {
+		return nil, nil, errors.New(`daemon.json: "default-runtime" is not a string`)
+	}
+	switch s {
+	case d.name():
+		return data, nil, nil
+	case "runc", "":
+		next, err := replaceValue(data, root, cur, d.name())
+		return next, &dockerState{Runtime: d.name(), DefaultRuntime: &s}, err
+	default:
+		// kl-runtime execs runc; taking over another default runtime (nvidia, crun,
+		// kata) would silently change how every container runs.
+		return nil, nil, fmt.Errorf(`daemon.json: "default-runtime" is %q; kl would replace it (set it to "runc" or remove it first)`, s)
+	}
+}
+
+// dockerState is what kl keeps in StatePath(daemon.json) while kl's runtime is
+// dockerd's default: which runtime that is, and daemon.json's "default-runtime" as it
+// was before kl made it kl's (no such key when there was none), so that uninstall puts
+// back exactly that.
+type dockerState struct {
+	Runtime        string  `json:"runtime"`
+	DefaultRuntime *string `json:"default-runtime,omitempty"`
+}
+
+var _ stateful = Docker{}
+
+// edit is Install or Uninstall with the state file. Install records the default-runtime
+// it replaces; installing again while kl's runtime is the default keeps what the first
+// install recorded (so any number of installs undo with one uninstall). Uninstall
+// restores the recorded value and drops the state file. A state file is kept only
+// while default-runtime names the runtime it was recorded for: otherwise it is left
+// over from an edit that stopped half way, or the operator has changed the default
+// since, and it goes.
+func (d Docker) edit(old, state []byte, uninstall bool) (next, nextState []byte, err error) {
+	var st *dockerState
+	if state != nil {
+		st = new(dockerState)
+		dec := json.NewDecoder(bytes.NewReader(state))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(st); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", errBadState, err)
 		}
-		switch s {
-		case d.name():
-			return data, nil
-		case "runc", "":
-			data = removeMember(data, root, "default-runtime")
-			if root, err = parseSpans(data); err != nil {
-				return nil, err
-			}
-		default:
-			// kl-runtime execs runc; taking over another default runtime (nvidia, crun,
-			// kata) would silently change how every container runs.
-			return nil, fmt.Errorf(`daemon.json: "default-runtime" is %q; kl would replace it (set it to "runc" or remove it first)`, s)
+		if st.Runtime == "" {
+			return nil, nil, fmt.Errorf(`%w: no "runtime"`, errBadState)
 		}
 	}
-	return addMember(data, root, "default-runtime", d.name())
+	if uninstall {
+		if st != nil && st.Runtime != d.name() {
+			// Another kl runtime's default (--runtime-name): not this uninstall's.
+			next, err = d.uninstall(old, nil)
+		} else {
+			next, err = d.uninstall(old, st)
+		}
+	} else {
+		var prior *dockerState
+		if next, prior, err = d.install(old); prior != nil {
+			st = prior
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if st == nil || defaultRuntime(next) != st.Runtime {
+		return next, nil, nil
+	}
+	if state != nil && sameJSON(state, st) {
+		return next, state, nil // as recorded, byte for byte
+	}
+	if nextState, err = json.MarshalIndent(st, "", "  "); err != nil {
+		return nil, nil, err
+	}
+	return next, append(nextState, '\n'), nil
+}
+
+// defaultRuntime is daemon.json's "default-runtime", "" when it has none.
+func defaultRuntime(data []byte) string {
+	var m struct {
+		Default string `json:"default-runtime"`
+	}
+	json.Unmarshal(data, &m)
+	return m.Default
 }
 
 // Uninstall removes runtimes.<name> (and "runtimes" when that leaves it empty), whatever
-// else the operator put in it, and default-runtime when it names kl.
+// else the operator put in it, and default-runtime when it names kl. (Apply also puts
+// back the default-runtime that install replaced; see edit.)
 func (d Docker) Uninstall(old []byte) ([]byte, error) {
+	return d.uninstall(old, nil)
+}
+
+// uninstall is Uninstall that, when default-runtime names kl's runtime and st records
+// what it was before, puts that back, in place.
+func (d Docker) uninstall(old []byte, st *dockerState) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return old, nil
 	}
@@ -134,10 +219,17 @@ func (d Docker) Uninstall(old []byte) ([]byte, error) {
 		return nil, errors.New("daemon.json: the top level is not an object")
 	}
 	next := old
-	if cur := root.get("default-runtime"); cur != nil {
+	if cur := lastValue(root, "default-runtime"); cur != nil {
 		var s string
 		if json.Unmarshal(old[cur.Start:cur.End], &s) == nil && s == d.name() {
-			next = removeMember(next, root, "default-runtime")
+			if st != nil && st.DefaultRuntime != nil {
+				next, err = replaceValue(next, root, cur, *st.DefaultRuntime)
+			} else {
+				next = removeMember(next, root, "default-runtime")
+			}
+			if err != nil {
+				return nil, err
+			}
 			if root, err = parseSpans(next); err != nil {
 				return nil, err
 			}
@@ -171,14 +263,23 @@ func (d Docker) Uninstall(old []byte) ([]byte, error) {
 	return next, nil
 }
 
-// notes tells what an uninstall changed beyond kl's runtime.
+// notes tells what an edit changed beyond kl's runtime: dockerd's default runtime.
 func (d Docker) notes(old, next []byte, uninstall bool) []string {
 	var a, b map[string]any
-	if !uninstall || json.Unmarshal(old, &a) != nil || json.Unmarshal(next, &b) != nil {
+	if json.Unmarshal(old, &a) != nil || json.Unmarshal(next, &b) != nil {
 		return nil
 	}
-	if _, still := b["default-runtime"]; a["default-runtime"] == d.name() && !still {
+	was, had := a["default-runtime"]
+	now, has := b["default-runtime"]
+	switch {
+	case uninstall && was == d.name() && !has:
 		return []string{fmt.Sprintf(`"default-runtime" was %q; removed, so dockerd runs containers with runc again`, d.name())}
+	case uninstall && was == d.name() && now != d.name():
+		return []string{fmt.Sprintf(`"default-runtime" was %q; set back to %q, as it was before kl was installed`, d.name(), now)}
+	case !uninstall && now == d.name() && !had:
+		return []string{fmt.Sprintf(`"default-runtime" set to %q; uninstall removes it again`, d.name())}
+	case !uninstall && now == d.name() && was != d.name():
+		return []string{fmt.Sprintf(`"default-runtime" was %q; set to %q, and uninstall sets it back`, was, d.name())}
 	}
 	return nil
 }
@@ -218,7 +319,7 @@ func (d Docker) check(before, after []byte, installed bool) error {
 				delete(m, "runtimes")
 			}
 		}
-		if m["default-runtime"] == d.name() || m["default-runtime"] == "runc" {
+		if m["default-runtime"] == d.name() || m["default-runtime"] == "runc" || m["default-runtime"] == "" {
 			delete(m, "default-runtime")
 		}
 	}

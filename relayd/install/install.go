@@ -33,7 +33,8 @@ const (
 
 // Editor turns the bytes of one configuration file into its form with kl installed, or
 // uninstalled. Both directions are idempotent, and Uninstall(Install(x)) == x for a file
-// that did not hold kl before.
+// that did not hold kl before; for an edit that replaces one of the operator's values
+// (docker --default), only through Apply, which keeps the old value in StatePath.
 type Editor interface {
 	Install(old []byte) ([]byte, error)
 	Uninstall(old []byte) ([]byte, error)
@@ -52,6 +53,24 @@ type Options struct {
 	NoBackup  bool             // write without keeping the previous contents
 	Now       func() time.Time // clock for the backup's name; time.Now when nil
 }
+
+// StatePath is where kl keeps, beside config, what an uninstall must put back and the
+// file itself cannot hold: for daemon.json, its "default-runtime" before
+// `install docker --default` (dockerd refuses keys it does not know in daemon.json).
+// It exists only while kl's change is in the file.
+func StatePath(config string) string { return config + ".kl-state" }
+
+// stateful is an Editor that remembers something from install to uninstall in
+// StatePath. edit is Install or Uninstall that also takes the state file's contents (nil
+// when there is none) and returns the new ones (nil: remove the file). An error about
+// the state file wraps errBadState.
+type stateful interface {
+	Editor
+	edit(old, state []byte, uninstall bool) (next, nextState []byte, err error)
+}
+
+// errBadState marks an error in the state file, which Apply names.
+var errBadState = errors.New("not a kl state file (remove it if the configuration is as you want it)")
 
 // Change is what Apply did (or, with DryRun, would do) to one file.
 type Change struct {
@@ -84,8 +103,22 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	case err != nil:
 		return ch, fmt.Errorf("read %s: %w", path, err)
 	}
-	var next []byte
-	if o.Uninstall {
+	var (
+		next      []byte
+		statePath string
+		state     []byte
+		nextState []byte
+	)
+	if se, ok := e.(stateful); ok {
+		statePath = StatePath(path)
+		if state, err = os.ReadFile(statePath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return ch, fmt.Errorf("read %s: %w", statePath, err)
+		}
+		next, nextState, err = se.edit(old, state, o.Uninstall)
+		if errors.Is(err, errBadState) {
+			return ch, fmt.Errorf("%s: %w", statePath, err)
+		}
+	} else if o.Uninstall {
 		next, err = e.Uninstall(old)
 	} else {
 		next, err = e.Install(old)
@@ -93,13 +126,24 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	if err != nil {
 		return ch, fmt.Errorf("%s: %w", path, err)
 	}
+	stateChanged := statePath != "" && (!bytes.Equal(state, nextState) || (state == nil) != (nextState == nil))
 	if bytes.Equal(old, next) && !ch.Created {
+		// The file is as it should be; a state file left by an edit that stopped half
+		// way (or by the operator's own change of the file) goes.
+		if stateChanged && !o.DryRun {
+			if err := writeState(statePath, nextState); err != nil {
+				return ch, err
+			}
+		}
 		return ch, nil
 	}
 	ch.Changed = true
 	ch.Diff = UnifiedDiff(path, path, old, next)
 	if n, ok := e.(noter); ok {
 		ch.Notes = n.notes(old, next, o.Uninstall)
+	}
+	if stateChanged && nextState != nil {
+		ch.Notes = append(ch.Notes, fmt.Sprintf("what uninstall puts back is kept in %s", statePath))
 	}
 	if o.DryRun {
 		return ch, nil
@@ -124,10 +168,37 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	} else if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return ch, fmt.Errorf("create directory for %s: %w", path, err)
 	}
+	// The state file is written before the file and removed after it: an edit that
+	// stops in between leaves a state file that describes the file as it is, or one
+	// that the next install or uninstall replaces.
+	if stateChanged && nextState != nil {
+		if err := writeState(statePath, nextState); err != nil {
+			return ch, err
+		}
+	}
 	if err := writeAtomic(path, next, mode, st); err != nil {
 		return ch, fmt.Errorf("write %s: %w", path, err)
 	}
+	if stateChanged && nextState == nil {
+		if err := writeState(statePath, nil); err != nil {
+			return ch, err
+		}
+	}
 	return ch, nil
+}
+
+// writeState writes kl's state file, or removes it when data is nil.
+func writeState(path string, data []byte) error {
+	if data == nil {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", path, err)
+		}
+		return nil
+	}
+	if err := writeAtomic(path, data, 0o644, nil); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
 }
 
 // backupName is path.kl-backup-<stamp>; the suffix keeps CNI from reading it as a

@@ -1,0 +1,166 @@
+package install
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// install --default remembers the default-runtime it replaces (beside daemon.json, in
+// StatePath) and uninstall puts exactly that back: the file is byte for byte what it
+// was, however many times kl was installed in between. Each step's daemon.json and
+// state file are golden.
+func TestDockerDefaultRestore(t *testing.T) {
+	const (
+		def   = "install --default"
+		plain = "install"
+		un    = "uninstall"
+	)
+	cases := []struct {
+		name  string
+		file  string
+		steps []string
+	}{
+		{"prior-runc", "daemon-minimal.json", []string{def, un}},
+		{"prior-absent", "daemon.json", []string{def, un}},
+		{"prior-empty", "daemon-default-empty.json", []string{def, un}},
+		{"reinstall-twice", "daemon-minimal.json", []string{def, def, def, un}},
+		{"reinstall-without-default", "daemon-minimal.json", []string{def, plain, un}},
+		{"reinstall-twice-absent", "daemon.json", []string{def, def, def, un}},
+		{"uninstall-twice", "daemon-minimal.json", []string{def, un, un}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "daemon.json")
+			orig := read(t, tc.file)
+			if err := os.WriteFile(path, orig, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var first []byte // daemon.json after the first install
+			for i, step := range tc.steps {
+				o := Options{Uninstall: step == un, NoBackup: true}
+				if _, err := Apply(path, Docker{Default: step == def}, o); err != nil {
+					t.Fatalf("step %d (%s): %v", i, step, err)
+				}
+				cur := mustRead(t, path)
+				state, err := os.ReadFile(StatePath(path))
+				if err != nil && !errors.Is(err, fs.ErrNotExist) {
+					t.Fatal(err)
+				}
+				if state == nil {
+					state = []byte("(none)\n")
+				}
+				golden(t, fmt.Sprintf("docker-state/%s.%d-%s", tc.name, i, strings.ReplaceAll(step, " --", "-")),
+					append(append(cur, "--- "+filepath.Base(StatePath(path))+"\n"...), state...))
+				if i == 0 {
+					first = cur
+				} else if step != un && !bytes.Equal(cur, first) {
+					t.Errorf("step %d (%s) changed the installed file:\n%s", i, step, UnifiedDiff("first", "now", first, cur))
+				}
+			}
+			if cur := mustRead(t, path); !bytes.Equal(cur, orig) {
+				t.Errorf("uninstall did not give back the original:\n%s", UnifiedDiff("original", "uninstalled", orig, cur))
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+				var names []string
+				for _, e := range ents {
+					names = append(names, e.Name())
+				}
+				t.Errorf("files left beside daemon.json: %q, want none", names)
+			}
+		})
+	}
+}
+
+// install --default into a daemon.json (and directory) that does not exist yet records
+// that there was no default-runtime.
+func TestDockerDefaultCreated(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "docker", "daemon.json")
+	if _, err := Apply(path, Docker{Default: true}, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(mustRead(t, StatePath(path))), "{\n  \"runtime\": \"kl\"\n}\n"; got != want {
+		t.Errorf("state = %q, want %q", got, want)
+	}
+	if _, err := Apply(path, Docker{}, Options{Uninstall: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, path); string(got) != "{}\n" {
+		t.Errorf("daemon.json after uninstall = %q, want {}", got)
+	}
+	if _, err := os.Stat(StatePath(path)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("state file after uninstall: %v, want it gone", err)
+	}
+}
+
+// The state file describes the default-runtime only while it names kl's runtime: one
+// left over after the operator changed the default (or from an edit that stopped half
+// way) is not applied, and goes.
+func TestDockerStaleState(t *testing.T) {
+	cases := []struct {
+		name, in, state, want string
+		uninstall             bool
+		keep                  bool // the state file stays as it was
+	}{
+		{"operator changed the default", `{"default-runtime": "crun", "runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}}}`, `{"runtime": "kl", "default-runtime": "runc"}`, `{"default-runtime": "crun"}`, true, false},
+		{"not installed", `{"default-runtime": "runc"}`, `{"runtime": "kl", "default-runtime": ""}`, `{"default-runtime": "runc"}`, true, false},
+		{"install without default", `{"default-runtime": "runc"}`, `{"runtime": "kl", "default-runtime": ""}`, `{"default-runtime": "runc", "runtimes": {"kl":{"path":"/usr/bin/kl-runtime"}}}`, false, false},
+		{"no state: default removed", `{"default-runtime": "kl"}`, "", `{}`, true, false},
+		{"another runtime's default", `{"default-runtime": "kl-gpu", "runtimes": {"kl-gpu": {"path": "/usr/bin/kl-runtime"}, "kl": {"path": "/usr/bin/kl-runtime"}}}`, `{"runtime": "kl-gpu", "default-runtime": "runc"}`, `{"default-runtime": "kl-gpu", "runtimes": {"kl-gpu": {"path": "/usr/bin/kl-runtime"}}}`, true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "daemon.json")
+			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.state != "" {
+				if err := os.WriteFile(StatePath(path), []byte(tc.state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := Apply(path, Docker{}, Options{Uninstall: tc.uninstall, NoBackup: true}); err != nil {
+				t.Fatal(err)
+			}
+			if got := mustRead(t, path); string(got) != tc.want {
+				t.Errorf("daemon.json = %s, want %s", got, tc.want)
+			}
+			state, err := os.ReadFile(StatePath(path))
+			switch {
+			case tc.keep && string(state) != tc.state:
+				t.Errorf("state file after the edit = %q, %v; want %s", state, err, tc.state)
+			case !tc.keep && !errors.Is(err, fs.ErrNotExist):
+				t.Errorf("state file after the edit: %q, %v; want it gone", state, err)
+			}
+		})
+	}
+}
+
+// A state file kl cannot read is named, and nothing is written.
+func TestDockerBadState(t *testing.T) {
+	for _, state := range []string{`[]`, `{"runtime": "kl", "default-runtime": 5}`, `{"runtime": "kl", "prior": "runc"}`, `{"default-runtime": "runc"}`, `{`} {
+		t.Run(state, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "daemon.json")
+			in := []byte(`{"default-runtime": "kl", "runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}}}`)
+			if err := os.WriteFile(path, in, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(StatePath(path), []byte(state), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Apply(path, Docker{}, Options{Uninstall: true, NoBackup: true})
+			if err == nil || !strings.Contains(err.Error(), StatePath(path)) {
+				t.Errorf("Apply error = %v, want one naming %s", err, StatePath(path))
+			}
+			if got := mustRead(t, path); !bytes.Equal(got, in) {
+				t.Errorf("daemon.json written despite the error: %s", got)
+			}
+		})
+	}
+}
