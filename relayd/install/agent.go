@@ -26,7 +26,10 @@ type CNIAgent struct {
 	// closed until kl is back. The kl-cni binary stays either way: pods already set up
 	// still need it for CNI DEL.
 	UninstallOnExit bool
-	Log             *slog.Logger
+	// LockWait bounds each wait for the conflist's lock, which a `kl-ctl install cni` or
+	// `uninstall cni` run by hand on the node holds while it edits the file (Options).
+	LockWait time.Duration
+	Log      *slog.Logger
 }
 
 // Run installs kl-cni and keeps it installed until ctx ends. A node whose network
@@ -87,7 +90,7 @@ func (a CNIAgent) once(confDir string, entry CNI, log *slog.Logger) error {
 	}
 	// No backups: the network plugin owns this file and rewrites it; a backup per
 	// rewrite would pile up in the configuration directory.
-	ch, err := Apply(path, entry, Options{NoBackup: true})
+	ch, err := Apply(path, entry, Options{NoBackup: true, LockWait: a.LockWait})
 	if err != nil {
 		return err
 	}
@@ -105,7 +108,7 @@ func (a CNIAgent) uninstall(confDir string, log *slog.Logger) error {
 	}
 	// Every conflist of the directory: the network plugin may have renamed its file
 	// since kl was chained into it.
-	chs, err := UninstallCNIDir(confDir, a.Entry, Options{NoBackup: true})
+	chs, err := UninstallCNIDir(confDir, a.Entry, Options{NoBackup: true, LockWait: a.LockWait})
 	for _, ch := range chs {
 		if ch.Changed {
 			log.Info("removed kl-cni from the CNI configuration", "path", ch.Path)

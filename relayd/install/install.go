@@ -52,6 +52,41 @@ type Options struct {
 	DryRun    bool             // compute the change and its diff, write nothing
 	NoBackup  bool             // write without keeping the previous contents
 	Now       func() time.Time // clock for the backup's name; time.Now when nil
+	// LockWait is how long Apply waits for another kl install or uninstall of the same
+	// file to finish (DefaultLockWait when zero) before it gives up with a LockedError.
+	LockWait time.Duration
+}
+
+// DefaultLockWait bounds the wait for the lock of a file another kl-ctl or agent is
+// editing; an edit holds it for milliseconds.
+const DefaultLockWait = 10 * time.Second
+
+// ErrLocked is what a LockedError is: another kl install or uninstall held the lock of
+// the file for longer than the wait.
+var ErrLocked = errors.New("locked by another kl install or uninstall")
+
+// LockedError is the error of an Apply that could not take the lock of its file within
+// Options.LockWait.
+type LockedError struct {
+	Lock   string        // the lock file
+	Config string        // the file to edit
+	Wait   time.Duration // how long Apply waited
+}
+
+func (e *LockedError) Error() string {
+	return fmt.Sprintf("%s is %v: lock file %s still held after %v (a kl-ctl install/uninstall or kl's install-cni agent is editing it; try again)", e.Config, ErrLocked, e.Lock, e.Wait)
+}
+
+func (e *LockedError) Is(target error) bool { return target == ErrLocked }
+
+// LockPath is the lock file that every kl install and uninstall of config holds while
+// it reads, edits and writes it: kl-ctl run by hand and the DaemonSet's agent alike, so
+// neither overwrites the other's edit. It lives beside the file (hidden, and named so
+// that neither libcni nor dockerd reads it) because the configuration's directory is
+// the one place both are sure to see: the agent's container mounts the node's CNI
+// directories, not /run/kl. It exists only while an edit holds it.
+func LockPath(config string) string {
+	return filepath.Join(filepath.Dir(config), "."+filepath.Base(config)+".kl-lock")
 }
 
 // StatePath is where kl keeps, beside config, what an uninstall must put back and the
@@ -72,6 +107,9 @@ type stateful interface {
 // errBadState marks an error in the state file, which Apply names.
 var errBadState = errors.New("not a kl state file (remove it if the configuration is as you want it)")
 
+// afterRead is a test seam: it runs between reading the file and writing it back.
+var afterRead = func() {}
+
 // Change is what Apply did (or, with DryRun, would do) to one file.
 type Change struct {
 	Path    string   // the file edited
@@ -85,13 +123,33 @@ type Change struct {
 // Apply runs e on the file at path (following symlinks) and, unless DryRun, writes the
 // result atomically (same directory, same mode and owner), after saving the previous
 // contents to path.kl-backup-<UTC timestamp>. A file that does not exist is treated as empty when
-// installing and left alone when uninstalling.
+// installing and left alone when uninstalling. Unless DryRun, it holds the file's lock
+// (LockPath) from reading to writing, so concurrent installs and uninstalls of one file
+// take turns instead of overwriting each other's edits.
 func Apply(path string, e Editor, o Options) (Change, error) {
 	ch := Change{Path: path}
 	// A config that is a symlink (configuration management often links them) is edited
 	// where it points, so the link stays a link.
 	if real, err := filepath.EvalSymlinks(path); err == nil {
 		path = real
+	}
+	if !o.DryRun {
+		dir := filepath.Dir(path)
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) && o.Uninstall {
+			return ch, nil // no file, nothing to take out
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return ch, fmt.Errorf("create directory for %s: %w", path, err)
+		}
+		wait := o.LockWait
+		if wait <= 0 {
+			wait = DefaultLockWait
+		}
+		unlock, err := lockFile(LockPath(path), path, wait)
+		if err != nil {
+			return ch, err
+		}
+		defer unlock()
 	}
 	old, err := os.ReadFile(path)
 	missing := errors.Is(err, fs.ErrNotExist)
@@ -126,6 +184,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	if err != nil {
 		return ch, fmt.Errorf("%s: %w", path, err)
 	}
+	afterRead()
 	stateChanged := statePath != "" && (!bytes.Equal(state, nextState) || (state == nil) != (nextState == nil))
 	if bytes.Equal(old, next) && !ch.Created {
 		// The file is as it should be; a state file left by an edit that stopped half
@@ -165,8 +224,6 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 				return ch, fmt.Errorf("back up %s: %w", path, err)
 			}
 		}
-	} else if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return ch, fmt.Errorf("create directory for %s: %w", path, err)
 	}
 	// The state file is written before the file and removed after it: an edit that
 	// stops in between leaves a state file that describes the file as it is, or one
