@@ -398,7 +398,11 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 		o.close()
 		o = nil
 	}
-	upgrade := headerHasToken(req.Header, "Connection", "upgrade") && req.Header.Get("Upgrade") != ""
+	// No 1xx answer may reach an HTTP/1.0 client (RFC 9110 §15.2): it gets no interim
+	// answers, no 100 Continue of ours (its 100-continue expectation is ignored,
+	// §10.1.1) and no upgrade (its Upgrade header is ignored, §7.8).
+	interim := req.ProtoAtLeast(1, 1)
+	upgrade := interim && headerHasToken(req.Header, "Connection", "upgrade") && req.Header.Get("Upgrade") != ""
 	upgradeProto := req.Header.Get("Upgrade")
 	removeHopHeaders(req.Header)
 	if upgrade {
@@ -428,7 +432,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 		o = s.newOrigin(up, key)
 	}
 	cw := idleWriter{c, s.idleTimeout()}
-	if expect != "" {
+	if expect != "" && interim {
 		if _, err := io.WriteString(cw, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
 			return false, o
 		}
@@ -475,8 +479,8 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			break
 		}
 		// An interim answer (100 Continue we already sent, 103 Early Hints): pass on
-		// everything but a second 100.
-		if resp.StatusCode != http.StatusContinue || expect == "" {
+		// everything but a second 100, and nothing to an HTTP/1.0 client.
+		if interim && (resp.StatusCode != http.StatusContinue || expect == "") {
 			removeHopHeaders(resp.Header)
 			if err := resp.Write(cw); err != nil {
 				stopWatch()
