@@ -25,25 +25,41 @@ var httpSeeds = []string{
 	"GET http://a.test../ HTTP/1.1\r\n\r\n",
 }
 
-// FuzzReadProxyRequest: any input yields a request with a usable target or an error,
-// never a panic, and the header bound holds.
+// FuzzReadProxyRequest: any input, read as requests pipelined on one connection, yields
+// requests with a usable target or an error, never a panic, and the header bound holds
+// for each of them, whatever was buffered behind the one before.
 func FuzzReadProxyRequest(f *testing.F) {
 	for _, s := range httpSeeds {
 		f.Add([]byte(s))
 	}
+	const max = 1024
 	f.Fuzz(func(t *testing.T, b []byte) {
-		lr := &io.LimitedReader{R: bytes.NewReader(b), N: 1024}
-		br := bufio.NewReaderSize(lr, 4096)
-		req, target, err := readProxyRequest(br, lr, 1024)
-		if err != nil {
-			return
-		}
-		if req == nil || !target.Valid() {
-			t.Fatalf("readProxyRequest(%q) = %v, %+v without error", b, req, target)
-		}
-		if target.Host != "" {
-			if h, err := domainTarget(target.Host); err != nil || h != target.Host {
-				t.Fatalf("target host %q is not normalized (%v)", target.Host, err)
+		src := bytes.NewReader(b)
+		cr := &clientReader{r: src}
+		br := bufio.NewReaderSize(cr, 4096)
+		taken := func() int { return len(b) - src.Len() - br.Buffered() }
+		for i := range 4 {
+			start := taken()
+			req, target, err := readProxyRequest(br, cr, max)
+			if err != nil {
+				return
+			}
+			if req == nil || !target.Valid() {
+				t.Fatalf("readProxyRequest(%q) = %v, %+v without error", b, req, target)
+			}
+			if n := taken() - start; n > max {
+				t.Fatalf("request %d of %q: read a %d-byte header with a bound of %d", i, b, n, max)
+			}
+			if target.Host != "" {
+				if h, err := domainTarget(target.Host); err != nil || h != target.Host {
+					t.Fatalf("target host %q is not normalized (%v)", target.Host, err)
+				}
+			}
+			if req.Method == "CONNECT" {
+				return
+			}
+			if _, err := io.Copy(io.Discard, req.Body); err != nil {
+				return
 			}
 		}
 	})

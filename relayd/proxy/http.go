@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -34,16 +33,70 @@ func bad(status int, format string, args ...any) *badRequest {
 // hopHeaders are dropped when forwarding (RFC 9110 §7.6.1), plus every Proxy-* header.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// readProxyRequest reads one request from br and works out where it goes: the CONNECT
-// authority, or the host of an absolute http:// URI. lr is the limit under br; it bounds
-// the header block and is lifted once the headers are read.
-func readProxyRequest(br *bufio.Reader, lr *io.LimitedReader, maxHeader int64) (*http.Request, upstream.Target, error) {
-	lr.N = maxHeader
-	req, err := http.ReadRequest(br)
+// clientReader is what a client connection's bufio.Reader reads from. While a request's
+// header is read it lets through only the bytes left of the header bound and keeps a copy
+// of what it let through, so that the header is measured in the bytes the client sent,
+// wherever they were buffered.
+type clientReader struct {
+	r       io.Reader
+	reading bool   // a header is being read
+	left    int64  // while reading: the bytes that may still be read
+	over    bool   // a read wanted more than left
+	head    []byte // while reading: the header so far, and what was buffered behind it
+}
+
+func (cr *clientReader) Read(p []byte) (int, error) {
+	if !cr.reading {
+		return cr.r.Read(p)
+	}
+	if cr.left <= 0 {
+		cr.over = true
+		return 0, io.EOF
+	}
+	if int64(len(p)) > cr.left {
+		p = p[:cr.left]
+	}
+	n, err := cr.r.Read(p)
+	cr.left -= int64(n)
+	cr.head = append(cr.head, p[:n]...)
+	return n, err
+}
+
+// readHeader runs read (which reads one request's header from br, and nothing more) with
+// the header bound max, and returns the bytes read took from br. A pipelined request's
+// header may have started in br's buffer already: those bytes count towards the bound,
+// as the ones read after them do.
+func (cr *clientReader) readHeader(br *bufio.Reader, max int64, read func() error) (head []byte, over bool, err error) {
+	buffered, _ := br.Peek(br.Buffered())
+	cr.head = append(cr.head[:0], buffered...)
+	cr.left, cr.over, cr.reading = max-int64(len(buffered)), false, true
+	err = read()
+	cr.reading = false
+	head = cr.head[:len(cr.head)-br.Buffered()]
+	return head, int64(len(head)) > max || err != nil && cr.over, err
+}
+
+// release lets go of a large copy of a header once the request is read.
+func (cr *clientReader) release() {
+	if cap(cr.head) > 8<<10 {
+		cr.head = nil
+	}
+}
+
+// readProxyRequest reads one request from br, whose source is cr, and works out where it
+// goes: the CONNECT authority, or the host of an absolute http:// URI. The request's
+// header (request line included) may be maxHeader bytes long.
+func readProxyRequest(br *bufio.Reader, cr *clientReader, maxHeader int64) (*http.Request, upstream.Target, error) {
+	defer cr.release()
+	var req *http.Request
+	_, over, err := cr.readHeader(br, maxHeader, func() (err error) {
+		req, err = http.ReadRequest(br)
+		return err
+	})
+	if over {
+		return nil, upstream.Target{}, bad(http.StatusRequestHeaderFieldsTooLarge, "request header over %d bytes", maxHeader)
+	}
 	if err != nil {
-		if lr.N == 0 {
-			return nil, upstream.Target{}, bad(http.StatusRequestHeaderFieldsTooLarge, "request header over %d bytes", maxHeader)
-		}
 		if errors.Is(err, io.EOF) {
 			return nil, upstream.Target{}, err
 		}
@@ -53,7 +106,6 @@ func readProxyRequest(br *bufio.Reader, lr *io.LimitedReader, maxHeader int64) (
 		}
 		return nil, upstream.Target{}, bad(http.StatusBadRequest, "malformed request: %s", requestErrWords(err))
 	}
-	lr.N = math.MaxInt64
 	if req.ProtoMajor != 1 {
 		return req, upstream.Target{}, bad(http.StatusHTTPVersionNotSupported, "HTTP/%d.%d is not supported", req.ProtoMajor, req.ProtoMinor)
 	}
@@ -323,8 +375,8 @@ func watchClient(c net.Conn, br *bufio.Reader, o *origin) (stop func() bool) {
 var aLongTimeAgo = time.Unix(1, 0)
 
 func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
-	lr := &io.LimitedReader{R: c, N: s.maxHeaderBytes()}
-	br := bufio.NewReaderSize(lr, 4096)
+	cr := &clientReader{r: c}
+	br := bufio.NewReaderSize(cr, 4096)
 	var o *origin
 	defer func() { o.close() }()
 	for first := true; ; first = false {
@@ -333,7 +385,7 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			wait = s.idleTimeout()
 		}
 		_ = c.SetDeadline(time.Now().Add(wait)) // the wait, and an error reply
-		req, t, err := readProxyRequest(br, lr, s.maxHeaderBytes())
+		req, t, err := readProxyRequest(br, cr, s.maxHeaderBytes())
 		if err != nil {
 			var br *badRequest
 			if errors.As(err, &br) {
