@@ -3,11 +3,16 @@ package proxy
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
+	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -143,5 +148,122 @@ func TestHTTPPipelinedHeaderBound(t *testing.T) {
 				t.Fatalf("answers %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestHTTPForwardContentLengthAndChunked: a request with both Content-Length and
+// Transfer-Encoding may be a smuggling attempt (RFC 9112 §6.1): it is forwarded chunked
+// without its Content-Length, and the client connection closes after the answer, so the
+// request pipelined behind it is not forwarded. A request with one framing keeps the
+// connection. (Before, the connection stayed open and the request behind was sent on.)
+func TestHTTPForwardContentLengthAndChunked(t *testing.T) {
+	const next = "GET http://s.test/next HTTP/1.1\r\nHost: s.test\r\nConnection: close\r\n\r\n"
+	tests := []struct {
+		name     string
+		req      string // a POST of "abc" to s.test/first, with next pipelined behind it
+		want     []int
+		wantSeen []string // what the origin was sent: path, framing, body of each request
+	}{
+		{"Content-Length, then Transfer-Encoding",
+			"POST http://s.test/first HTTP/1.1\r\nHost: s.test\r\nContent-Length: 8\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+			[]int{200}, []string{"/first chunked abc"}},
+		{"Transfer-Encoding, then content-length in lower case",
+			"POST http://s.test/first HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\ncontent-length: 40\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+			[]int{200}, []string{"/first chunked abc"}},
+		{"Content-Length: 0 and Transfer-Encoding",
+			"POST http://s.test/first HTTP/1.1\r\nHost: s.test\r\nCONTENT-LENGTH: 0\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+			[]int{200}, []string{"/first chunked abc"}},
+		{"Transfer-Encoding only",
+			"POST http://s.test/first HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\nX-Content-Length: 8\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+			[]int{200, 200}, []string{"/first chunked abc", "/next none "}},
+		{"Content-Length only",
+			"POST http://s.test/first HTTP/1.1\r\nHost: s.test\r\nContent-Length: 3\r\n\r\nabc",
+			[]int{200, 200}, []string{"/first length 3 abc", "/next none "}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newWorld()
+			var mu sync.Mutex
+			var seenBy []string
+			w.origin(t, "s.test", func(c net.Conn) {
+				// Read as sent: net/http would hide a Content-Length next to chunked.
+				br := bufio.NewReader(c)
+				tp := textproto.NewReader(br)
+				for range 5 {
+					line, err := tp.ReadLine()
+					if err != nil {
+						return
+					}
+					h, err := tp.ReadMIMEHeader()
+					if err != nil {
+						return
+					}
+					var framing string
+					var body []byte
+					switch cl := h.Values("Content-Length"); {
+					case h.Get("Transfer-Encoding") == "chunked" && cl == nil:
+						framing = "chunked"
+						if body, err = io.ReadAll(httputil.NewChunkedReader(br)); err == nil {
+							_, err = tp.ReadMIMEHeader() // the trailer section
+						}
+					case cl == nil && h.Get("Transfer-Encoding") == "":
+						framing = "none"
+					case len(cl) == 1 && h.Get("Transfer-Encoding") == "":
+						framing = "length " + cl[0]
+						n, _ := strconv.Atoi(cl[0])
+						body = make([]byte, n)
+						_, err = io.ReadFull(br, body)
+					default:
+						framing = fmt.Sprintf("Content-Length %q, Transfer-Encoding %q", cl, h.Values("Transfer-Encoding"))
+					}
+					mu.Lock()
+					seenBy = append(seenBy, strings.Fields(line)[1]+" "+framing+" "+string(body))
+					mu.Unlock()
+					if err != nil {
+						return
+					}
+					_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				}
+			})
+			httpAddr, _ := w.serve(t, nil)
+			c, br := dialProxy(t, httpAddr)
+			if _, err := io.WriteString(c, tt.req+next); err != nil {
+				t.Fatal(err)
+			}
+			if got := statuses(t, br); !slices.Equal(got, tt.want) {
+				t.Errorf("answers %v, want %v", got, tt.want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(seenBy, tt.wantSeen) {
+				t.Errorf("the origin was sent %q, want %q", seenBy, tt.wantSeen)
+			}
+			const warning = "both Content-Length and Transfer-Encoding"
+			if logged := strings.Contains(w.logs.String(), warning); logged != (len(tt.want) == 1) {
+				t.Errorf("log has %q: %v, want %v", warning, logged, !logged)
+			}
+		})
+	}
+}
+
+func TestHeaderHasField(t *testing.T) {
+	tests := []struct {
+		name string
+		head string
+		want bool
+	}{
+		{"field", "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\n", true},
+		{"lower case, bare LF", "POST / HTTP/1.1\ncontent-length:3\n\n", true},
+		{"absent", "POST / HTTP/1.1\r\nHost: h\r\n\r\n", false},
+		{"longer name", "POST / HTTP/1.1\r\nContent-Length-X: 3\r\n\r\n", false},
+		{"in a value", "POST / HTTP/1.1\r\nX: Content-Length: 3\r\n\r\n", false},
+		{"in a folded line", "POST / HTTP/1.1\r\nX: a\r\n Content-Length: 3\r\n\r\n", false},
+		{"in the request line", "Content-Length: 3\r\nHost: h\r\n\r\n", false},
+		{"empty", "", false},
+	}
+	for _, tt := range tests {
+		if got := headerHasField([]byte(tt.head), "Content-Length"); got != tt.want {
+			t.Errorf("%s: headerHasField(%q, Content-Length) = %v, want %v", tt.name, tt.head, got, tt.want)
+		}
 	}
 }

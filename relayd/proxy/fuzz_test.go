@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -23,6 +25,8 @@ var httpSeeds = []string{
 	"GET http://u:p@h/ HTTP/1.0\r\n\r\n",
 	"CONNECT [a.test:1]:443 HTTP/1.1\r\n\r\n",
 	"GET http://a.test../ HTTP/1.1\r\n\r\n",
+	"POST http://h/ HTTP/1.1\r\nContent-Length: 8\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET http://h/x HTTP/1.1\r\n\r\n",
+	"POST http://h/ HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET http://h/ HTTP/1.1\r\nX: " + strings.Repeat("x", 1100) + "\r\n\r\n",
 }
 
 // FuzzReadProxyRequest: any input, read as requests pipelined on one connection, yields
@@ -40,7 +44,7 @@ func FuzzReadProxyRequest(f *testing.F) {
 		taken := func() int { return len(b) - src.Len() - br.Buffered() }
 		for i := range 4 {
 			start := taken()
-			req, target, err := readProxyRequest(br, cr, max)
+			req, target, err := readProxyRequest(br, cr, max, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return
 			}

@@ -2,10 +2,12 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -83,13 +85,30 @@ func (cr *clientReader) release() {
 	}
 }
 
+// headerHasField reports whether head, a request's header as sent (request line, field
+// lines, empty line), has a field called name. net/http drops a field it overrides (a
+// Content-Length next to Transfer-Encoding), so only the bytes tell.
+func headerHasField(head []byte, name string) bool {
+	_, fields, _ := bytes.Cut(head, []byte("\n")) // past the request line
+	for len(fields) > 0 {
+		var line []byte
+		line, fields, _ = bytes.Cut(fields, []byte("\n"))
+		// A field name ends at its colon (net/http refuses one with a space before it);
+		// a folded continuation line starts with a space or tab.
+		if len(line) > len(name) && line[len(name)] == ':' && bytes.EqualFold(line[:len(name)], []byte(name)) {
+			return true
+		}
+	}
+	return false
+}
+
 // readProxyRequest reads one request from br, whose source is cr, and works out where it
 // goes: the CONNECT authority, or the host of an absolute http:// URI. The request's
 // header (request line included) may be maxHeader bytes long.
-func readProxyRequest(br *bufio.Reader, cr *clientReader, maxHeader int64) (*http.Request, upstream.Target, error) {
+func readProxyRequest(br *bufio.Reader, cr *clientReader, maxHeader int64, log *slog.Logger) (*http.Request, upstream.Target, error) {
 	defer cr.release()
 	var req *http.Request
-	_, over, err := cr.readHeader(br, maxHeader, func() (err error) {
+	head, over, err := cr.readHeader(br, maxHeader, func() (err error) {
 		req, err = http.ReadRequest(br)
 		return err
 	})
@@ -105,6 +124,15 @@ func readProxyRequest(br *bufio.Reader, cr *clientReader, maxHeader int64) (*htt
 			return nil, upstream.Target{}, bad(http.StatusRequestTimeout, "timed out waiting for the request headers")
 		}
 		return nil, upstream.Target{}, bad(http.StatusBadRequest, "malformed request: %s", requestErrWords(err))
+	}
+	if req.TransferEncoding != nil && headerHasField(head, "Content-Length") {
+		// Both framings: maybe a smuggling attempt, where the origin or another hop
+		// would read the body by the other one (RFC 9112 §6.1). net/http let the
+		// chunked one win and dropped Content-Length, so the request goes on chunked;
+		// the connection closes after the answer, so nothing the client sent behind
+		// it is read as a request of its own.
+		req.Close = true
+		log.Warn("http proxy: request with both Content-Length and Transfer-Encoding: forwarding it chunked, closing the connection after the answer")
 	}
 	if req.ProtoMajor != 1 {
 		return req, upstream.Target{}, bad(http.StatusHTTPVersionNotSupported, "HTTP/%d.%d is not supported", req.ProtoMajor, req.ProtoMinor)
@@ -385,7 +413,7 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			wait = s.idleTimeout()
 		}
 		_ = c.SetDeadline(time.Now().Add(wait)) // the wait, and an error reply
-		req, t, err := readProxyRequest(br, cr, s.maxHeaderBytes())
+		req, t, err := readProxyRequest(br, cr, s.maxHeaderBytes(), s.log())
 		if err != nil {
 			var br *badRequest
 			if errors.As(err, &br) {
