@@ -36,7 +36,7 @@ func FuzzReadProxyRequest(f *testing.F) {
 	for _, s := range httpSeeds {
 		f.Add([]byte(s))
 	}
-	const max = 1024
+	const bound = 1024
 	f.Fuzz(func(t *testing.T, b []byte) {
 		src := bytes.NewReader(b)
 		cr := &clientReader{r: src}
@@ -44,15 +44,15 @@ func FuzzReadProxyRequest(f *testing.F) {
 		taken := func() int { return len(b) - src.Len() - br.Buffered() }
 		for i := range 4 {
 			start := taken()
-			req, target, err := readProxyRequest(br, cr, max, slog.New(slog.DiscardHandler))
+			req, target, err := readProxyRequest(br, cr, bound, slog.New(slog.DiscardHandler))
 			if err != nil {
 				return
 			}
 			if req == nil || !target.Valid() {
 				t.Fatalf("readProxyRequest(%q) = %v, %+v without error", b, req, target)
 			}
-			if n := taken() - start; n > max {
-				t.Fatalf("request %d of %q: read a %d-byte header with a bound of %d", i, b, n, max)
+			if n := taken() - start; n > bound {
+				t.Fatalf("request %d of %q: read a %d-byte header with a bound of %d", i, b, n, bound)
 			}
 			if target.Host != "" {
 				if h, err := domainTarget(target.Host); err != nil || h != target.Host {

@@ -65,17 +65,17 @@ func (cr *clientReader) Read(p []byte) (int, error) {
 }
 
 // readHeader runs read (which reads one request's header from br, and nothing more) with
-// the header bound max, and returns the bytes read took from br. A pipelined request's
+// the header bound limit, and returns the bytes read took from br. A pipelined request's
 // header may have started in br's buffer already: those bytes count towards the bound,
 // as the ones read after them do.
-func (cr *clientReader) readHeader(br *bufio.Reader, max int64, read func() error) (head []byte, over bool, err error) {
+func (cr *clientReader) readHeader(br *bufio.Reader, limit int64, read func() error) (head []byte, over bool, err error) {
 	buffered, _ := br.Peek(br.Buffered())
 	cr.head = append(cr.head[:0], buffered...)
-	cr.left, cr.over, cr.reading = max-int64(len(buffered)), false, true
+	cr.left, cr.over, cr.reading = limit-int64(len(buffered)), false, true
 	err = read()
 	cr.reading = false
 	head = cr.head[:len(cr.head)-br.Buffered()]
-	return head, int64(len(head)) > max || err != nil && cr.over, err
+	return head, int64(len(head)) > limit || err != nil && cr.over, err
 }
 
 // release lets go of a large copy of a header once the request is read.
