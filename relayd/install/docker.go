@@ -57,14 +57,14 @@ func (d Docker) install(old []byte) (next []byte, prior *dockerState, err error)
 	}
 	want := orderedObject{{"path", d.path()}}
 	next = data
-	rts := lastValue(root, "runtimes")
+	rts := root.get("runtimes")
 	switch {
 	case rts == nil:
 		next, err = addMember(next, root, "runtimes", orderedObject{{d.name(), want}})
 	case rts.Kind != '{':
 		return nil, nil, errors.New(`daemon.json: "runtimes" is not an object`)
 	default:
-		cur := lastValue(rts, d.name())
+		cur := rts.get(d.name())
 		switch {
 		case cur == nil:
 			next, err = addMember(next, rts, d.name(), want)
@@ -74,7 +74,7 @@ func (d Docker) install(old []byte) (next []byte, prior *dockerState, err error)
 		default:
 			// kl's runtime is there: correct only the key kl owns, in place; the
 			// operator's own keys (runtimeArgs…) and their order stay.
-			p := lastValue(cur, "path")
+			p := cur.get("path")
 			switch {
 			case p == nil:
 				next, err = addMember(next, cur, "path", d.path())
@@ -108,7 +108,7 @@ func (d Docker) setDefault(data []byte) ([]byte, *dockerState, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	cur := lastValue(root, "default-runtime")
+	cur := root.get("default-runtime")
 	if cur == nil {
 		next, err := addMember(data, root, "default-runtime", d.name())
 		return next, &dockerState{Runtime: d.name()}, err
@@ -219,7 +219,7 @@ func (d Docker) uninstall(old []byte, st *dockerState) ([]byte, error) {
 		return nil, errors.New("daemon.json: the top level is not an object")
 	}
 	next := old
-	if cur := lastValue(root, "default-runtime"); cur != nil {
+	if cur := root.get("default-runtime"); cur != nil {
 		var s string
 		if json.Unmarshal(old[cur.Start:cur.End], &s) == nil && s == d.name() {
 			if st != nil && st.DefaultRuntime != nil {
@@ -348,18 +348,6 @@ func addMember(data []byte, obj *span, key string, value any) ([]byte, error) {
 		}
 		return string(k) + ": " + v, nil
 	})
-}
-
-// lastValue returns the value of an object's member key, the last one when the key is
-// repeated (as encoding/json, and so dockerd, reads it), or nil.
-func lastValue(obj *span, key string) *span {
-	var v *span
-	for _, m := range obj.Members {
-		if m.Key == key {
-			v = m.Value
-		}
-	}
-	return v
 }
 
 // replaceValue returns data with the value v replaced by value, written the way the

@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -459,5 +460,42 @@ func TestApplySymlink(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(real); !bytes.Contains(b, []byte(`"kl"`)) {
 		t.Errorf("the target was not edited:\n%s", b)
+	}
+}
+
+// A key given twice counts as libcni and dockerd read it, with encoding/json: the last
+// one. kl edits that one, so that what it installs is what they see.
+func TestRepeatedKeyLastWins(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string
+		e    Editor
+		want func(m map[string]any) bool
+	}{
+		{"cni plugins", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"old"}],"plugins":[{"type":"bridge"}]}`, CNI{},
+			func(m map[string]any) bool {
+				ps, _ := m["plugins"].([]any)
+				last, _ := ps[len(ps)-1].(map[string]any)
+				return len(ps) == 2 && last["type"] == "kl-cni"
+			}},
+		{"docker runtimes", `{"runtimes":{"x":{"path":"/x"}},"runtimes":{"y":{"path":"/y"}}}`, Docker{},
+			func(m map[string]any) bool {
+				rts, _ := m["runtimes"].(map[string]any)
+				return rts["kl"] != nil && rts["y"] != nil
+			}},
+		{"docker default-runtime", `{"default-runtime":"crun","default-runtime":"runc"}`, Docker{Default: true},
+			func(m map[string]any) bool { return m["default-runtime"] == "kl" }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := tc.e.Install([]byte(tc.in))
+			if err != nil {
+				t.Fatalf("Install: %v", err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(got, &m); err != nil || !tc.want(m) {
+				t.Errorf("Install(%s) =\n%s\nwhich encoding/json reads as %v (err %v)", tc.in, got, m, err)
+			}
+		})
 	}
 }

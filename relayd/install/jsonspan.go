@@ -22,14 +22,16 @@ type member struct {
 	Value    *span
 }
 
-// get returns the value of an object's member, or nil.
+// get returns the value of an object's member key, the last one when the key is
+// repeated (as encoding/json, and so dockerd and libcni, reads it), or nil.
 func (s *span) get(key string) *span {
+	var v *span
 	for _, m := range s.Members {
 		if m.Key == key {
-			return m.Value
+			v = m.Value
 		}
 	}
-	return nil
+	return v
 }
 
 // parseSpans locates every value of a JSON document. The document must be valid JSON
