@@ -418,13 +418,23 @@ func (s *Server) remove(se *session) {
 	s.mu.Unlock()
 }
 
+// policySendTimeout bounds one write of the policy to a session (at session start, before
+// a flow, after a reload); a session whose peer does not take it in that time is ended.
+var policySendTimeout = 10 * time.Second
+
 func (se *session) sendPolicy(p *rules.Policy) error {
+	return se.sendPolicyBy(p, time.Now().Add(policySendTimeout))
+}
+
+// sendPolicyBy sends p unless the session holds it already. The write must be done by
+// deadline, however long the control stream was busy before it.
+func (se *session) sendPolicyBy(p *rules.Policy, deadline time.Time) error {
 	se.ctrlMu.Lock()
 	defer se.ctrlMu.Unlock()
 	if se.sentHash == p.Hash() {
 		return nil
 	}
-	se.ctrl.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	se.ctrl.SetWriteDeadline(deadline)
 	defer se.ctrl.SetWriteDeadline(time.Time{})
 	if err := writeFrame(se.ctrl, Control{Policy: &PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}}); err != nil {
 		return err
@@ -447,14 +457,50 @@ func (se *session) abort(id uint64) {
 	}()
 }
 
-// Reload sends the live policy to every session that does not hold it yet. The daemon
-// calls it after a successful reload.
+// Reload sends the live policy to every session that does not hold it yet, to all of
+// them at once: a session whose peer stopped reading delays no other. A session that
+// has not taken the policy within policySendTimeout (its write failed, or its control
+// stream stayed busy) is ended, and Reload returns by then whatever the number of such
+// sessions. The daemon calls it after a successful reload.
 func (s *Server) Reload() {
 	p := s.o.Policy()
-	for _, se := range s.live() {
-		if err := se.sendPolicy(p); err != nil {
-			s.o.Log.Warn("attach: sending the reloaded policy failed; ending the session", "session", se.id, "err", err)
-			se.mux.Close()
+	ss := s.live()
+	if len(ss) == 0 {
+		return
+	}
+	type result struct {
+		se  *session
+		err error
+	}
+	deadline := time.Now().Add(policySendTimeout)
+	done := make(chan result, len(ss)) // buffered: a send still waiting when Reload returns does not leak
+	for _, se := range ss {
+		go func() { done <- result{se, se.sendPolicyBy(p, deadline)} }()
+	}
+	// The writes end at the deadline; a little more lets their errors arrive. A send
+	// still waiting then is one stuck behind another write on the control stream.
+	timer := time.NewTimer(time.Until(deadline) + 100*time.Millisecond)
+	defer timer.Stop()
+	pending := make(map[*session]bool, len(ss))
+	for _, se := range ss {
+		pending[se] = true
+	}
+	for len(pending) > 0 {
+		select {
+		case r := <-done:
+			delete(pending, r.se)
+			if r.err != nil {
+				s.o.Log.Warn("attach: sending the reloaded policy failed; ending the session", "session", r.se.id, "err", r.err)
+				r.se.mux.Close()
+			}
+		case <-timer.C:
+			for se := range pending {
+				s.o.Log.Warn("attach: the session did not take the reloaded policy in time; ending it", "session", se.id, "timeout", policySendTimeout)
+				// Closing the session fails the write the send waits behind, so the
+				// send's goroutine ends too.
+				se.mux.Close()
+			}
+			return
 		}
 	}
 }
