@@ -1133,6 +1133,7 @@ func TestRefusal(t *testing.T) {
 		code, want string
 	}{
 		{"known", Verdict{Code: RefuseDial, Reason: "connection refused"}, RefuseDial, "connection refused"},
+		{"duplicate flow", Verdict{Code: RefuseDuplicate, Reason: "flow 7 is already live on this session"}, RefuseDuplicate, "flow 7 is already live on this session"},
 		{"no code", Verdict{Reason: "no"}, RefuseUnknown, `code "": no`},
 		{"unknown code", Verdict{Code: "E_NEW", Reason: "later"}, RefuseUnknown, `code "E_NEW": later`},
 		{"control bytes", Verdict{Code: RefuseProxy, Reason: "bad\nline\x1b[31m\u00e9"}, RefuseProxy, "badline[31m"},

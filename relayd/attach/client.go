@@ -113,9 +113,9 @@ type Client struct {
 	lastErr   string
 	byCode    map[string]uint64
 	pols      *policies
-	live      map[flowKey]func() // aborts of the flows being carried
-	ctrl      *ctrlStream        // the live session's control stream
-	narrow    Selector           // the session's own --selector, checked again on every flow
+	live      map[flowKey]*liveFlow // the flows being opened or carried
+	ctrl      *ctrlStream           // the live session's control stream
+	narrow    Selector              // the session's own --selector, checked again on every flow
 }
 
 // NewClient checks the options and loads the TLS material.
@@ -181,7 +181,7 @@ func NewClient(o ClientOptions) (*Client, error) {
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	narrow, _ := ParseSelector(o.Selector)
-	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies(), narrow: narrow, live: map[flowKey]func(){}}, nil
+	return &Client{o: o, tls: tc, byCode: map[string]uint64{}, pols: newPolicies(), narrow: narrow, live: map[flowKey]*liveFlow{}}, nil
 }
 
 // Stats returns the counters.
@@ -396,6 +396,12 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		refuse(RefuseHeader, err.Error())
 		return
 	}
+	lf, release := c.reserve(sess, h.Flow)
+	if lf == nil {
+		refuse(RefuseDuplicate, fmt.Sprintf("flow %d is already live on this session", h.Flow))
+		return
+	}
+	defer release()
 	if !c.wants(&h) {
 		refuse(RefuseScope, "workload "+h.Workload+" is not one this session asked to carry")
 		return
@@ -450,7 +456,7 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		up.Close()
 		st.Close()
 	}
-	defer c.track(sess, h.Flow, cut)()
+	lf.setCut(cut)
 	stopCut := context.AfterFunc(ctx, cut)
 	defer stopCut()
 	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
@@ -469,15 +475,45 @@ type flowKey struct {
 	id      uint64
 }
 
-// track registers a flow's abort until the returned function is called.
-func (c *Client) track(sess string, id uint64, abort func()) func() {
+// liveFlow is a flow of the live table: its abort, once it is being carried.
+type liveFlow struct {
+	mu  sync.Mutex
+	cut func()
+}
+
+func (lf *liveFlow) setCut(cut func()) {
+	lf.mu.Lock()
+	lf.cut = cut
+	lf.mu.Unlock()
+}
+
+func (lf *liveFlow) abort() {
+	lf.mu.Lock()
+	cut := lf.cut
+	lf.mu.Unlock()
+	if cut != nil {
+		cut()
+	}
+}
+
+// reserve enters flow id of session sess in the live table until release is called; a
+// nil *liveFlow when a flow with that id is there already. The daemon's aborts name a
+// flow by id, so a second flow with a live id would take the first one's abort, and
+// the first one's end would drop the second from the table.
+func (c *Client) reserve(sess string, id uint64) (lf *liveFlow, release func()) {
 	k := flowKey{sess, id}
 	c.mu.Lock()
-	c.live[k] = abort
-	c.mu.Unlock()
-	return func() {
+	defer c.mu.Unlock()
+	if _, ok := c.live[k]; ok {
+		return nil, nil
+	}
+	lf = &liveFlow{}
+	c.live[k] = lf
+	return lf, func() {
 		c.mu.Lock()
-		delete(c.live, k)
+		if c.live[k] == lf {
+			delete(c.live, k)
+		}
 		c.mu.Unlock()
 	}
 }
@@ -499,10 +535,10 @@ func (c *Client) sendAbort(sess string, id uint64) bool {
 
 func (c *Client) abort(sess string, id uint64) {
 	c.mu.Lock()
-	f := c.live[flowKey{sess, id}]
+	lf := c.live[flowKey{sess, id}]
 	c.mu.Unlock()
-	if f != nil {
-		f()
+	if lf != nil {
+		lf.abort()
 	}
 }
 

@@ -36,6 +36,9 @@ var (
 	ErrNoSession = errors.New("no live attach session for the workload")
 	ErrNotClient = errors.New("the policy does not route this flow to the client")
 	ErrRefused   = errors.New("refused by the attach side")
+	// ErrDuplicateFlow is a flow whose id is already live on the session: the ids key
+	// the aborts both ways, so a second one could end or outlive the first.
+	ErrDuplicateFlow = errors.New("a flow with the same id is live on the session")
 )
 
 // RefusedError is an attach side's refusal of one flow.
@@ -57,7 +60,7 @@ const maxRefusalReason = 200
 func refusal(v Verdict) *RefusedError {
 	code, reason := v.Code, v.Reason
 	switch code {
-	case RefuseRoute, RefusePolicy, RefuseHeader, RefuseDial, RefuseProxy, RefuseScope, RefuseLocal:
+	case RefuseRoute, RefusePolicy, RefuseHeader, RefuseDial, RefuseProxy, RefuseScope, RefuseLocal, RefuseDuplicate:
 	default:
 		reason = fmt.Sprintf("code %q: %s", code, reason)
 		code = RefuseUnknown
@@ -117,9 +120,31 @@ type session struct {
 	refused atomic.Uint64
 
 	liveMu sync.Mutex
-	live   map[uint64]*flowConn // flows being carried, by id
+	live   map[uint64]*flowConn // flows being opened (nil) or carried, by id
 }
 
+// reserve claims id for a flow being opened; false when a flow with that id is live on
+// the session already (the aborts both ways are keyed by it).
+func (se *session) reserve(id uint64) bool {
+	se.liveMu.Lock()
+	defer se.liveMu.Unlock()
+	if _, ok := se.live[id]; ok {
+		return false
+	}
+	se.live[id] = nil
+	return true
+}
+
+// release gives up id, if c (nil: a flow still being opened) holds it.
+func (se *session) release(id uint64, c *flowConn) {
+	se.liveMu.Lock()
+	defer se.liveMu.Unlock()
+	if held, ok := se.live[id]; ok && held == c {
+		delete(se.live, id)
+	}
+}
+
+// track makes c the holder of its reserved id.
 func (se *session) track(c *flowConn) *flowConn {
 	se.liveMu.Lock()
 	se.live[c.id] = c
@@ -581,6 +606,15 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 		se.mux.Close()
 		return fail(fmt.Errorf("%w (the session failed: %v)", ErrNoSession, err))
 	}
+	if !se.reserve(f.ID) {
+		return fail(fmt.Errorf("%w (flow %d)", ErrDuplicateFlow, f.ID))
+	}
+	carried := false
+	defer func() {
+		if !carried {
+			se.release(f.ID, nil)
+		}
+	}()
 	se.flows.Add(1)
 	st, err := se.mux.OpenStream()
 	if err != nil {
@@ -617,6 +651,7 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 		return fail(refusal(v))
 	}
 	st.SetDeadline(time.Time{})
+	carried = true
 	if br.Buffered() > 0 {
 		// The attach side sends nothing after its verdict until the flow's own bytes, which
 		// the reader may already hold: keep them.
@@ -688,9 +723,7 @@ func (c *flowConn) Close() error {
 		if !c.readEOF.Load() || !c.wroteEOF.Load() {
 			c.se.abort(c.id)
 		}
-		c.se.liveMu.Lock()
-		delete(c.se.live, c.id)
-		c.se.liveMu.Unlock()
+		c.se.release(c.id, c)
 	})
 	return c.Stream.Close()
 }

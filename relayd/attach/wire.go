@@ -99,6 +99,10 @@ const (
 	RefuseProxy  = "E_PROXY"          // the proxy the decision or the environment names is unusable
 	RefuseScope  = "E_SCOPE"          // the flow's workload is not one this side asked to carry
 	RefuseLocal  = "E_LOCAL"          // the destination is the attach side's own machine
+	// RefuseDuplicate is a flow whose id is already live on the session: the aborts are
+	// keyed by it, so the second flow would take the first one's (a bug or a hostile
+	// daemon; the first flow goes on).
+	RefuseDuplicate = "E_DUPLICATE_FLOW"
 	// RefuseUnknown is what the daemon records for a code an attach side is not known to
 	// send (a newer or a modified kl-ctl); the code it sent is kept in the reason.
 	RefuseUnknown = "E_UNKNOWN"
