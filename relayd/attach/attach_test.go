@@ -513,8 +513,10 @@ func TestProxies(t *testing.T) {
 		if prox.n.Load() != before+1 {
 			t.Errorf("HTTPS_PROXY not used: %d tunnels", prox.n.Load()-before)
 		}
-		// NO_PROXY: a flow to that host dials directly (here: fails to resolve).
-		_, err = f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Host: "skip.example", Dst: dst}, nil)
+		// NO_PROXY: a flow to that host dials directly (here: fails to resolve). The flow
+		// is known by its name alone (proxy mode): with an address next to a name that
+		// decided nothing, the attach side dials the address (TestDialsWhatDecided).
+		_, err = f.srv.Dial(context.Background(), payWorkload, rules.Flow{Labels: payWorkload.Labels, Host: "skip.example", Dst: netip.AddrPortFrom(netip.Addr{}, dst.Port())}, nil)
 		if prox.n.Load() != before+1 {
 			t.Errorf("NO_PROXY ignored")
 		}

@@ -423,8 +423,11 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		refuse(RefuseRoute, fmt.Sprintf("this side decides proxy %q, the daemon claims %q", d.Proxy, h.Proxy))
 		return
 	}
+	// Where to dial: the name only when it decided this side's decision too, else the
+	// address that was checked (as the relay hands its exits, nameDecided there).
+	dh := dialHeader(p, &h, &f, d)
 	dctx, cancel := context.WithTimeout(ctx, c.o.ConnectTimeout)
-	up, via, err := c.dial(dctx, &h, d.Proxy)
+	up, via, err := c.dial(dctx, dh, d.Proxy)
 	cancel()
 	if err != nil {
 		code := RefuseDial
@@ -459,9 +462,9 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 	lf.setCut(cut)
 	stopCut := context.AfterFunc(ctx, cut)
 	defer stopCut()
-	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via})
+	c.event(Event{Kind: "flow", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: dh.dest(), Via: via})
 	out, in := c.pipe(sess, h.Flow, st, br, up)
-	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: h.dest(), Via: via, BytesOut: out, BytesIn: in})
+	c.event(Event{Kind: "end", Session: sess, Flow: h.Flow, Workload: h.Workload, Dest: dh.dest(), Via: via, BytesOut: out, BytesIn: in})
 }
 
 type ctrlStream struct {
@@ -684,4 +687,50 @@ func (h *Header) target() string {
 		return net.JoinHostPort(h.Host, strconv.Itoa(int(h.Port)))
 	}
 	return h.Dst.String()
+}
+
+// dialHeader is h as this side dials it: with its hostname only when decision d (this
+// side's own, under p, of f = h.RulesFlow()) rested on that name, or when the name is
+// the only destination the header has. A header carrying both a name and an address
+// whose decision did not rest on the name is dialled at the address, the one the
+// decision checked: the name is the workload's own word (SNI, Host) and, resolved
+// here, could lead anywhere. The relay hands its exits the name by the same rule
+// (relay.nameDecided), so a correct daemon never sends such a header; this side does
+// not take that on trust.
+//
+// A header with a name and no address (proxy mode) is dialled by the name: the relay
+// resolves a name whose address could change the decision (rules.Policy.NeedsAddr) and
+// sends the address then, so only a name no address could have decided otherwise
+// arrives alone; checking that here would need this side to resolve it first.
+func dialHeader(p *rules.Policy, h *Header, f *rules.Flow, d rules.Decision) *Header {
+	if h.Host == "" || !h.Dst.IsValid() || nameDecided(p, f, d) {
+		return h
+	}
+	dh := *h
+	dh.Host = ""
+	return &dh
+}
+
+// nameDecided reports whether decision d for flow f under p rested on f's hostname: a
+// domain rule matched it, a pattern rule's HOST is a host glob, or a script answers
+// otherwise for the same flow without its name. It is the rule of relay.nameDecided
+// (relayd/relay/relay.go), which is not exported; the two must stay the same.
+func nameDecided(p *rules.Policy, f *rules.Flow, d rules.Decision) bool {
+	if f.Host == "" {
+		return false
+	}
+	switch d.Dimension {
+	case rules.DimDomain:
+		return true
+	case rules.DimPattern:
+		if d.Rule > 0 {
+			return p.MatchesName(d.Rule)
+		}
+		fallthrough
+	case rules.DimScript:
+		g := *f
+		g.Host = ""
+		return p.Decide(&g) != d
+	}
+	return false
 }

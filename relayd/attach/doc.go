@@ -26,7 +26,8 @@
 // person's own network, not a policy pinned on this side. Accepted flows are dialled from this side's
 // network: through the proxy the PAC named (`PROXY host:port`), else through the proxy
 // its own environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), else
-// directly, resolving hostnames here; never into this machine itself (its loopback,
+// directly, resolving hostnames here (a hostname only when this side's own decision
+// rested on it, as the relay hands its exits the name; else the address that was checked); never into this machine itself (its loopback,
 // link-local and unspecified addresses, refused with E_LOCAL) unless the operator lends
 // those too (ClientOptions.AllowLocal, kl-ctl attach --allow-local: a tunnel on
 // localhost). The verdict is sent only after that dial, so the
