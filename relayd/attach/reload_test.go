@@ -96,12 +96,7 @@ func TestReloadStuckSessions(t *testing.T) {
 
 			// The healthy session was sent the new policy while the stuck ones are still
 			// being waited for: no stuck session delayed it.
-			sent := func() bool {
-				healthy.ctrlMu.Lock()
-				defer healthy.ctrlMu.Unlock()
-				return healthy.sentHash == want
-			}
-			for i := 0; !sent(); i++ {
+			for i := 0; healthy.sentHash() != want; i++ {
 				if i == 1000 {
 					t.Fatalf("the healthy session never got the reloaded policy\nlog:\n%s", f.log.String())
 				}
@@ -136,5 +131,25 @@ func TestReloadStuckSessions(t *testing.T) {
 				t.Error("the healthy session was ended")
 			}
 		})
+	}
+}
+
+// TestSessionsWhileBusy: status lists a session whose control stream is busy with a
+// write to a slow peer without waiting for that write.
+func TestSessionsWhileBusy(t *testing.T) {
+	f := newFixture(t, clientAll)
+	f.attach(ClientOptions{Token: testToken}, payWorkload)
+	se := f.srv.live()[0]
+	se.ctrlMu.Lock() // as a policy or abort write to a peer that stopped reading holds it
+	defer se.ctrlMu.Unlock()
+	got := make(chan []SessionInfo, 1)
+	go func() { got <- f.srv.Sessions() }()
+	select {
+	case ss := <-got:
+		if len(ss) != 1 || ss[0].Policy != f.policy.Load().Hash() {
+			t.Errorf("Sessions() = %+v, want the session holding %s", ss, f.policy.Load().Hash())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Sessions() waits behind the session's control stream")
 	}
 }

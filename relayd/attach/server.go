@@ -112,9 +112,11 @@ type session struct {
 	mux     *yamux.Session
 	started time.Time
 
-	ctrlMu   sync.Mutex
-	ctrl     net.Conn
-	sentHash string
+	ctrlMu sync.Mutex // one write at a time on ctrl
+	ctrl   net.Conn
+	// sent is the hash of the policy the session holds, written under ctrlMu; status
+	// reads it without waiting behind a write to a slow peer.
+	sent atomic.Pointer[string]
 
 	flows   atomic.Uint64
 	refused atomic.Uint64
@@ -456,7 +458,7 @@ func (se *session) sendPolicy(p *rules.Policy) error {
 func (se *session) sendPolicyBy(p *rules.Policy, deadline time.Time) error {
 	se.ctrlMu.Lock()
 	defer se.ctrlMu.Unlock()
-	if se.sentHash == p.Hash() {
+	if se.sentHash() == p.Hash() {
 		return nil
 	}
 	se.ctrl.SetWriteDeadline(deadline)
@@ -464,8 +466,17 @@ func (se *session) sendPolicyBy(p *rules.Policy, deadline time.Time) error {
 	if err := writeFrame(se.ctrl, Control{Policy: &PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}}); err != nil {
 		return err
 	}
-	se.sentHash = p.Hash()
+	h := p.Hash()
+	se.sent.Store(&h)
 	return nil
+}
+
+// sentHash is the hash of the policy the session holds ("" before the first).
+func (se *session) sentHash() string {
+	if h := se.sent.Load(); h != nil {
+		return *h
+	}
+	return ""
 }
 
 // abort tells the attach side to drop a flow (off the caller's path: Close must not
@@ -560,11 +571,8 @@ func (s *Server) Live(w *api.Workload) bool { return s.pick(w) != nil }
 func (s *Server) Sessions() []SessionInfo {
 	var out []SessionInfo
 	for _, se := range s.live() {
-		se.ctrlMu.Lock()
-		h := se.sentHash
-		se.ctrlMu.Unlock()
 		out = append(out, SessionInfo{ID: se.id, Credential: se.cred, Client: se.client, Remote: se.remote, Scope: se.scope.String(),
-			Since: se.started, Policy: h, Flows: se.flows.Load(), Refused: se.refused.Load()})
+			Since: se.started, Policy: se.sentHash(), Flows: se.flows.Load(), Refused: se.refused.Load()})
 	}
 	return out
 }
