@@ -22,6 +22,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -424,7 +425,7 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		return
 	}
 	// Where to dial: the name only when it decided this side's decision too, else the
-	// address that was checked (as the relay hands its exits, nameDecided there).
+	// address that was checked (as the relay hands its exits, relay.NameDecided).
 	dh := dialHeader(p, &h, &f, d)
 	dctx, cancel := context.WithTimeout(ctx, c.o.ConnectTimeout)
 	up, via, err := c.dial(dctx, dh, d.Proxy)
@@ -695,7 +696,7 @@ func (h *Header) target() string {
 // whose decision did not rest on the name is dialled at the address, the one the
 // decision checked: the name is the workload's own word (SNI, Host) and, resolved
 // here, could lead anywhere. The relay hands its exits the name by the same rule
-// (relay.nameDecided), so a correct daemon never sends such a header; this side does
+// (relay.NameDecided), so a correct daemon never sends such a header; this side does
 // not take that on trust.
 //
 // A header with a name and no address (proxy mode) is dialled by the name: the relay
@@ -703,34 +704,10 @@ func (h *Header) target() string {
 // sends the address then, so only a name no address could have decided otherwise
 // arrives alone; checking that here would need this side to resolve it first.
 func dialHeader(p *rules.Policy, h *Header, f *rules.Flow, d rules.Decision) *Header {
-	if h.Host == "" || !h.Dst.IsValid() || nameDecided(p, f, d) {
+	if h.Host == "" || !h.Dst.IsValid() || relay.NameDecided(p, f, d) {
 		return h
 	}
 	dh := *h
 	dh.Host = ""
 	return &dh
-}
-
-// nameDecided reports whether decision d for flow f under p rested on f's hostname: a
-// domain rule matched it, a pattern rule's HOST is a host glob, or a script answers
-// otherwise for the same flow without its name. It is the rule of relay.nameDecided
-// (relayd/relay/relay.go), which is not exported; the two must stay the same.
-func nameDecided(p *rules.Policy, f *rules.Flow, d rules.Decision) bool {
-	if f.Host == "" {
-		return false
-	}
-	switch d.Dimension {
-	case rules.DimDomain:
-		return true
-	case rules.DimPattern:
-		if d.Rule > 0 {
-			return p.MatchesName(d.Rule)
-		}
-		fallthrough
-	case rules.DimScript:
-		g := *f
-		g.Host = ""
-		return p.Decide(&g) != d
-	}
-	return false
 }

@@ -14,7 +14,7 @@ import (
 )
 
 // TestDialsWhatDecided: the attach side dials a flow's hostname only when its own
-// decision rested on that name (relay.nameDecided's rule), else the address that was
+// decision rested on that name (relay.NameDecided's rule), else the address that was
 // checked, whatever the header carries; a header with a name alone is dialled by it.
 func TestDialsWhatDecided(t *testing.T) {
 	echo := echoServer(t, "corp")

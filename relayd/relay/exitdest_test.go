@@ -152,7 +152,7 @@ func TestExitGetsCheckedDestination(t *testing.T) {
 // TestProxyDialsEveryCheckedAddress: a proxied name that policy checks by address is
 // resolved once and decided for every address it has; the exit tries those decided the
 // same way in the resolver's order: a direct dial, and an exit handed the address rather
-// than the name (nameDecided), until one connects. One denied address denies the flow.
+// than the name (NameDecided), until one connects. One denied address denies the flow.
 func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 	backend := echoServer(t) // 127.0.0.1; nothing listens on 127.0.0.3 or .4 at its port
 	const (

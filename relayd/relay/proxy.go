@@ -166,7 +166,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		// A name whose address could change the decision (cidr rules, the pattern form,
 		// the metadata guard before a gateway) is resolved once here and decided for every address it has (decideEach); a direct
 		// dial then tries the addresses that were checked, and no exit looks the name up
-		// again unless the name itself decided (nameDecided).
+		// again unless the name itself decided (NameDecided).
 		var checked []netip.AddrPort // the resolved addresses the decision holds for, in dial order
 		var resolveErr error
 		var d rules.Decision
@@ -217,10 +217,10 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		default:
 			dial = r.o.Exits[d.Exit]
 			switch {
-			case nameDecided(pol, &f, d):
+			case NameDecided(pol, &f, d):
 				// The exit resolves the name itself.
 			case dst.Addr().IsValid():
-				f.Host = "" // the address that was checked, not the name (see nameDecided)
+				f.Host = "" // the address that was checked, not the name (see NameDecided)
 				if exit := dial; exit != nil && len(checked) > 1 {
 					// Every address that was checked, in order, as a direct dial tries
 					// them: the far side may not reach the first one the resolver gave.

@@ -59,7 +59,7 @@ type Dest struct {
 	Addr netip.AddrPort // the address the policy checked; invalid when only Host is known (proxy mode)
 	// Host is the hostname for the exit to dial (and resolve on its side) instead of
 	// Addr. It is set only when the decision rested on the name, or when no address is
-	// known and none could have changed the decision (nameDecided, proxyDial); otherwise
+	// known and none could have changed the decision (NameDecided, proxyDial); otherwise
 	// it is "", also when the flow carried a name.
 	Host string
 	Port uint16 // the destination port (always set)
@@ -544,7 +544,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		}
 	default:
 		dial = r.o.Exits[d.Exit]
-		if !nameDecided(pol, &f, d) {
+		if !NameDecided(pol, &f, d) {
 			// The exit goes to the address that was checked, the one the workload
 			// connected to: the name is the client's word (SNI, Host), not where it goes.
 			// From here f is the flow as the exit sees it (FlowFrom).
@@ -591,7 +591,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	})
 }
 
-// nameDecided reports whether decision d for flow f rested on f's hostname, so that an
+// NameDecided reports whether decision d for flow f rested on f's hostname, so that an
 // exit may be handed the name (an upstream, the gateway or the attach side then resolves
 // it on its own side) rather than the address the policy checked: a domain rule matched
 // the name, a pattern rule's HOST is a host glob (not `*`, an address or a prefix), or a
@@ -611,7 +611,9 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 // for a flow that goes where it was checked to go. Label, image and process decisions
 // do not depend on the destination, but when an address is known they get it as well:
 // it is the destination the workload asked for.
-func nameDecided(pol Decider, f *rules.Flow, d rules.Decision) bool {
+//
+// The attach side applies the same rule to its own decision (relayd/attach).
+func NameDecided(pol Decider, f *rules.Flow, d rules.Decision) bool {
 	if f.Host == "" {
 		return false
 	}
