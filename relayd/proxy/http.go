@@ -360,13 +360,18 @@ func (w idleWriter) Write(p []byte) (int, error) {
 // idleBody is a forwarded request's body, read from the client within idle per read.
 type idleBody struct {
 	io.ReadCloser
-	c    net.Conn
-	idle time.Duration
+	c      net.Conn
+	idle   time.Duration
+	failed *bool // set when reading the body from the client fails (it stalled or left)
 }
 
 func (b idleBody) Read(p []byte) (int, error) {
 	_ = b.c.SetReadDeadline(time.Now().Add(b.idle))
-	return b.ReadCloser.Read(p)
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		*b.failed = true
+	}
+	return n, err
 }
 
 // watchClient notices the client going away while a forwarded request waits for its
@@ -419,6 +424,16 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			if errors.As(err, &br) {
 				s.log().Warn("http proxy: bad request", "why", br.msg, "status", br.status)
 				writeError(c, br.status, br.msg)
+				if br.status == http.StatusRequestTimeout {
+					// The client went quiet: nothing waits unread, and a stalled
+					// client gets no more time.
+					_ = c.Close()
+					return
+				}
+				o.close()
+				o = nil
+				s.lingerClose(c)
+				return
 			} else if !first && errors.Is(err, io.EOF) {
 				// The client closed a kept-alive connection: normal.
 			} else if !errors.Is(err, io.EOF) {
@@ -434,12 +449,19 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			s.connect(ctx, c, br, t)
 			return
 		}
-		keep, next := s.forward(ctx, c, br, req, t, o)
+		then, next := s.forward(ctx, c, br, req, t, o)
 		o = next
-		if !keep {
-			_ = c.Close()
-			return
+		if then == keepOpen {
+			continue
 		}
+		o.close() // not kept while the client connection lingers
+		o = nil
+		if then == closeLinger {
+			s.lingerClose(c)
+		} else {
+			_ = c.Close()
+		}
+		return
 	}
 }
 
@@ -449,7 +471,7 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t up
 		status, msg := dialStatus(err)
 		writeError(c, status, msg)
 		s.log().Debug("http proxy: CONNECT failed", "target", t.String(), "status", status, "err", err)
-		_ = c.Close()
+		s.lingerClose(c) // tunnel bytes may follow the CONNECT
 		return
 	}
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -469,10 +491,19 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t up
 	s.pipe(c, up)
 }
 
+// afterExchange is what becomes of a client connection once forward is done with it.
+type afterExchange int
+
+const (
+	keepOpen    afterExchange = iota // read the next request
+	closeNow                         // the client is gone or stalled, or a tunnel ended
+	closeLinger                      // kl's answer was the last: lingerClose
+)
+
 // forward sends one absolute-URI request to its origin in origin-form and relays the
-// answer. It reports whether the client connection stays open, and the origin
-// connection to keep for the next request.
-func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req *http.Request, t upstream.Target, o *origin) (bool, *origin) {
+// answer. It reports what becomes of the client connection, and the origin connection
+// to keep for the next request.
+func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req *http.Request, t upstream.Target, o *origin) (afterExchange, *origin) {
 	key := t.String()
 	if o != nil && (o.key != key || !o.usable()) {
 		o.close()
@@ -496,7 +527,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	if expect != "" {
 		if !strings.EqualFold(expect, "100-continue") {
 			writeError(c, http.StatusExpectationFailed, "unsupported Expect header")
-			return false, o
+			return closeLinger, o
 		}
 		req.Header.Del("Expect")
 	}
@@ -507,24 +538,28 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			status, msg := dialStatus(err)
 			writeError(c, status, msg)
 			s.log().Debug("http proxy: dial failed", "target", key, "status", status, "err", err)
-			return false, nil
+			return closeLinger, nil
 		}
 		o = s.newOrigin(up, key)
 	}
 	cw := idleWriter{c, s.idleTimeout()}
 	if expect != "" && interim {
 		if _, err := io.WriteString(cw, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
-			return false, o
+			return closeNow, o
 		}
 	}
+	var bodyFailed bool
 	if req.Body != nil && req.Body != http.NoBody {
-		req.Body = idleBody{req.Body, c, s.idleTimeout()}
+		req.Body = idleBody{req.Body, c, s.idleTimeout(), &bodyFailed}
 	}
 	if err := req.Write(o); err != nil {
 		writeError(cw, http.StatusBadGateway, "sending the request failed")
 		s.log().Debug("http proxy: write to origin failed", "target", key, "err", err)
 		o.close()
-		return false, nil
+		if bodyFailed { // the client stalled or left in the middle of the body
+			return closeNow, nil
+		}
+		return closeLinger, nil // the rest of the body may wait unread
 	}
 	// The request is sent: the answer's headers are due within the idle timeout as a
 	// whole (an origin trickling them cannot stretch it), and a client that leaves
@@ -540,7 +575,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			if stopWatch() {
 				s.log().Debug("http proxy: client left before the answer", "target", key)
 				o.close()
-				return false, nil
+				return closeNow, nil
 			}
 			status, msg := http.StatusBadGateway, "no valid response from the destination"
 			// A deadline in the middle of a header line reads as a malformed answer.
@@ -553,7 +588,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			writeError(cw, status, msg)
 			s.log().Debug("http proxy: read from origin failed", "target", key, "err", err)
 			o.close()
-			return false, nil
+			return closeLinger, nil
 		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
 			break
@@ -565,27 +600,27 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			if err := resp.Write(cw); err != nil {
 				stopWatch()
 				o.close()
-				return false, nil
+				return closeNow, nil
 			}
 		}
 	}
 	o.until = time.Time{}
 	if stopWatch() {
 		o.close()
-		return false, nil
+		return closeNow, nil
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if !upgrade {
 			writeError(cw, http.StatusBadGateway, "the destination switched protocols unasked")
 			o.close()
-			return false, nil
+			return closeLinger, nil
 		}
 		if err := resp.Write(cw); err != nil {
 			o.close()
-			return false, nil
+			return closeNow, nil
 		}
 		s.tunnelAfterUpgrade(c, cbr, o)
-		return false, nil
+		return closeNow, nil
 	}
 	removeHopHeaders(resp.Header)
 	framed := resp.ContentLength >= 0 || isChunked(resp.TransferEncoding) || !bodyAllowed(req, resp.StatusCode)
@@ -601,13 +636,18 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	_ = resp.Body.Close()
 	if err != nil {
 		o.close()
-		return false, nil
+		return closeNow, nil
 	}
 	if !originKeep {
 		o.close()
 		o = nil
 	}
-	return clientKeep, o
+	if !clientKeep {
+		// Requests the client pipelined behind this one go unanswered; the answer
+		// must still reach it, ended by a FIN.
+		return closeLinger, o
+	}
+	return keepOpen, o
 }
 
 // tunnelAfterUpgrade relays raw bytes after a 101 answer (WebSocket and friends),

@@ -84,6 +84,11 @@ type Server struct {
 	// (passed to Dial) from the server's, as http.Server.ConnContext does; the relay
 	// uses it to tell Dial which client connection asks.
 	ConnContext func(ctx context.Context, c net.Conn) context.Context
+
+	// lingerTime and lingerBytes bound the discarding of a client's bytes after the
+	// last answer on its connection (see lingerClose). Default 500 ms and 256 KiB.
+	lingerTime  time.Duration
+	lingerBytes int64
 }
 
 func (s *Server) handshakeTimeout() time.Duration {
@@ -105,6 +110,41 @@ func (s *Server) maxHeaderBytes() int64 {
 		return int64(s.MaxHeaderBytes)
 	}
 	return 32 << 10
+}
+
+func (s *Server) lingerFor() (time.Duration, int64) {
+	d, n := s.lingerTime, s.lingerBytes
+	if d <= 0 {
+		d = 500 * time.Millisecond
+	}
+	if n <= 0 {
+		n = 256 << 10
+	}
+	return d, n
+}
+
+// lingerClose closes a client connection after kl's last answer on it (a refusal, or
+// an answer after which the connection ends) while the client may still be sending: the
+// rest of an oversized header, a body, tunnel bytes, pipelined requests. Closing a socket
+// that holds unread bytes makes Linux send a reset instead of a FIN, and a client that
+// has not read the answer yet may lose it to "connection reset by peer". So, as net/http's
+// server does: shut down the write side (the FIN follows the answer, which is written
+// already, unbuffered), read and discard what the client sends until it closes (normally
+// right after reading the answer), for at most lingerTime and lingerBytes, then close.
+// It runs on the connection's own goroutine, so it holds up no other connection, and the
+// connection stays tracked until it is closed (closing a workload ends the wait).
+func (s *Server) lingerClose(c net.Conn) {
+	defer func() { _ = c.Close() }()
+	cw, ok := c.(interface{ CloseWrite() error })
+	if !ok {
+		cw, ok = Raw(c).(interface{ CloseWrite() error })
+	}
+	if !ok || cw.CloseWrite() != nil {
+		return
+	}
+	d, n := s.lingerFor()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	_, _ = io.CopyN(io.Discard, c, n)
 }
 
 func (s *Server) log() *slog.Logger {

@@ -17,6 +17,7 @@ import (
 type socksError struct {
 	reply   upstream.SOCKSReply
 	noReply bool // the greeting failed: answer nothing more (or only the method byte)
+	refused bool // with noReply: the method refusal (05 ff) was sent
 	msg     string
 }
 
@@ -43,7 +44,7 @@ func readSOCKSRequest(r io.Reader, w io.Writer) (upstream.Target, error) {
 	n := int(b[1])
 	if n == 0 {
 		_, _ = w.Write([]byte{0x05, 0xff})
-		return upstream.Target{}, &socksError{noReply: true, msg: "greeting offers no auth methods"}
+		return upstream.Target{}, &socksError{noReply: true, refused: true, msg: "greeting offers no auth methods"}
 	}
 	var methods [255]byte
 	if _, err := io.ReadFull(r, methods[:n]); err != nil {
@@ -57,7 +58,7 @@ func readSOCKSRequest(r io.Reader, w io.Writer) (upstream.Target, error) {
 	}
 	if !noAuth {
 		_, _ = w.Write([]byte{0x05, 0xff})
-		return upstream.Target{}, &socksError{noReply: true, msg: "client does not offer the no-auth method (the only one kl's SOCKS5 proxy uses)"}
+		return upstream.Target{}, &socksError{noReply: true, refused: true, msg: "client does not offer the no-auth method (the only one kl's SOCKS5 proxy uses)"}
 	}
 	if _, err := w.Write([]byte{0x05, 0x00}); err != nil {
 		return upstream.Target{}, &socksError{noReply: true, msg: "write method selection: " + err.Error()}
@@ -202,10 +203,15 @@ func (s *Server) serveSOCKSConn(ctx context.Context, c net.Conn) {
 	if err != nil {
 		var se *socksError
 		s.log().Warn("socks5 proxy: bad request", "why", err.Error())
-		if errors.As(err, &se) && !se.noReply {
+		switch {
+		case errors.As(err, &se) && !se.noReply:
 			_, _ = c.Write(socksReply(se.reply, nil))
+			s.lingerClose(c)
+		case se != nil && se.refused:
+			s.lingerClose(c)
+		default: // nothing to answer, or the client is gone
+			_ = c.Close()
 		}
-		_ = c.Close()
 		return
 	}
 	// The handshake is read; the dial has its own timeout, and a deadline left armed
@@ -218,7 +224,7 @@ func (s *Server) serveSOCKSConn(ctx context.Context, c net.Conn) {
 		f := classify(err)
 		_, _ = c.Write(socksReply(replyFor(f), nil))
 		s.log().Debug("socks5 proxy: dial failed", "target", t.String(), "why", f.String(), "err", err)
-		_ = c.Close()
+		s.lingerClose(c)
 		return
 	}
 	if _, err := c.Write(socksReply(upstream.ReplySucceeded, c.LocalAddr())); err != nil {
