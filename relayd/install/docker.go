@@ -43,7 +43,7 @@ func (d Docker) Install(old []byte) ([]byte, error) {
 
 // install is Install that also returns the default-runtime it replaced (prior), when it
 // made kl's runtime the default.
-func (d Docker) install(old []byte) (next []byte, prior *dockerState, err error) {
+func (d Docker) install(old []byte) (next []byte, prior *defaultState, err error) {
 	data := old
 	if len(strings.TrimSpace(string(data))) == 0 {
 		data = []byte("{}\n")
@@ -103,7 +103,7 @@ func (d Docker) install(old []byte) (next []byte, prior *dockerState, err error)
 // setDefault makes kl's runtime dockerd's default-runtime: in place of a "runc" (or
 // empty) one, which it returns as prior, or as a new last member, returning an empty
 // prior. prior is nil when kl's runtime already was the default.
-func (d Docker) setDefault(data []byte) ([]byte, *dockerState, error) {
+func (d Docker) setDefault(data []byte) ([]byte, *defaultState, error) {
 	root, err := parseSpans(data)
 	if err != nil {
 		return nil, nil, err
@@ -111,7 +111,7 @@ func (d Docker) setDefault(data []byte) ([]byte, *dockerState, error) {
 	cur := root.get("default-runtime")
 	if cur == nil {
 		next, err := addMember(data, root, "default-runtime", d.name())
-		return next, &dockerState{Runtime: d.name()}, err
+		return next, &defaultState{Runtime: d.name()}, err
 	}
 	var s string
 	if err := json.Unmarshal(data[cur.Start:cur.End], &s); err != nil {
@@ -122,7 +122,7 @@ func (d Docker) setDefault(data []byte) ([]byte, *dockerState, error) {
 		return data, nil, nil
 	case "runc", "":
 		next, err := replaceValue(data, root, cur, d.name())
-		return next, &dockerState{Runtime: d.name(), DefaultRuntime: &s}, err
+		return next, &defaultState{Runtime: d.name(), DefaultRuntime: &s}, err
 	default:
 		// kl-runtime execs runc; taking over another default runtime (nvidia, crun,
 		// kata) would silently change how every container runs.
@@ -130,67 +130,15 @@ func (d Docker) setDefault(data []byte) ([]byte, *dockerState, error) {
 	}
 }
 
-// dockerState is what kl keeps in StatePath(daemon.json) while kl's runtime is
-// dockerd's default: which runtime that is, and daemon.json's "default-runtime" as it
-// was before kl made it kl's (no such key when there was none), so that uninstall puts
-// back exactly that.
-type dockerState struct {
-	Runtime        string  `json:"runtime"`
-	DefaultRuntime *string `json:"default-runtime,omitempty"`
-}
-
 var _ stateful = Docker{}
 
-// edit is Install or Uninstall with the state file. Install records the default-runtime
-// it replaces; installing again while kl's runtime is the default keeps what the first
-// install recorded (so any number of installs undo with one uninstall). Uninstall
-// restores the recorded value and drops the state file. A state file is kept only
-// while default-runtime names the runtime it was recorded for: otherwise it is left
-// over from an edit that stopped half way, or the operator has changed the default
-// since, and it goes.
+// edit is Install or Uninstall with the state file (see editDefault).
 func (d Docker) edit(old, state []byte, uninstall bool) (next, nextState []byte, err error) {
-	var st *dockerState
-	if state != nil {
-		st = new(dockerState)
-		dec := json.NewDecoder(bytes.NewReader(state))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(st); err != nil {
-			return nil, nil, fmt.Errorf("%w: %w", errBadState, err)
-		}
-		if st.Runtime == "" {
-			return nil, nil, fmt.Errorf(`%w: no "runtime"`, errBadState)
-		}
-	}
-	if uninstall {
-		if st != nil && st.Runtime != d.name() {
-			// Another kl runtime's default (--runtime-name): not this uninstall's.
-			next, err = d.uninstall(old, nil)
-		} else {
-			next, err = d.uninstall(old, st)
-		}
-	} else {
-		var prior *dockerState
-		if next, prior, err = d.install(old); prior != nil {
-			st = prior
-		}
-	}
-	if err != nil {
-		return nil, nil, err
-	}
-	if st == nil || defaultRuntime(next) != st.Runtime {
-		return next, nil, nil
-	}
-	if state != nil && sameJSON(state, st) {
-		return next, state, nil // as recorded, byte for byte
-	}
-	if nextState, err = json.MarshalIndent(st, "", "  "); err != nil {
-		return nil, nil, err
-	}
-	return next, append(nextState, '\n'), nil
+	return editDefault(d, old, state, uninstall)
 }
 
-// defaultRuntime is daemon.json's "default-runtime", "" when it has none.
-func defaultRuntime(data []byte) string {
+// currentDefault is daemon.json's "default-runtime", "" when it has none.
+func (d Docker) currentDefault(data []byte) string {
 	var m struct {
 		Default string `json:"default-runtime"`
 	}
@@ -207,7 +155,7 @@ func (d Docker) Uninstall(old []byte) ([]byte, error) {
 
 // uninstall is Uninstall that, when default-runtime names kl's runtime and st records
 // what it was before, puts that back, in place.
-func (d Docker) uninstall(old []byte, st *dockerState) ([]byte, error) {
+func (d Docker) uninstall(old []byte, st *defaultState) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return old, nil
 	}

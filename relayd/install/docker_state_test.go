@@ -144,7 +144,7 @@ func TestDockerStaleState(t *testing.T) {
 
 // A state file kl cannot read is named, and nothing is written.
 func TestDockerBadState(t *testing.T) {
-	for _, state := range []string{`[]`, `{"runtime": "kl", "default-runtime": 5}`, `{"runtime": "kl", "prior": "runc"}`, `{"default-runtime": "runc"}`, `{`} {
+	for _, state := range []string{`[]`, `{"runtime": "kl", "default-runtime": 5}`, `{"runtime": "kl", "default-runtime": "crun"}`, `{"runtime": "kl", "prior": "runc"}`, `{"default-runtime": "runc"}`, `{`} {
 		t.Run(state, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "daemon.json")
 			in := []byte(`{"default-runtime": "kl", "runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}}}`)
