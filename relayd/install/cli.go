@@ -22,7 +22,9 @@ const Usage = `kl-ctl install|uninstall cni|containerd|docker [flags]
 
 Every edit is idempotent, keeps the rest of the file as it was, saves the previous
 contents as FILE.kl-backup-<time> and prints a unified diff; uninstall takes out exactly
-what install added, and points a default runtime that named kl back at runc.
+what install added. install containerd|docker --default also makes kl the default
+runtime and records the default it replaced in FILE.kl-state; uninstall puts that back
+(without a record, a default that names kl goes back to runc).
 install cni chains kl into the conflist the runtime uses (the first in name order);
 uninstall cni takes it out of every conflist of the directory, reporting each file
 (--cni-conf-file edits just that one). --dry-run prints the diff and writes nothing.`
@@ -135,10 +137,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		version := fs.Int("config-version", 0, "layout for a file that does not say: 2 (containerd 1.x) or 3 (containerd 2.x)")
 		name := fs.String("runtime-name", DefaultRuntimeName, "the runtime's name (the RuntimeClass handler)")
 		bin := fs.String("runtime-binary", DefaultRuntimeBinary, "kl-runtime's path on the node")
+		def := fs.Bool("default", false, "also make it the CRI plugin's default_runtime_name")
 		if err := fs.Parse(args[2:]); err != nil {
 			return parseError(err)
 		}
-		editor = Containerd{Name: *name, BinaryName: *bin, Version: *version}
+		editor = Containerd{Name: *name, BinaryName: *bin, Version: *version, Default: *def}
 		path = func() (string, error) { return *cfg, nil }
 	case "docker":
 		cfg := fs.String("config", DefaultDockerConfig, "dockerd's daemon.json")

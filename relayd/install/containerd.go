@@ -33,9 +33,16 @@ type Containerd struct {
 	// missing): 2 (containerd 1.x, plugin io.containerd.grpc.v1.cri) or 3 (containerd
 	// 2.x, plugin io.containerd.cri.v1.runtime). A file's own `version` wins.
 	Version int
+	// Default also makes kl's runtime the CRI plugin's default_runtime_name, in place
+	// of a "runc" (or empty, or absent) one; Apply keeps what it replaced in StatePath
+	// for uninstall to put back.
+	Default bool
 }
 
-var _ Editor = Containerd{}
+var (
+	_ Editor   = Containerd{}
+	_ stateful = Containerd{}
+)
 
 func (c Containerd) name() string   { return or(c.Name, DefaultRuntimeName) }
 func (c Containerd) binary() string { return or(c.BinaryName, DefaultRuntimeBinary) }
@@ -307,8 +314,25 @@ var errLayout = errors.New("written in a way kl does not edit in place")
 // owns (settings) are corrected, in place; everything else the operator put under kl's
 // name stays as it is, and a runtime that already has kl's settings leaves the file
 // unchanged. SystemdCgroup is copied from the default runtime's options so kl's
-// containers use the same cgroup driver as the kubelet expects.
+// containers use the same cgroup driver as the kubelet expects. With Default it also
+// sets default_runtime_name (see setDefault).
 func (c Containerd) Install(old []byte) ([]byte, error) {
+	next, _, err := c.install(old)
+	return next, err
+}
+
+// install is Install that also returns the default_runtime_name it replaced (prior),
+// when it made kl's runtime the default.
+func (c Containerd) install(old []byte) ([]byte, *defaultState, error) {
+	next, err := c.addRuntime(old)
+	if err != nil || !c.Default {
+		return next, nil, err
+	}
+	return c.setDefault(next)
+}
+
+// addRuntime is Install without the default.
+func (c Containerd) addRuntime(old []byte) ([]byte, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
@@ -702,9 +726,16 @@ func tomlValue(v any, quote byte) (string, error) {
 
 // Uninstall removes kl's runtime tables, whatever else the operator put in them, and
 // points default_runtime_name back at runc when it names kl's runtime (containerd's CRI
-// plugin does not start with a default runtime that is not defined; Docker's uninstall
-// does the same with "default-runtime").
+// plugin does not start with a default runtime that is not defined). (Apply instead
+// puts back the default_runtime_name that install --default replaced; see
+// editDefault.)
 func (c Containerd) Uninstall(old []byte) ([]byte, error) {
+	return c.uninstall(old, nil)
+}
+
+// uninstall is Uninstall that, when default_runtime_name names kl's runtime and st
+// records what it was before, puts that back instead of runc.
+func (c Containerd) uninstall(old []byte, st *defaultState) ([]byte, error) {
 	if len(bytes.TrimSpace(old)) == 0 {
 		return old, nil
 	}
@@ -712,7 +743,7 @@ func (c Containerd) Uninstall(old []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if next, err = c.resetDefault(next); err != nil {
+	if next, err = c.restoreDefault(next, st); err != nil {
 		return nil, err
 	}
 	if bytes.Equal(next, old) {
@@ -768,8 +799,10 @@ func (c Containerd) remove(old []byte) ([]byte, error) {
 	return next, nil
 }
 
-// resetDefault sets default_runtime_name to runc where it names kl's runtime.
-func (c Containerd) resetDefault(data []byte) ([]byte, error) {
+// restoreDefault gives default_runtime_name back, where it names kl's runtime: the value
+// st records (removing the key when st records there was none), runc without a record.
+// The key keeps its place and its quotes.
+func (c Containerd) restoreDefault(data []byte, st *defaultState) ([]byte, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return data, nil
 	}
@@ -789,36 +822,172 @@ func (c Containerd) resetDefault(data []byte) ([]byte, error) {
 	if kv == nil {
 		return nil, fmt.Errorf("default_runtime_name is %q, in an inline table kl does not edit: set it to \"runc\" first (containerd does not start with a default runtime that is not defined)", c.name())
 	}
+	to := "runc"
+	if st != nil && st.DefaultRuntime == nil {
+		// There was none: the line install added goes.
+		next := bytes.Clone(data[:d.lineStart(kv.first)])
+		return append(next, data[d.lineStart(kv.end+1):]...), nil
+	} else if st != nil {
+		to = *st.DefaultRuntime
+	}
+	return replaceTOMLString(data, kv, to)
+}
+
+// replaceTOMLString returns data with kv's value replaced by the string s, quoted as
+// the value was ('…' or "…").
+func replaceTOMLString(data []byte, kv *tomlKeyval, s string) ([]byte, error) {
 	q := data[kv.valStart]
 	if q != '\'' {
 		q = '"'
 	}
+	text, err := tomlValue(s, q)
+	if err != nil {
+		return nil, err
+	}
 	next := bytes.Clone(data[:kv.valStart])
-	next = append(next, q)
-	next = append(next, "runc"...)
-	next = append(next, q)
+	next = append(next, text...)
 	return append(next, data[kv.valEnd:]...), nil
 }
 
-// notes tells what an uninstall changed beyond kl's runtime.
-func (c Containerd) notes(old, next []byte, uninstall bool) []string {
-	if !uninstall {
-		return nil
+// setDefault makes kl's runtime the CRI plugin's default_runtime_name: in place of a
+// "runc" (or empty) one, which it returns as prior, or, when there is none, as a new
+// last key of the [….containerd] table, returning an empty prior. prior is nil when
+// kl's runtime already was the default.
+func (c Containerd) setDefault(data []byte) ([]byte, *defaultState, error) {
+	d, err := parseTOML(data, c.Version)
+	if err != nil {
+		return nil, nil, err
 	}
-	def := func(data []byte) string {
+	rp, err := RuntimesPath(d.version)
+	if err != nil {
+		return nil, nil, err
+	}
+	path := defaultRuntimePath(rp)
+	table := path[:len(path)-1]
+	var next []byte
+	prior := &defaultState{Runtime: c.name()}
+	cur := lookup(d.value, path...)
+	switch s, ok := cur.(string); {
+	case cur == nil:
+		i := d.section(table)
+		if i < 0 {
+			return nil, nil, fmt.Errorf("default_runtime_name: there is no [%s] table to set it in; add the table, with default_runtime_name = \"runc\", first", tomlKey(table, '"'))
+		}
+		quote := d.sections[i].quote
+		if quote == 0 || d.version == 1 {
+			quote = '"'
+		}
+		text, err := tomlValue(c.name(), quote)
+		if err != nil {
+			return nil, nil, err
+		}
+		at := d.lineStart(d.sections[i].bodyEnd + 1)
+		line := d.keyIndent(i) + "default_runtime_name = " + text + "\n"
+		if at == len(data) && at > 0 && data[at-1] != '\n' {
+			line = "\n" + line
+		}
+		next = append(bytes.Clone(data[:at]), line...)
+		next = append(next, data[at:]...)
+	case !ok:
+		return nil, nil, fmt.Errorf("default_runtime_name is %v, not a string", cur)
+	case s == c.name():
+		return data, nil, nil
+	case s == "runc" || s == "":
+		kv := d.keyval(path)
+		if kv == nil {
+			return nil, nil, fmt.Errorf("default_runtime_name is set in an inline table kl does not edit: write [%s] as a table first", tomlKey(table, '"'))
+		}
+		if next, err = replaceTOMLString(data, kv, c.name()); err != nil {
+			return nil, nil, err
+		}
+		prior.DefaultRuntime = &s
+	default:
+		// kl-runtime execs runc; taking over another default runtime (nvidia, crun,
+		// runsc, kata) would silently change how every pod runs.
+		return nil, nil, fmt.Errorf(`default_runtime_name is %q; kl would replace it (set it to "runc" or remove it first)`, s)
+	}
+	if err := c.checkDefault(data, next); err != nil {
+		return nil, nil, err
+	}
+	return next, prior, nil
+}
+
+// checkDefault proves that setDefault made kl's runtime the default and changed nothing
+// else.
+func (c Containerd) checkDefault(before, after []byte) error {
+	a, err := parseTOML(before, c.Version)
+	if err != nil {
+		return fmt.Errorf("re-read original: %w", err)
+	}
+	b, err := parseTOML(after, c.Version)
+	if err != nil {
+		return fmt.Errorf("edit produced invalid TOML (a bug): %w", err)
+	}
+	rp, err := RuntimesPath(b.version)
+	if err != nil {
+		return err
+	}
+	path := defaultRuntimePath(rp)
+	if got := lookup(b.value, path...); got != c.name() {
+		return fmt.Errorf("default_runtime_name after the edit is %v, not %q (a bug); nothing written", got, c.name())
+	}
+	for _, v := range []map[string]any{a.value, b.value} {
+		if m, ok := lookup(v, path[:len(path)-1]...).(map[string]any); ok {
+			delete(m, path[len(path)-1])
+		}
+	}
+	if !reflect.DeepEqual(a.value, b.value) {
+		return errors.New("edit would change more than default_runtime_name (a bug); nothing written")
+	}
+	return nil
+}
+
+// edit is Install or Uninstall with the state file (see editDefault).
+func (c Containerd) edit(old, state []byte, uninstall bool) (next, nextState []byte, err error) {
+	return editDefault(c, old, state, uninstall)
+}
+
+// currentDefault is the config's default_runtime_name, "" when it has none (or does
+// not parse).
+func (c Containerd) currentDefault(data []byte) string {
+	d, err := parseTOML(data, c.Version)
+	if err != nil {
+		return ""
+	}
+	rp, err := RuntimesPath(d.version)
+	if err != nil {
+		return ""
+	}
+	s, _ := lookup(d.value, defaultRuntimePath(rp)...).(string)
+	return s
+}
+
+// notes tells what an edit changed beyond kl's runtime: the CRI plugin's default
+// runtime.
+func (c Containerd) notes(old, next []byte, uninstall bool) []string {
+	has := func(data []byte) bool {
 		d, err := parseTOML(data, c.Version)
 		if err != nil {
-			return ""
+			return false
 		}
 		rp, err := RuntimesPath(d.version)
 		if err != nil {
-			return ""
+			return false
 		}
-		s, _ := lookup(d.value, defaultRuntimePath(rp)...).(string)
-		return s
+		return lookup(d.value, defaultRuntimePath(rp)...) != nil
 	}
-	if def(old) == c.name() && def(next) == "runc" {
+	was, now := c.currentDefault(old), c.currentDefault(next)
+	switch {
+	case uninstall && was == c.name() && !has(next):
+		return []string{fmt.Sprintf(`default_runtime_name was %q; removed, as it was before kl was installed`, c.name())}
+	case uninstall && was == c.name() && now == "runc":
 		return []string{fmt.Sprintf(`default_runtime_name was %q; set to "runc" (containerd's CRI plugin does not start with a default runtime that is not defined)`, c.name())}
+	case uninstall && was == c.name() && now != c.name():
+		return []string{fmt.Sprintf(`default_runtime_name was %q; set back to %q, as it was before kl was installed`, c.name(), now)}
+	case !uninstall && now == c.name() && !has(old):
+		return []string{fmt.Sprintf(`default_runtime_name set to %q; uninstall removes it again`, c.name())}
+	case !uninstall && now == c.name() && was != c.name():
+		return []string{fmt.Sprintf(`default_runtime_name was %q; set to %q, and uninstall sets it back`, was, c.name())}
 	}
 	return nil
 }
@@ -840,7 +1009,8 @@ func (d *tomlDoc) lineStart(l int) int {
 // must hold every setting, and both documents, with only the operator's part of kl's
 // runtime, must decode to the same value. Without (an uninstall) kl's runtime must be
 // gone, default_runtime_name must not name it, and both documents without kl's runtime
-// (and with default_runtime_name reset to runc) must decode to the same value.
+// (and without a default_runtime_name of kl, runc or "", what uninstall puts back) must
+// decode to the same value.
 func (c Containerd) check(before, after []byte, sets []setting) error {
 	a, err := parseTOML(before, c.Version)
 	if err != nil {
@@ -870,6 +1040,13 @@ func (c Containerd) check(before, after []byte, sets []setting) error {
 		}
 	}
 	for _, v := range []map[string]any{a.value, b.value} {
+		// First the default (so that a table left empty without it goes as well:
+		// uninstall takes out the key install --default added).
+		if sets == nil {
+			if m, ok := lookup(v, defPath[:len(defPath)-1]...).(map[string]any); ok && (m[defPath[len(defPath)-1]] == c.name() || m[defPath[len(defPath)-1]] == "runc" || m[defPath[len(defPath)-1]] == "") {
+				delete(m, defPath[len(defPath)-1])
+			}
+		}
 		// Take kl's runtime (or what kl owns of it) out, then the tables that only held
 		// it (kl creates them in a config that had no runtime tables).
 		for i := len(rp); i >= 0; i-- {
@@ -888,11 +1065,6 @@ func (c Containerd) check(before, after []byte, sets []setting) error {
 				m[c.name()] = op
 			} else {
 				delete(m, c.name())
-			}
-		}
-		if sets == nil {
-			if m, ok := lookup(v, defPath[:len(defPath)-1]...).(map[string]any); ok && (m[defPath[len(defPath)-1]] == c.name() || m[defPath[len(defPath)-1]] == "runc") {
-				delete(m, defPath[len(defPath)-1])
 			}
 		}
 		if _, ok := a.value["version"]; !ok {

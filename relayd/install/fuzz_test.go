@@ -16,7 +16,7 @@ func FuzzEditors(f *testing.F) {
 			f.Add(b)
 		}
 	}
-	editors := []Editor{CNI{}, Docker{}, Docker{Default: true}, Containerd{}, Containerd{Version: 3}}
+	editors := []Editor{CNI{}, Docker{}, Docker{Default: true}, Containerd{}, Containerd{Version: 3}, Containerd{Default: true}, Containerd{Version: 3, Default: true}}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		for _, e := range editors {
 			got, err := e.Install(in)

@@ -34,7 +34,8 @@ const (
 // Editor turns the bytes of one configuration file into its form with kl installed, or
 // uninstalled. Both directions are idempotent, and Uninstall(Install(x)) == x for a file
 // that did not hold kl before; for an edit that replaces one of the operator's values
-// (docker --default), only through Apply, which keeps the old value in StatePath.
+// (docker or containerd --default), only through Apply, which keeps the old value in
+// StatePath.
 type Editor interface {
 	Install(old []byte) ([]byte, error)
 	Uninstall(old []byte) ([]byte, error)
@@ -90,9 +91,10 @@ func LockPath(config string) string {
 }
 
 // StatePath is where kl keeps, beside config, what an uninstall must put back and the
-// file itself cannot hold: for daemon.json, its "default-runtime" before
-// `install docker --default` (dockerd refuses keys it does not know in daemon.json).
-// It exists only while kl's change is in the file.
+// file itself cannot hold: the default runtime before `install docker|containerd
+// --default` (daemon.json's "default-runtime", config.toml's default_runtime_name;
+// dockerd refuses keys it does not know in daemon.json, and a comment in config.toml
+// would be the operator's to edit). It exists only while kl's change is in the file.
 func StatePath(config string) string { return config + ".kl-state" }
 
 // stateful is an Editor that remembers something from install to uninstall in

@@ -1,0 +1,322 @@
+package install
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// defaultLine is the default_runtime_name line of the containerd-v*-default.toml files.
+var defaultLine = regexp.MustCompile(`(?m)^ *default_runtime_name = .*\n`)
+
+// priorDefault rewrites the default_runtime_name of a test config: to value (quoted
+// as the file quotes it), or, with value "absent", removes the line.
+func priorDefault(t *testing.T, data []byte, value string) []byte {
+	t.Helper()
+	if !defaultLine.Match(data) {
+		t.Fatalf("no default_runtime_name line in\n%s", data)
+	}
+	return defaultLine.ReplaceAllFunc(data, func(l []byte) []byte {
+		if value == "absent" {
+			return nil
+		}
+		return regexp.MustCompile(`(["'])runc(["'])`).ReplaceAll(l, []byte("${1}"+value+"${2}"))
+	})
+}
+
+// install --default remembers the default_runtime_name it replaces (beside config.toml,
+// in StatePath) and uninstall puts exactly that back, in place: the file is byte for
+// byte what it was, however many times kl was installed in between. Each step's
+// config.toml and state file are golden.
+func TestContainerdDefaultRestore(t *testing.T) {
+	const (
+		def   = "install --default"
+		plain = "install"
+		un    = "uninstall"
+	)
+	cases := []struct {
+		name  string
+		prior string // default_runtime_name before install: "runc", "", or "absent"
+		steps []string
+	}{
+		{"prior-runc", "runc", []string{def, un}},
+		{"prior-empty", "", []string{def, un}},
+		{"prior-absent", "absent", []string{def, un}},
+		{"reinstall-twice", "runc", []string{def, def, def, un}},
+		{"reinstall-twice-absent", "absent", []string{def, def, def, un}},
+		{"reinstall-without-default", "runc", []string{def, plain, un}},
+		{"uninstall-twice", "runc", []string{def, un, un}},
+		{"uninstall-twice-absent", "absent", []string{def, un, un}},
+	}
+	for _, layout := range []string{"v2", "v3"} {
+		for _, tc := range cases {
+			t.Run(layout+"/"+tc.name, func(t *testing.T) {
+				dir := t.TempDir()
+				path := filepath.Join(dir, "config.toml")
+				orig := read(t, "containerd-"+layout+"-default.toml")
+				if tc.prior != "runc" {
+					orig = priorDefault(t, orig, tc.prior)
+				}
+				if err := os.WriteFile(path, orig, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				var first []byte // config.toml after the first install
+				for i, step := range tc.steps {
+					o := Options{Uninstall: step == un, NoBackup: true}
+					if _, err := Apply(path, Containerd{Default: step == def}, o); err != nil {
+						t.Fatalf("step %d (%s): %v", i, step, err)
+					}
+					cur := mustRead(t, path)
+					state, err := os.ReadFile(StatePath(path))
+					if err != nil && !errors.Is(err, fs.ErrNotExist) {
+						t.Fatal(err)
+					}
+					if state == nil {
+						state = []byte("(none)\n")
+					}
+					golden(t, fmt.Sprintf("containerd-state/%s-%s.%d-%s", layout, tc.name, i, strings.ReplaceAll(step, " --", "-")),
+						append(append(cur, "--- "+filepath.Base(StatePath(path))+"\n"...), state...))
+					if i == 0 {
+						first = cur
+						if got := (Containerd{}).currentDefault(cur); got != "kl" {
+							t.Errorf("default_runtime_name after install --default = %q, want kl", got)
+						}
+					} else if step != un && !bytes.Equal(cur, first) {
+						t.Errorf("step %d (%s) changed the installed file:\n%s", i, step, UnifiedDiff("first", "now", first, cur))
+					}
+				}
+				if cur := mustRead(t, path); !bytes.Equal(cur, orig) {
+					t.Errorf("uninstall did not give back the original:\n%s", UnifiedDiff("original", "uninstalled", orig, cur))
+				}
+				if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+					var names []string
+					for _, e := range ents {
+						names = append(names, e.Name())
+					}
+					t.Errorf("files left beside config.toml: %q, want none", names)
+				}
+			})
+		}
+	}
+}
+
+// install --default takes over only a runc, empty or absent default: kl-runtime execs
+// runc, so replacing another default runtime would change how every pod runs. It says
+// what is in the way, and writes nothing.
+func TestContainerdDefaultRefused(t *testing.T) {
+	cases := []struct {
+		name, file, prior, want string
+	}{
+		{"v2 crun", "containerd-v2-default.toml", "crun", `default_runtime_name is "crun"; kl would replace it`},
+		{"v2 nvidia", "containerd-v2-default.toml", "nvidia", `default_runtime_name is "nvidia"; kl would replace it`},
+		{"v3 runsc", "containerd-v3-default.toml", "runsc", `default_runtime_name is "runsc"; kl would replace it`},
+		{"v3 kl-gpu", "containerd-v3-default.toml", "kl-gpu", `default_runtime_name is "kl-gpu"; kl would replace it`},
+		{"no containerd table", "containerd-v2-minimal.toml", "", `no [plugins."io.containerd.grpc.v1.cri".containerd] table to set it in`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "config.toml")
+			in := read(t, tc.file)
+			if tc.prior != "" {
+				in = priorDefault(t, in, tc.prior)
+			}
+			if err := os.WriteFile(path, in, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Apply(path, Containerd{Default: true}, Options{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path) {
+				t.Errorf("Apply error = %v, want one naming %s and saying %q", err, path, tc.want)
+			}
+			if got := mustRead(t, path); !bytes.Equal(got, in) {
+				t.Errorf("config.toml written despite the error:\n%s", UnifiedDiff("before", "after", in, got))
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+				t.Errorf("%d files in the directory after a refused install, want only config.toml", len(ents))
+			}
+		})
+	}
+}
+
+// The state file describes default_runtime_name only while it names kl's runtime: one
+// left over after the operator changed the default (or from an edit that stopped half
+// way) is not applied, and goes; one of another kl runtime (--runtime-name) stays.
+func TestContainerdStaleState(t *testing.T) {
+	const (
+		hdr = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n"
+		kl  = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"kl.egress.mode\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n  BinaryName = \"/usr/bin/kl-runtime\"\n"
+	)
+	cases := []struct {
+		name, in, state, want string
+		uninstall             bool
+		keep                  bool // the state file stays as it was
+	}{
+		{"operator changed the default", hdr + "  default_runtime_name = \"crun\"\n" + kl, `{"runtime": "kl"}`, hdr + "  default_runtime_name = \"crun\"\n", true, false},
+		{"not installed", hdr + "  default_runtime_name = \"runc\"\n", `{"runtime": "kl", "default-runtime": ""}`, hdr + "  default_runtime_name = \"runc\"\n", true, false},
+		{"install without default", hdr + "  default_runtime_name = \"runc\"\n" + kl, `{"runtime": "kl"}`, hdr + "  default_runtime_name = \"runc\"\n" + kl, false, false},
+		{"no state: back to runc", hdr + "  default_runtime_name = \"kl\"\n" + kl, "", hdr + "  default_runtime_name = \"runc\"\n", true, false},
+		{"another runtime's default", hdr + "  default_runtime_name = \"kl-gpu\"\n" + kl, `{"runtime": "kl-gpu", "default-runtime": "runc"}`, hdr + "  default_runtime_name = \"kl-gpu\"\n", true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.state != "" {
+				if err := os.WriteFile(StatePath(path), []byte(tc.state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := Apply(path, Containerd{}, Options{Uninstall: tc.uninstall, NoBackup: true}); err != nil {
+				t.Fatal(err)
+			}
+			if got := mustRead(t, path); string(got) != tc.want {
+				t.Errorf("config.toml:\n%s", UnifiedDiff("want", "got", []byte(tc.want), got))
+			}
+			state, err := os.ReadFile(StatePath(path))
+			switch {
+			case tc.keep && string(state) != tc.state:
+				t.Errorf("state file after the edit = %q, %v; want %s", state, err, tc.state)
+			case !tc.keep && !errors.Is(err, fs.ErrNotExist):
+				t.Errorf("state file after the edit: %q, %v; want it gone", state, err)
+			}
+		})
+	}
+}
+
+// A state file kl cannot read is named, and nothing is written, installing or
+// uninstalling.
+func TestContainerdBadState(t *testing.T) {
+	in := priorDefault(t, read(t, "containerd-v3-default.toml"), "kl")
+	states := []string{`[]`, `{"runtime": "kl", "default-runtime": 5}`, `{"runtime": "kl", "default-runtime": "crun"}`,
+		`{"runtime": "kl", "default_runtime_name": "runc"}`, `{"default-runtime": "runc"}`, `{`, "runtime = 'kl'\n"}
+	for _, state := range states {
+		for _, uninstall := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/uninstall=%v", state, uninstall), func(t *testing.T) {
+				path := filepath.Join(t.TempDir(), "config.toml")
+				if err := os.WriteFile(path, in, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(StatePath(path), []byte(state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				_, err := Apply(path, Containerd{Default: !uninstall}, Options{Uninstall: uninstall, NoBackup: true})
+				if err == nil || !strings.Contains(err.Error(), StatePath(path)) || !errors.Is(err, errBadState) {
+					t.Errorf("Apply error = %v, want one naming %s", err, StatePath(path))
+				}
+				if got := mustRead(t, path); !bytes.Equal(got, in) {
+					t.Errorf("config.toml written despite the error:\n%s", UnifiedDiff("before", "after", in, got))
+				}
+				if got := mustRead(t, StatePath(path)); string(got) != state {
+					t.Errorf("state file changed despite the error: %q", got)
+				}
+			})
+		}
+	}
+}
+
+// kl-ctl install containerd --default says what happens to the default runtime and
+// where it keeps what uninstall puts back; uninstall then gives the file back as it was.
+func TestRunContainerdDefaultNotes(t *testing.T) {
+	cases := []struct {
+		prior   string
+		install string // note of the install
+		un      string // note of the uninstall
+	}{
+		{"runc", `default_runtime_name was "runc"; set to "kl", and uninstall sets it back`, `default_runtime_name was "kl"; set to "runc"`},
+		{"", `default_runtime_name was ""; set to "kl", and uninstall sets it back`, `default_runtime_name was "kl"; set back to "", as it was before kl was installed`},
+		{"absent", `default_runtime_name set to "kl"; uninstall removes it again`, `default_runtime_name was "kl"; removed, as it was before kl was installed`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.prior, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "config.toml")
+			orig := read(t, "containerd-v2-default.toml")
+			if tc.prior != "runc" {
+				orig = priorDefault(t, orig, tc.prior)
+			}
+			if err := os.WriteFile(p, orig, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			steps := []struct {
+				args []string
+				want []string // lines of stderr
+			}{
+				{[]string{"install", "containerd", "--config", p, "--default"}, []string{
+					p + ": " + tc.install,
+					p + ": what uninstall puts back is kept in " + StatePath(p)}},
+				{[]string{"install", "containerd", "--config", p, "--default"}, []string{p + ": kl is already in it; nothing to do"}},
+				{[]string{"uninstall", "containerd", "--config", p}, []string{p + ": " + tc.un}},
+			}
+			for _, s := range steps {
+				var out, errb bytes.Buffer
+				if err := Run(context.Background(), s.args, &out, &errb); err != nil {
+					t.Fatalf("Run(%q): %v", s.args, err)
+				}
+				for _, w := range s.want {
+					if !strings.Contains(errb.String(), w) {
+						t.Errorf("Run(%q) stderr lacks %q:\n%s", s.args, w, errb.String())
+					}
+				}
+			}
+			if cur := mustRead(t, p); !bytes.Equal(cur, orig) {
+				t.Errorf("config.toml after uninstall:\n%s", UnifiedDiff("original", "now", orig, cur))
+			}
+			if _, err := os.Stat(StatePath(p)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("state file after uninstall: %v, want it gone", err)
+			}
+		})
+	}
+}
+
+// More layouts round-trip through install --default and uninstall: a [….containerd]
+// table with no keys (the added key is its only one), a file without a newline at its
+// end (which install adds, and uninstall keeps), and the version 1 layout.
+func TestContainerdDefaultLayouts(t *testing.T) {
+	const runc = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+	cases := []struct {
+		name, in, want string // want: after uninstall; in when ""
+	}{
+		{"empty table", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n" + runc, ""},
+		{"empty table last", "version = 2\n" + runc + "[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n", ""},
+		{"no newline at the end", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]", "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n"},
+		{"v1 absent", string(read(t, "containerd-v1.toml")), ""},
+		{"v1 runc", "[plugins.cri.containerd]\n  default_runtime_name = 'runc' # v1\n", ""},
+		{"v3 empty", "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = ''\n", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			want := tc.want
+			if want == "" {
+				want = tc.in
+			}
+			dir := t.TempDir()
+			path := filepath.Join(dir, "config.toml")
+			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Apply(path, Containerd{Default: true}, Options{NoBackup: true}); err != nil {
+				t.Fatal(err)
+			}
+			if got := (Containerd{}).currentDefault(mustRead(t, path)); got != "kl" {
+				t.Errorf("default_runtime_name after install --default = %q, want kl:\n%s", got, mustRead(t, path))
+			}
+			if _, err := Apply(path, Containerd{}, Options{Uninstall: true, NoBackup: true}); err != nil {
+				t.Fatal(err)
+			}
+			if got := mustRead(t, path); string(got) != want {
+				t.Errorf("after uninstall:\n%s", UnifiedDiff("want", "got", []byte(want), got))
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+				t.Errorf("%d files in the directory after uninstall, want only config.toml", len(ents))
+			}
+		})
+	}
+}
