@@ -1,6 +1,7 @@
 package install
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -24,6 +25,52 @@ func TestContainerdReadsInstalledConfig(t *testing.T) {
 			}
 			if !want.Match(out) {
 				t.Errorf("containerd does not see kl's runtime in %s:\n%s", path, out)
+			}
+		})
+	}
+}
+
+// The real containerd reads a config after install --default with kl as its default
+// runtime, and after uninstall with runc again (its own default when the key was absent).
+func TestContainerdReadsDefault(t *testing.T) {
+	testutil.RequireTool(t, "containerd")
+	dump := func(t *testing.T, path string) string {
+		t.Helper()
+		out, err := exec.Command("containerd", "--config", path, "config", "dump").CombinedOutput()
+		if err != nil {
+			t.Fatalf("containerd config dump: %v\n%s", err, out)
+		}
+		m := regexp.MustCompile(`(?m)^\s*default_runtime_name = "([^"]*)"`).FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("no default_runtime_name in containerd's dump of %s:\n%s", path, out)
+		}
+		return string(m[1])
+	}
+	for _, prior := range []string{"runc", "absent"} {
+		t.Run(prior, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			in := read(t, "containerd-v2-default.toml")
+			if prior != "runc" {
+				in = priorDefault(t, in, prior)
+			}
+			if err := os.WriteFile(path, in, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			steps := []struct {
+				e    Containerd
+				o    Options
+				want string
+			}{
+				{Containerd{Default: true}, Options{NoBackup: true}, "kl"},
+				{Containerd{}, Options{Uninstall: true, NoBackup: true}, "runc"},
+			}
+			for i, s := range steps {
+				if _, err := Apply(path, s.e, s.o); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if got := dump(t, path); got != s.want {
+					t.Errorf("step %d: containerd's default_runtime_name = %q, want %q", i, got, s.want)
+				}
 			}
 		})
 	}
