@@ -39,12 +39,14 @@ func init() {
 			"Variants: direct; kl-relayd in transparent mode with the direct exit, with the kernel " +
 			"fast path (the default: the kernel carries the flows) and without it (the relay carries them); the issue's reference, a bare Go " +
 			"splice relay (accept, original destination, dial, io.Copy both ways: nothing of kl's decision, audit or metrics) behind the same capture table, and the same bare relay in front of dante and of squid (a hand-written no-auth SOCKS5 " +
-			"CONNECT, one round trip per message, or an HTTP CONNECT, as redsocks does); each upstream " +
+			"CONNECT, one round trip per message, or an HTTP CONNECT, as redsocks does); the same bare relay's job done by one thread with its own " +
+			"epoll loop (`bare epoll relay`: GOMAXPROCS 1, sockets the netpoller never sees, raw system calls, splice through a pipe per direction: Go's scheduler " +
+			"left out of the connection path, the shape of redsocks), direct and in front of dante and squid; each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
 			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid) " +
 			"upstream; and redsocks (Debian 0.5) to the same upstreams, with splice on (its fastest setting: `vs redsocks`) and as configured by default (copies through libevent buffers, the setting the issue measured: `vs redsocks default`). " +
-			"`vs bare relay` is kl-relayd over the bare relay doing the same job (direct, or to dante). `vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
+			"`vs bare relay` is kl-relayd (or the epoll relay) over the bare relay doing the same job (direct, or to an upstream). `vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
 			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
@@ -207,6 +209,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			iperf: true, idle: relayPid, proc: relayPid, bare: bareRow},
 		// The issue's reference relay, in the same rounds (tests/bench/bare.go).
 		{name: bareRow, prep: func() error { return b.startBare() }, iperf: true, idle: otherPid, proc: otherPid},
+		// The same job on one thread with its own epoll loop, Go's scheduler left out
+		// (tests/bench/epoll.go): the experiment of the context-switch question.
+		{name: epollRow, prep: func() error { return b.startEpoll() }, iperf: true, idle: otherPid, proc: otherPid, bare: bareRow},
 		{name: "dante alone (no relay)", prep: b.clear, via: danteAlone},
 		{name: "redsocks → dante", prep: func() error { return b.redsocks("socks5", benchDante, true) }, iperf: true,
 			idle: otherPid, proc: otherPid, alone: "dante alone (no relay)"},
@@ -214,6 +219,8 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			proc: otherPid, alone: "dante alone (no relay)"},
 		{name: bareDanteRow, prep: func() error { return b.startBare(danteURL) }, iperf: true,
 			proc: otherPid, alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante"},
+		{name: epollDanteRow, prep: func() error { return b.startEpoll(danteURL) }, iperf: true, proc: otherPid,
+			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante", bare: bareDanteRow},
 		{name: "kl → dante (socks5)", prep: func() error { return b.startRelayBin(b.bin, danteURL) }, iperf: true, proc: relayPid,
 			alone: "dante alone (no relay)", red: "redsocks → dante", redCp: "redsocks default (no splice) → dante", bare: bareDanteRow},
 		// The same with `pipeline: true` (the line continues the settings' proxy block):
@@ -227,6 +234,8 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			proc: otherPid, alone: "squid alone (no relay)"},
 		{name: bareSquidRow, prep: func() error { return b.startBare(squidURL) }, iperf: true,
 			proc: otherPid, alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"},
+		{name: epollSquidRow, prep: func() error { return b.startEpoll(squidURL) }, iperf: true, proc: otherPid,
+			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid", bare: bareSquidRow},
 		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true, proc: relayPid,
 			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid", bare: bareSquidRow},
 	}
