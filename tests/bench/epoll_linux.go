@@ -20,6 +20,7 @@ const (
 	epollMaxFlows = 65536
 	epollBatch    = 256
 	epollFdsFlow  = 6 // two sockets and two pipes per flow
+	epollPipe     = 1 << 20
 	epollET       = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 )
 
@@ -377,12 +378,15 @@ func (l *epollLoop) relay(f *eflow) {
 			f.h[i].p, l.pipes = l.pipes[k-1], l.pipes[:k-1]
 			continue
 		}
-		var p [2]int
-		if unix.Pipe2(p[:], unix.O_NONBLOCK|unix.O_CLOEXEC) != nil {
+		var p [2]int32
+		if _, err := raw(unix.SYS_PIPE2, uintptr(unsafe.Pointer(&p[0])), unix.O_NONBLOCK|unix.O_CLOEXEC, 0, 0, 0, 0); err != nil {
 			l.close(f)
 			return
 		}
-		f.h[i].p = p
+		f.h[i].p = [2]int{int(p[0]), int(p[1])}
+		// A 1 MiB pipe, as Go's splice uses: a stream takes 16 times fewer splices than
+		// through the default 64 KiB. (Its pages are only taken while it holds data.)
+		_, _ = raw(unix.SYS_FCNTL, uintptr(p[0]), unix.F_SETPIPE_SZ, epollPipe, 0, 0, 0)
 	}
 	l.pump(f)
 }
@@ -419,7 +423,7 @@ func (l *epollLoop) move(h *half, src, dst int) error {
 			_, err := raw(unix.SYS_SHUTDOWN, uintptr(dst), unix.SHUT_WR, 0, 0, 0, 0)
 			return err
 		}
-		n, err := rawSplice(src, h.p[1], 1<<16)
+		n, err := rawSplice(src, h.p[1], epollPipe)
 		if err == unix.EAGAIN {
 			return nil
 		}
