@@ -338,8 +338,13 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		if v.idle == nil || r.err != nil {
 			continue
 		}
+		// An empty conntrack table here too: entries of the variant before still in a
+		// closing state keep its NAT binding to a relay that is gone, and a client port
+		// reused onto one is refused (seen once: redsocks → dante after an idle variant).
 		if r.err = v.prep(); r.err == nil {
-			r.idleKiB, r.err = b.idleCost(ctx, v.idle())
+			if r.err = b.flushConntrack(); r.err == nil {
+				r.idleKiB, r.err = b.idleCost(ctx, v.idle())
+			}
 		}
 	}
 	b.clear()
