@@ -479,20 +479,28 @@ type flowKey struct {
 	id      uint64
 }
 
-// liveFlow is a flow of the live table: its abort, once it is being carried.
+// liveFlow is a flow of the live table: its abort, once it is being carried. An abort
+// that comes before (the daemon may end the flow as soon as it has read the verdict,
+// before this side set the abort) is kept and done by setCut.
 type liveFlow struct {
-	mu  sync.Mutex
-	cut func()
+	mu      sync.Mutex
+	cut     func()
+	aborted bool
 }
 
 func (lf *liveFlow) setCut(cut func()) {
 	lf.mu.Lock()
 	lf.cut = cut
+	aborted := lf.aborted
 	lf.mu.Unlock()
+	if aborted {
+		cut()
+	}
 }
 
 func (lf *liveFlow) abort() {
 	lf.mu.Lock()
+	lf.aborted = true
 	cut := lf.cut
 	lf.mu.Unlock()
 	if cut != nil {

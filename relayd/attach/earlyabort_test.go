@@ -1,0 +1,34 @@
+package attach
+
+import "testing"
+
+// TestAbortBeforeCarried: the daemon's abort of a flow the attach side has reserved
+// but not set its abort for yet (the daemon may end a flow as soon as it has read the
+// verdict) still cuts the flow, once.
+func TestAbortBeforeCarried(t *testing.T) {
+	tests := []struct {
+		name  string
+		early bool // the abort comes before the flow is carried
+	}{
+		{"before the flow is carried", true},
+		{"after the flow is carried", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &Client{live: map[flowKey]*liveFlow{}}
+			lf, release := c.reserve("s", 7)
+			defer release()
+			if tt.early {
+				c.abort("s", 7)
+			}
+			cut := 0
+			lf.setCut(func() { cut++ })
+			if !tt.early {
+				c.abort("s", 7)
+			}
+			if cut != 1 {
+				t.Errorf("the flow was cut %d times, want once", cut)
+			}
+		})
+	}
+}
