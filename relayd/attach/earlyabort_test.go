@@ -32,3 +32,21 @@ func TestAbortBeforeCarried(t *testing.T) {
 		})
 	}
 }
+
+// TestResetBeforeCarried: the attach side's reset of a flow whose verdict the daemon
+// has not taken yet marks the flow reset once it is carried, and is given up with it.
+func TestResetBeforeCarried(t *testing.T) {
+	se := &session{live: map[uint64]*flowConn{}}
+	if !se.reserve(7) {
+		t.Fatal("reserve refused a free id")
+	}
+	se.reset(7)
+	fc := se.track(&flowConn{se: se, id: 7})
+	if !fc.peerReset.Load() {
+		t.Error("the reset that came before the flow was carried was lost")
+	}
+	se.release(7, fc)
+	if len(se.live) != 0 || len(se.resetEarly) != 0 {
+		t.Errorf("ids still held after the flow ended: %v, %v", se.live, se.resetEarly)
+	}
+}

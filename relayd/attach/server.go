@@ -123,6 +123,10 @@ type session struct {
 
 	liveMu sync.Mutex
 	live   map[uint64]*flowConn // flows being opened (nil) or carried, by id
+	// resetEarly holds the flows being opened whose reset came before they were carried:
+	// the attach side sends it as soon as its destination resets, on the control
+	// stream, which may be read before the flow's verdict is.
+	resetEarly map[uint64]bool
 }
 
 // reserve claims id for a flow being opened; false when a flow with that id is live on
@@ -143,6 +147,7 @@ func (se *session) release(id uint64, c *flowConn) {
 	defer se.liveMu.Unlock()
 	if held, ok := se.live[id]; ok && held == c {
 		delete(se.live, id)
+		delete(se.resetEarly, id)
 	}
 }
 
@@ -150,6 +155,10 @@ func (se *session) release(id uint64, c *flowConn) {
 func (se *session) track(c *flowConn) *flowConn {
 	se.liveMu.Lock()
 	se.live[c.id] = c
+	if se.resetEarly[c.id] {
+		delete(se.resetEarly, c.id)
+		c.peerReset.Store(true) // no read has begun: Read sees it first
+	}
 	se.liveMu.Unlock()
 	return c
 }
@@ -158,7 +167,13 @@ func (se *session) track(c *flowConn) *flowConn {
 // fails with ECONNRESET, so the workload's connection is reset too.
 func (se *session) reset(id uint64) {
 	se.liveMu.Lock()
-	c := se.live[id]
+	c, ok := se.live[id]
+	if ok && c == nil {
+		if se.resetEarly == nil {
+			se.resetEarly = map[uint64]bool{}
+		}
+		se.resetEarly[id] = true
+	}
 	se.liveMu.Unlock()
 	if c != nil {
 		c.peerReset.Store(true)
