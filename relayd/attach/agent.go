@@ -63,10 +63,20 @@ func ServeControl(ctx context.Context, path string, c *Client, stop func()) erro
 		stop()
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { <-ctx.Done(); srv.Close() }()
+	shut := make(chan struct{})
+	go func() {
+		defer close(shut)
+		<-ctx.Done()
+		// Shutdown, not Close: the answer to the stop request that ended ctx is still
+		// being written, and the caller is told the agent stopped only once it is.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	<-shut
 	return nil
 }
 

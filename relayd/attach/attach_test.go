@@ -675,7 +675,11 @@ func TestAgentControl(t *testing.T) {
 	defer cancel()
 	stopped := make(chan struct{})
 	done := make(chan error, 1)
-	go func() { done <- ServeControl(ctx, path, c, func() { close(stopped); cancel() }) }()
+	// The stop callback is slow to return, as a real one may be: the answer to the stop
+	// request is written all the same.
+	go func() {
+		done <- ServeControl(ctx, path, c, func() { close(stopped); cancel(); time.Sleep(100 * time.Millisecond) })
+	}()
 	deadline := time.Now().Add(5 * time.Second)
 	var st AgentStatus
 	var err error
