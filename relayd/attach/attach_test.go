@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -1076,32 +1075,8 @@ func TestExtraStreams(t *testing.T) {
 	f := newFixture(t, clientAll)
 	for _, authenticate := range []bool{false, true} {
 		t.Run(fmt.Sprint("authenticated=", authenticate), func(t *testing.T) {
-			c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken})
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw, err := net.Dial("tcp", f.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := yamux.DefaultConfig()
-			cfg.LogOutput = io.Discard
-			mux, err := yamux.Client(tls.Client(raw, c.tls), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer mux.Close()
-			ctrl, err := mux.OpenStream()
-			if err != nil {
-				t.Fatal(err)
-			}
+			mux := rawPeer(t, f, "", authenticate)
 			if authenticate {
-				ctrl.SetDeadline(time.Now().Add(5 * time.Second))
-				writeFrame(ctrl, Hello{Version: Version, Token: testToken})
-				var w Welcome
-				if err := readFrame(bufio.NewReader(ctrl), maxSmallFrame, &w); err != nil || w.Error != "" {
-					t.Fatalf("welcome = %+v, %v", w, err)
-				}
 				f.waitLive(payWorkload, true)
 			}
 			// A stream the daemon keeps without reading it would sit there with whatever

@@ -16,6 +16,14 @@ import (
 // again: a laptop that hung, or a peer that stops reading on purpose.
 func stuckPeer(t *testing.T, f *fixture) *yamux.Session {
 	t.Helper()
+	return rawPeer(t, f, "stuck", true)
+}
+
+// rawPeer opens a session to the daemon by hand, as a peer that does only what the test
+// says: with a control stream, through which it authenticates as client when
+// authenticate is set. The session ends with the test.
+func rawPeer(t *testing.T, f *fixture, client string, authenticate bool) *yamux.Session {
+	t.Helper()
 	c, err := NewClient(ClientOptions{Server: f.addr, CAFile: f.pki.CAFile, Token: testToken})
 	if err != nil {
 		t.Fatal(err)
@@ -35,8 +43,11 @@ func stuckPeer(t *testing.T, f *fixture) *yamux.Session {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !authenticate {
+		return mux
+	}
 	ctrl.SetDeadline(time.Now().Add(5 * time.Second))
-	writeFrame(ctrl, Hello{Version: Version, Token: testToken, Client: "stuck"})
+	writeFrame(ctrl, Hello{Version: Version, Token: testToken, Client: client})
 	var w Welcome
 	if err := readFrame(bufio.NewReader(ctrl), maxSmallFrame, &w); err != nil || w.Error != "" {
 		t.Fatalf("welcome = %+v, %v", w, err)
