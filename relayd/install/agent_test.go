@@ -71,7 +71,7 @@ func TestCNIAgent(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(binDir, "kl-cni")); err != nil || !bytes.Equal(b, mustRead(t, src)) {
 		t.Errorf("kl-cni binary: %q, %v", b, err)
 	}
-	if ents, _ := os.ReadDir(confDir); len(ents) != 1 {
+	if ents, _ := readConfigDir(confDir); len(ents) != 1 {
 		t.Errorf("the agent left %d files in the conf dir, want only the conflist", len(ents))
 	}
 }

@@ -95,7 +95,7 @@ func TestContainerdDefaultRestore(t *testing.T) {
 				if cur := mustRead(t, path); !bytes.Equal(cur, orig) {
 					t.Errorf("uninstall did not give back the original:\n%s", UnifiedDiff("original", "uninstalled", orig, cur))
 				}
-				if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+				if ents, _ := readConfigDir(dir); len(ents) != 1 {
 					var names []string
 					for _, e := range ents {
 						names = append(names, e.Name())
@@ -138,7 +138,7 @@ func TestContainerdDefaultRefused(t *testing.T) {
 			if got := mustRead(t, path); !bytes.Equal(got, in) {
 				t.Errorf("config.toml written despite the error:\n%s", UnifiedDiff("before", "after", in, got))
 			}
-			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			if ents, _ := readConfigDir(dir); len(ents) != 1 {
 				t.Errorf("%d files in the directory after a refused install, want only config.toml", len(ents))
 			}
 		})
@@ -314,7 +314,7 @@ func TestContainerdDefaultLayouts(t *testing.T) {
 			if got := mustRead(t, path); string(got) != want {
 				t.Errorf("after uninstall:\n%s", UnifiedDiff("want", "got", []byte(want), got))
 			}
-			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			if ents, _ := readConfigDir(dir); len(ents) != 1 {
 				t.Errorf("%d files in the directory after uninstall, want only config.toml", len(ents))
 			}
 		})

@@ -67,7 +67,7 @@ func TestDockerDefaultRestore(t *testing.T) {
 			if cur := mustRead(t, path); !bytes.Equal(cur, orig) {
 				t.Errorf("uninstall did not give back the original:\n%s", UnifiedDiff("original", "uninstalled", orig, cur))
 			}
-			if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+			if ents, _ := readConfigDir(dir); len(ents) != 1 {
 				var names []string
 				for _, e := range ents {
 					names = append(names, e.Name())

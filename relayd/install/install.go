@@ -85,7 +85,7 @@ func (e *LockedError) Is(target error) bool { return target == ErrLocked }
 // neither overwrites the other's edit. It lives beside the file (hidden, and named so
 // that neither libcni nor dockerd reads it) because the configuration's directory is
 // the one place both are sure to see: the agent's container mounts the node's CNI
-// directories, not /run/kl. It exists only while an edit holds it.
+// directories, not /run/kl. It stays after the edit (see lockFile).
 func LockPath(config string) string {
 	return filepath.Join(filepath.Dir(config), "."+filepath.Base(config)+".kl-lock")
 }
@@ -136,11 +136,10 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 		path = real
 	}
 	if !o.DryRun {
-		dir := filepath.Dir(path)
-		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) && o.Uninstall {
-			return ch, nil // no file, nothing to take out
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && o.Uninstall {
+			return ch, nil // no file, nothing to take out (and no lock file left)
 		}
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return ch, fmt.Errorf("create directory for %s: %w", path, err)
 		}
 		wait := o.LockWait

@@ -499,3 +499,16 @@ func TestRepeatedKeyLastWins(t *testing.T) {
 		})
 	}
 }
+
+// readConfigDir is os.ReadDir without the lock files (LockPath), which stay beside the
+// files kl edited.
+func readConfigDir(dir string) ([]os.DirEntry, error) {
+	ents, err := os.ReadDir(dir)
+	kept := ents[:0]
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".kl-lock") {
+			kept = append(kept, e)
+		}
+	}
+	return kept, err
+}
