@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,74 +34,40 @@ func priorDefault(t *testing.T, data []byte, value string) []byte {
 
 // install --default remembers the default_runtime_name it replaces (beside config.toml,
 // in StatePath) and uninstall puts exactly that back, in place: the file is byte for
-// byte what it was, however many times kl was installed in between. Each step's
-// config.toml and state file are golden.
+// byte what it was, however many times kl was installed in between. The installed
+// config.toml and state file are golden, per layout and prior default.
 func TestContainerdDefaultRestore(t *testing.T) {
-	const (
-		def   = "install --default"
-		plain = "install"
-		un    = "uninstall"
-	)
 	cases := []struct {
 		name  string
 		prior string // default_runtime_name before install: "runc", "", or "absent"
 		steps []string
 	}{
-		{"prior-runc", "runc", []string{def, un}},
-		{"prior-empty", "", []string{def, un}},
-		{"prior-absent", "absent", []string{def, un}},
-		{"reinstall-twice", "runc", []string{def, def, def, un}},
-		{"reinstall-twice-absent", "absent", []string{def, def, def, un}},
-		{"reinstall-without-default", "runc", []string{def, plain, un}},
-		{"uninstall-twice", "runc", []string{def, un, un}},
-		{"uninstall-twice-absent", "absent", []string{def, un, un}},
+		{"prior-runc", "runc", []string{stepDefault, stepUninstall}},
+		{"prior-empty", "", []string{stepDefault, stepUninstall}},
+		{"prior-absent", "absent", []string{stepDefault, stepUninstall}},
+		{"reinstall-twice", "runc", []string{stepDefault, stepDefault, stepDefault, stepUninstall}},
+		{"reinstall-twice-absent", "absent", []string{stepDefault, stepDefault, stepDefault, stepUninstall}},
+		{"reinstall-without-default", "runc", []string{stepDefault, stepInstall, stepUninstall}},
+		{"uninstall-twice", "runc", []string{stepDefault, stepUninstall, stepUninstall}},
+		{"uninstall-twice-absent", "absent", []string{stepDefault, stepUninstall, stepUninstall}},
 	}
 	for _, layout := range []string{"v2", "v3"} {
 		for _, tc := range cases {
 			t.Run(layout+"/"+tc.name, func(t *testing.T) {
-				dir := t.TempDir()
-				path := filepath.Join(dir, "config.toml")
+				path := filepath.Join(t.TempDir(), "config.toml")
 				orig := read(t, "containerd-"+layout+"-default.toml")
 				if tc.prior != "runc" {
 					orig = priorDefault(t, orig, tc.prior)
 				}
-				if err := os.WriteFile(path, orig, 0o644); err != nil {
+				prior := cmp.Or(tc.prior, "empty")
+				restoreSteps(t, path, orig, "containerd-state/"+layout+"-prior-"+prior+".installed", tc.steps,
+					func(def bool) Editor { return Containerd{Default: def} })
+				// install --default makes kl the default as the parser reads it, too.
+				if _, err := Apply(path, Containerd{Default: true}, Options{NoBackup: true}); err != nil {
 					t.Fatal(err)
 				}
-				var first []byte // config.toml after the first install
-				for i, step := range tc.steps {
-					o := Options{Uninstall: step == un, NoBackup: true}
-					if _, err := Apply(path, Containerd{Default: step == def}, o); err != nil {
-						t.Fatalf("step %d (%s): %v", i, step, err)
-					}
-					cur := mustRead(t, path)
-					state, err := os.ReadFile(StatePath(path))
-					if err != nil && !errors.Is(err, fs.ErrNotExist) {
-						t.Fatal(err)
-					}
-					if state == nil {
-						state = []byte("(none)\n")
-					}
-					golden(t, fmt.Sprintf("containerd-state/%s-%s.%d-%s", layout, tc.name, i, strings.ReplaceAll(step, " --", "-")),
-						append(append(cur, "--- "+filepath.Base(StatePath(path))+"\n"...), state...))
-					if i == 0 {
-						first = cur
-						if got := (Containerd{}).currentDefault(cur); got != "kl" {
-							t.Errorf("default_runtime_name after install --default = %q, want kl", got)
-						}
-					} else if step != un && !bytes.Equal(cur, first) {
-						t.Errorf("step %d (%s) changed the installed file:\n%s", i, step, UnifiedDiff("first", "now", first, cur))
-					}
-				}
-				if cur := mustRead(t, path); !bytes.Equal(cur, orig) {
-					t.Errorf("uninstall did not give back the original:\n%s", UnifiedDiff("original", "uninstalled", orig, cur))
-				}
-				if ents, _ := readConfigDir(dir); len(ents) != 1 {
-					var names []string
-					for _, e := range ents {
-						names = append(names, e.Name())
-					}
-					t.Errorf("files left beside config.toml: %q, want none", names)
+				if got := (Containerd{}).currentDefault(mustRead(t, path)); got != "kl" {
+					t.Errorf("default_runtime_name after install --default = %q, want kl", got)
 				}
 			})
 		}

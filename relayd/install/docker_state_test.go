@@ -3,7 +3,6 @@ package install
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,68 +12,85 @@ import (
 
 // install --default remembers the default-runtime it replaces (beside daemon.json, in
 // StatePath) and uninstall puts exactly that back: the file is byte for byte what it
-// was, however many times kl was installed in between. Each step's daemon.json and
-// state file are golden.
+// was, however many times kl was installed in between. The installed daemon.json and
+// state file are golden, per prior default.
 func TestDockerDefaultRestore(t *testing.T) {
-	const (
-		def   = "install --default"
-		plain = "install"
-		un    = "uninstall"
-	)
 	cases := []struct {
 		name  string
+		prior string // the golden: the default-runtime install --default replaces
 		file  string
 		steps []string
 	}{
-		{"prior-runc", "daemon-minimal.json", []string{def, un}},
-		{"prior-absent", "daemon.json", []string{def, un}},
-		{"prior-empty", "daemon-default-empty.json", []string{def, un}},
-		{"reinstall-twice", "daemon-minimal.json", []string{def, def, def, un}},
-		{"reinstall-without-default", "daemon-minimal.json", []string{def, plain, un}},
-		{"reinstall-twice-absent", "daemon.json", []string{def, def, def, un}},
-		{"uninstall-twice", "daemon-minimal.json", []string{def, un, un}},
+		{"prior-runc", "runc", "daemon-minimal.json", []string{stepDefault, stepUninstall}},
+		{"prior-absent", "absent", "daemon.json", []string{stepDefault, stepUninstall}},
+		{"prior-empty", "empty", "daemon-default-empty.json", []string{stepDefault, stepUninstall}},
+		{"reinstall-twice", "runc", "daemon-minimal.json", []string{stepDefault, stepDefault, stepDefault, stepUninstall}},
+		{"reinstall-without-default", "runc", "daemon-minimal.json", []string{stepDefault, stepInstall, stepUninstall}},
+		{"reinstall-twice-absent", "absent", "daemon.json", []string{stepDefault, stepDefault, stepDefault, stepUninstall}},
+		{"uninstall-twice", "runc", "daemon-minimal.json", []string{stepDefault, stepUninstall, stepUninstall}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			path := filepath.Join(dir, "daemon.json")
-			orig := read(t, tc.file)
-			if err := os.WriteFile(path, orig, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			var first []byte // daemon.json after the first install
-			for i, step := range tc.steps {
-				o := Options{Uninstall: step == un, NoBackup: true}
-				if _, err := Apply(path, Docker{Default: step == def}, o); err != nil {
-					t.Fatalf("step %d (%s): %v", i, step, err)
-				}
-				cur := mustRead(t, path)
-				state, err := os.ReadFile(StatePath(path))
-				if err != nil && !errors.Is(err, fs.ErrNotExist) {
-					t.Fatal(err)
-				}
-				if state == nil {
-					state = []byte("(none)\n")
-				}
-				golden(t, fmt.Sprintf("docker-state/%s.%d-%s", tc.name, i, strings.ReplaceAll(step, " --", "-")),
-					append(append(cur, "--- "+filepath.Base(StatePath(path))+"\n"...), state...))
-				if i == 0 {
-					first = cur
-				} else if step != un && !bytes.Equal(cur, first) {
-					t.Errorf("step %d (%s) changed the installed file:\n%s", i, step, UnifiedDiff("first", "now", first, cur))
-				}
-			}
-			if cur := mustRead(t, path); !bytes.Equal(cur, orig) {
-				t.Errorf("uninstall did not give back the original:\n%s", UnifiedDiff("original", "uninstalled", orig, cur))
-			}
-			if ents, _ := readConfigDir(dir); len(ents) != 1 {
-				var names []string
-				for _, e := range ents {
-					names = append(names, e.Name())
-				}
-				t.Errorf("files left beside daemon.json: %q, want none", names)
-			}
+			path := filepath.Join(t.TempDir(), "daemon.json")
+			restoreSteps(t, path, read(t, tc.file), "docker-state/prior-"+tc.prior+".installed", tc.steps,
+				func(def bool) Editor { return Docker{Default: def} })
 		})
+	}
+}
+
+// The steps of a restoreSteps run.
+const (
+	stepDefault   = "install --default"
+	stepInstall   = "install"
+	stepUninstall = "uninstall"
+)
+
+// restoreSteps writes orig to path and applies steps to it, the first an install
+// --default, with the editor newEditor(step is install --default). The file and state
+// file after the first are golden (name); every later install leaves both as they are,
+// and every uninstall gives back orig, with no state file. Nothing but path (and its
+// lock file) is left in its directory.
+func restoreSteps(t *testing.T, path string, orig []byte, name string, steps []string, newEditor func(def bool) Editor) {
+	t.Helper()
+	if err := os.WriteFile(path, orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var first []byte // path and its state file after the first install
+	for i, step := range steps {
+		o := Options{Uninstall: step == stepUninstall, NoBackup: true}
+		if _, err := Apply(path, newEditor(step == stepDefault), o); err != nil {
+			t.Fatalf("step %d (%s): %v", i, step, err)
+		}
+		cur := mustRead(t, path)
+		state, err := os.ReadFile(StatePath(path))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if state == nil {
+			state = []byte("(none)\n")
+		}
+		got := append(append(bytes.Clone(cur), "--- "+filepath.Base(StatePath(path))+"\n"...), state...)
+		switch {
+		case i == 0:
+			if step != stepDefault {
+				t.Fatalf("step 0 is %s, want %s", step, stepDefault)
+			}
+			golden(t, name, got)
+			first = got
+		case step == stepUninstall:
+			if want := append(append(bytes.Clone(orig), "--- "+filepath.Base(StatePath(path))+"\n"...), "(none)\n"...); !bytes.Equal(got, want) {
+				t.Errorf("step %d (%s) did not give back the original:\n%s", i, step, UnifiedDiff("original", "uninstalled", want, got))
+			}
+		case !bytes.Equal(got, first):
+			t.Errorf("step %d (%s) changed the installed file or its state:\n%s", i, step, UnifiedDiff("first", "now", first, got))
+		}
+	}
+	if ents, _ := readConfigDir(filepath.Dir(path)); len(ents) != 1 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("files left beside %s: %q, want none", filepath.Base(path), names)
 	}
 }
 
