@@ -250,6 +250,8 @@ func (d Docker) check(before, after []byte, installed bool) error {
 		return fmt.Errorf("runtime %q after the edit is %v, without kl's path (defined twice?); nothing written", d.name(), kl)
 	case !installed && ok:
 		return fmt.Errorf("runtime %q is still defined after the edit (defined twice?); nothing written", d.name())
+	case !installed && b["default-runtime"] == d.name():
+		return fmt.Errorf(`"default-runtime" still names %q after the edit (a bug); nothing written`, d.name())
 	}
 	for _, m := range []map[string]any{a, b} {
 		if rts, ok := m["runtimes"].(map[string]any); ok {
@@ -320,11 +322,12 @@ func replaceValue(data []byte, root, v *span, value any) ([]byte, error) {
 	return append(out, data[v.End:]...), nil
 }
 
-// removeMember takes member key out of object obj.
+// removeMember takes member key out of object obj: the last one when the key is
+// repeated, the one get (and dockerd) reads.
 func removeMember(data []byte, obj *span, key string) []byte {
 	starts, ends := entries(obj)
-	for i, m := range obj.Members {
-		if m.Key == key {
+	for i := len(obj.Members) - 1; i >= 0; i-- {
+		if obj.Members[i].Key == key {
 			return removeEntry(data, starts, ends, i)
 		}
 	}

@@ -464,37 +464,44 @@ func TestApplySymlink(t *testing.T) {
 }
 
 // A key given twice counts as libcni and dockerd read it, with encoding/json: the last
-// one. kl edits that one, so that what it installs is what they see.
+// one. kl edits that one, so that what it installs (or takes out) is what they see.
 func TestRepeatedKeyLastWins(t *testing.T) {
 	cases := []struct {
-		name string
-		in   string
-		e    Editor
-		want func(m map[string]any) bool
+		name      string
+		in        string
+		e         Editor
+		uninstall bool
+		want      func(m map[string]any) bool
 	}{
-		{"cni plugins", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"old"}],"plugins":[{"type":"bridge"}]}`, CNI{},
+		{"cni plugins", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"old"}],"plugins":[{"type":"bridge"}]}`, CNI{}, false,
 			func(m map[string]any) bool {
 				ps, _ := m["plugins"].([]any)
 				last, _ := ps[len(ps)-1].(map[string]any)
 				return len(ps) == 2 && last["type"] == "kl-cni"
 			}},
-		{"docker runtimes", `{"runtimes":{"x":{"path":"/x"}},"runtimes":{"y":{"path":"/y"}}}`, Docker{},
+		{"docker runtimes", `{"runtimes":{"x":{"path":"/x"}},"runtimes":{"y":{"path":"/y"}}}`, Docker{}, false,
 			func(m map[string]any) bool {
 				rts, _ := m["runtimes"].(map[string]any)
 				return rts["kl"] != nil && rts["y"] != nil
 			}},
-		{"docker default-runtime", `{"default-runtime":"crun","default-runtime":"runc"}`, Docker{Default: true},
+		{"docker default-runtime", `{"default-runtime":"crun","default-runtime":"runc"}`, Docker{Default: true}, false,
 			func(m map[string]any) bool { return m["default-runtime"] == "kl" }},
+		{"docker uninstall default-runtime", `{"default-runtime":"runc","default-runtime":"kl","runtimes":{"kl":{"path":"/usr/bin/kl-runtime"}}}`, Docker{}, true,
+			func(m map[string]any) bool { return m["default-runtime"] == "runc" && m["runtimes"] == nil }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := tc.e.Install([]byte(tc.in))
+			edit := tc.e.Install
+			if tc.uninstall {
+				edit = tc.e.Uninstall
+			}
+			got, err := edit([]byte(tc.in))
 			if err != nil {
-				t.Fatalf("Install: %v", err)
+				t.Fatalf("uninstall %v: %v", tc.uninstall, err)
 			}
 			var m map[string]any
 			if err := json.Unmarshal(got, &m); err != nil || !tc.want(m) {
-				t.Errorf("Install(%s) =\n%s\nwhich encoding/json reads as %v (err %v)", tc.in, got, m, err)
+				t.Errorf("edit (uninstall %v) of %s =\n%s\nwhich encoding/json reads as %v (err %v)", tc.uninstall, tc.in, got, m, err)
 			}
 		})
 	}
