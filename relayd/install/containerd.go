@@ -39,10 +39,7 @@ type Containerd struct {
 	Default bool
 }
 
-var (
-	_ Editor   = Containerd{}
-	_ stateful = Containerd{}
-)
+var _ defaultEditor = Containerd{}
 
 func (c Containerd) name() string   { return or(c.Name, DefaultRuntimeName) }
 func (c Containerd) binary() string { return or(c.BinaryName, DefaultRuntimeBinary) }
@@ -940,11 +937,6 @@ func (c Containerd) checkDefault(before, after []byte) error {
 		return errors.New("edit would change more than default_runtime_name (a bug); nothing written")
 	}
 	return nil
-}
-
-// edit is Install or Uninstall with the state file (see editDefault).
-func (c Containerd) edit(old, state []byte, uninstall bool) (next, nextState []byte, err error) {
-	return editDefault(c, old, state, uninstall)
 }
 
 // currentDefault is the config's default_runtime_name, "" when it has none (or does

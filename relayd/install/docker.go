@@ -35,7 +35,7 @@ func or(s, def string) string {
 // corrected, in place: the operator's other keys in it (runtimeArgs…) stay, as the
 // containerd editor keeps theirs. dockerd rejects unknown keys in daemon.json, so kl
 // records nothing else there: what default-runtime was before kl took it, Apply keeps
-// in StatePath (see edit).
+// in StatePath (see editDefault).
 func (d Docker) Install(old []byte) ([]byte, error) {
 	next, _, err := d.install(old)
 	return next, err
@@ -130,12 +130,7 @@ func (d Docker) setDefault(data []byte) ([]byte, *defaultState, error) {
 	}
 }
 
-var _ stateful = Docker{}
-
-// edit is Install or Uninstall with the state file (see editDefault).
-func (d Docker) edit(old, state []byte, uninstall bool) (next, nextState []byte, err error) {
-	return editDefault(d, old, state, uninstall)
-}
+var _ defaultEditor = Docker{}
 
 // currentDefault is daemon.json's "default-runtime", "" when it has none.
 func (d Docker) currentDefault(data []byte) string {
@@ -148,7 +143,7 @@ func (d Docker) currentDefault(data []byte) string {
 
 // Uninstall removes runtimes.<name> (and "runtimes" when that leaves it empty), whatever
 // else the operator put in it, and default-runtime when it names kl. (Apply also puts
-// back the default-runtime that install replaced; see edit.)
+// back the default-runtime that install replaced; see editDefault.)
 func (d Docker) Uninstall(old []byte) ([]byte, error) {
 	return d.uninstall(old, nil)
 }

@@ -97,15 +97,6 @@ func LockPath(config string) string {
 // would be the operator's to edit). It exists only while kl's change is in the file.
 func StatePath(config string) string { return config + ".kl-state" }
 
-// stateful is an Editor that remembers something from install to uninstall in
-// StatePath. edit is Install or Uninstall that also takes the state file's contents (nil
-// when there is none) and returns the new ones (nil: remove the file). An error about
-// the state file wraps errBadState.
-type stateful interface {
-	Editor
-	edit(old, state []byte, uninstall bool) (next, nextState []byte, err error)
-}
-
 // errBadState marks an error in the state file, which Apply names.
 var errBadState = errors.New("not a kl state file (remove it if the configuration is as you want it)")
 
@@ -168,12 +159,12 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 		state     []byte
 		nextState []byte
 	)
-	if se, ok := e.(stateful); ok {
+	if de, ok := e.(defaultEditor); ok {
 		statePath = StatePath(path)
 		if state, err = os.ReadFile(statePath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return ch, fmt.Errorf("read %s: %w", statePath, err)
 		}
-		next, nextState, err = se.edit(old, state, o.Uninstall)
+		next, nextState, err = editDefault(de, old, state, o.Uninstall)
 		if errors.Is(err, errBadState) {
 			return ch, fmt.Errorf("%s: %w", statePath, err)
 		}

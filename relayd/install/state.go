@@ -38,9 +38,11 @@ func parseDefaultState(state []byte) (*defaultState, error) {
 	return st, nil
 }
 
-// defaultEditor is an editor that can make kl's runtime the default and give the
-// previous default back: Docker and Containerd.
+// defaultEditor is an Editor that can make kl's runtime the default and give the
+// previous default back: Docker and Containerd. Apply edits it with editDefault, which
+// keeps what uninstall puts back in StatePath.
 type defaultEditor interface {
+	Editor
 	name() string
 	// install is Install that also returns the default it replaced (prior), when it
 	// made kl's runtime the default; nil when it did not.
@@ -52,7 +54,9 @@ type defaultEditor interface {
 	currentDefault(data []byte) string
 }
 
-// editDefault is the stateful edit of a defaultEditor. Install records the default it
+// editDefault is Install or Uninstall of a defaultEditor with its state file: state is
+// the file's contents (nil when there is none), nextState the new ones (nil: remove the
+// file); an error about the state file wraps errBadState. Install records the default it
 // replaces; installing again while kl's runtime is the default keeps what the first
 // install recorded (so any number of installs undo with one uninstall). Uninstall
 // restores the recorded value and drops the state file. A state file is kept only
