@@ -112,53 +112,6 @@ func TestContainerdDefaultRefused(t *testing.T) {
 	}
 }
 
-// The state file describes default_runtime_name only while it names kl's runtime: one
-// left over after the operator changed the default (or from an edit that stopped half
-// way) is not applied, and goes; one of another kl runtime (--runtime-name) stays.
-func TestContainerdStaleState(t *testing.T) {
-	const (
-		hdr = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n"
-		kl  = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"kl.egress.mode\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n  BinaryName = \"/usr/bin/kl-runtime\"\n"
-	)
-	cases := []struct {
-		name, in, state, want string
-		uninstall             bool
-		keep                  bool // the state file stays as it was
-	}{
-		{"operator changed the default", hdr + "  default_runtime_name = \"crun\"\n" + kl, `{"runtime": "kl"}`, hdr + "  default_runtime_name = \"crun\"\n", true, false},
-		{"not installed", hdr + "  default_runtime_name = \"runc\"\n", `{"runtime": "kl", "default-runtime": ""}`, hdr + "  default_runtime_name = \"runc\"\n", true, false},
-		{"install without default", hdr + "  default_runtime_name = \"runc\"\n" + kl, `{"runtime": "kl"}`, hdr + "  default_runtime_name = \"runc\"\n" + kl, false, false},
-		{"no state: back to runc", hdr + "  default_runtime_name = \"kl\"\n" + kl, "", hdr + "  default_runtime_name = \"runc\"\n", true, false},
-		{"another runtime's default", hdr + "  default_runtime_name = \"kl-gpu\"\n" + kl, `{"runtime": "kl-gpu", "default-runtime": "runc"}`, hdr + "  default_runtime_name = \"kl-gpu\"\n", true, true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "config.toml")
-			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if tc.state != "" {
-				if err := os.WriteFile(StatePath(path), []byte(tc.state), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := Apply(path, Containerd{}, Options{Uninstall: tc.uninstall, NoBackup: true}); err != nil {
-				t.Fatal(err)
-			}
-			if got := mustRead(t, path); string(got) != tc.want {
-				t.Errorf("config.toml:\n%s", UnifiedDiff("want", "got", []byte(tc.want), got))
-			}
-			state, err := os.ReadFile(StatePath(path))
-			switch {
-			case tc.keep && string(state) != tc.state:
-				t.Errorf("state file after the edit = %q, %v; want %s", state, err, tc.state)
-			case !tc.keep && !errors.Is(err, fs.ErrNotExist):
-				t.Errorf("state file after the edit: %q, %v; want it gone", state, err)
-			}
-		})
-	}
-}
-
 // A state file kl cannot read is named, and nothing is written, installing or
 // uninstalling.
 func TestContainerdBadState(t *testing.T) {

@@ -115,49 +115,6 @@ func TestDockerDefaultCreated(t *testing.T) {
 	}
 }
 
-// The state file describes the default-runtime only while it names kl's runtime: one
-// left over after the operator changed the default (or from an edit that stopped half
-// way) is not applied, and goes.
-func TestDockerStaleState(t *testing.T) {
-	cases := []struct {
-		name, in, state, want string
-		uninstall             bool
-		keep                  bool // the state file stays as it was
-	}{
-		{"operator changed the default", `{"default-runtime": "crun", "runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}}}`, `{"runtime": "kl", "default-runtime": "runc"}`, `{"default-runtime": "crun"}`, true, false},
-		{"not installed", `{"default-runtime": "runc"}`, `{"runtime": "kl", "default-runtime": ""}`, `{"default-runtime": "runc"}`, true, false},
-		{"install without default", `{"default-runtime": "runc"}`, `{"runtime": "kl", "default-runtime": ""}`, `{"default-runtime": "runc", "runtimes": {"kl":{"path":"/usr/bin/kl-runtime"}}}`, false, false},
-		{"no state: default removed", `{"default-runtime": "kl"}`, "", `{}`, true, false},
-		{"another runtime's default", `{"default-runtime": "kl-gpu", "runtimes": {"kl-gpu": {"path": "/usr/bin/kl-runtime"}, "kl": {"path": "/usr/bin/kl-runtime"}}}`, `{"runtime": "kl-gpu", "default-runtime": "runc"}`, `{"default-runtime": "kl-gpu", "runtimes": {"kl-gpu": {"path": "/usr/bin/kl-runtime"}}}`, true, true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "daemon.json")
-			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if tc.state != "" {
-				if err := os.WriteFile(StatePath(path), []byte(tc.state), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if _, err := Apply(path, Docker{}, Options{Uninstall: tc.uninstall, NoBackup: true}); err != nil {
-				t.Fatal(err)
-			}
-			if got := mustRead(t, path); string(got) != tc.want {
-				t.Errorf("daemon.json = %s, want %s", got, tc.want)
-			}
-			state, err := os.ReadFile(StatePath(path))
-			switch {
-			case tc.keep && string(state) != tc.state:
-				t.Errorf("state file after the edit = %q, %v; want %s", state, err, tc.state)
-			case !tc.keep && !errors.Is(err, fs.ErrNotExist):
-				t.Errorf("state file after the edit: %q, %v; want it gone", state, err)
-			}
-		})
-	}
-}
-
 // A state file kl cannot read is named, and nothing is written.
 func TestDockerBadState(t *testing.T) {
 	for _, state := range []string{`[]`, `{"runtime": "kl", "default-runtime": 5}`, `{"runtime": "kl", "default-runtime": "crun"}`, `{"runtime": "kl", "prior": "runc"}`, `{"default-runtime": "runc"}`, `{`} {

@@ -66,3 +66,58 @@ func TestDefaultAfterCrash(t *testing.T) {
 		}
 	}
 }
+
+// The state file describes the default runtime only while it names kl's runtime: one
+// left over after the operator changed the default (or from an edit that stopped half
+// way) is not applied, and goes; one of another kl runtime (--runtime-name) stays.
+func TestStaleState(t *testing.T) {
+	const (
+		hdr = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n"
+		kl  = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n  pod_annotations = [\"kl.egress.mode\"]\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.kl.options]\n  BinaryName = \"/usr/bin/kl-runtime\"\n"
+	)
+	cases := []struct {
+		name            string
+		e               Editor
+		base            string // the file's name
+		in, state, want string
+		uninstall       bool
+		keep            bool // the state file stays as it was
+	}{
+		{"docker/operator changed the default", Docker{}, "daemon.json", `{"default-runtime": "crun", "runtimes": {"kl": {"path": "/usr/bin/kl-runtime"}}}`, `{"runtime": "kl", "default-runtime": "runc"}`, `{"default-runtime": "crun"}`, true, false},
+		{"docker/not installed", Docker{}, "daemon.json", `{"default-runtime": "runc"}`, `{"runtime": "kl", "default-runtime": ""}`, `{"default-runtime": "runc"}`, true, false},
+		{"docker/install without default", Docker{}, "daemon.json", `{"default-runtime": "runc"}`, `{"runtime": "kl", "default-runtime": ""}`, `{"default-runtime": "runc", "runtimes": {"kl":{"path":"/usr/bin/kl-runtime"}}}`, false, false},
+		{"docker/no state: default removed", Docker{}, "daemon.json", `{"default-runtime": "kl"}`, "", `{}`, true, false},
+		{"docker/another runtime's default", Docker{}, "daemon.json", `{"default-runtime": "kl-gpu", "runtimes": {"kl-gpu": {"path": "/usr/bin/kl-runtime"}, "kl": {"path": "/usr/bin/kl-runtime"}}}`, `{"runtime": "kl-gpu", "default-runtime": "runc"}`, `{"default-runtime": "kl-gpu", "runtimes": {"kl-gpu": {"path": "/usr/bin/kl-runtime"}}}`, true, true},
+		{"containerd/operator changed the default", Containerd{}, "config.toml", hdr + "  default_runtime_name = \"crun\"\n" + kl, `{"runtime": "kl"}`, hdr + "  default_runtime_name = \"crun\"\n", true, false},
+		{"containerd/not installed", Containerd{}, "config.toml", hdr + "  default_runtime_name = \"runc\"\n", `{"runtime": "kl", "default-runtime": ""}`, hdr + "  default_runtime_name = \"runc\"\n", true, false},
+		{"containerd/install without default", Containerd{}, "config.toml", hdr + "  default_runtime_name = \"runc\"\n" + kl, `{"runtime": "kl"}`, hdr + "  default_runtime_name = \"runc\"\n" + kl, false, false},
+		{"containerd/no state: back to runc", Containerd{}, "config.toml", hdr + "  default_runtime_name = \"kl\"\n" + kl, "", hdr + "  default_runtime_name = \"runc\"\n", true, false},
+		{"containerd/another runtime's default", Containerd{}, "config.toml", hdr + "  default_runtime_name = \"kl-gpu\"\n" + kl, `{"runtime": "kl-gpu", "default-runtime": "runc"}`, hdr + "  default_runtime_name = \"kl-gpu\"\n", true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), tc.base)
+			if err := os.WriteFile(path, []byte(tc.in), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.state != "" {
+				if err := os.WriteFile(StatePath(path), []byte(tc.state), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := Apply(path, tc.e, Options{Uninstall: tc.uninstall, NoBackup: true}); err != nil {
+				t.Fatal(err)
+			}
+			if got := mustRead(t, path); string(got) != tc.want {
+				t.Errorf("%s:\n%s", tc.base, UnifiedDiff("want", "got", []byte(tc.want), got))
+			}
+			state, err := os.ReadFile(StatePath(path))
+			switch {
+			case tc.keep && string(state) != tc.state:
+				t.Errorf("state file after the edit = %q, %v; want %s", state, err, tc.state)
+			case !tc.keep && !errors.Is(err, fs.ErrNotExist):
+				t.Errorf("state file after the edit: %q, %v; want it gone", state, err)
+			}
+		})
+	}
+}
