@@ -362,13 +362,16 @@ type idleBody struct {
 	io.ReadCloser
 	c      net.Conn
 	idle   time.Duration
-	failed *bool // set when reading the body from the client fails (it stalled or left)
+	failed *bool // set when the client connection fails under the body (it stalled or left)
 }
 
 func (b idleBody) Read(p []byte) (int, error) {
 	_ = b.c.SetReadDeadline(time.Now().Add(b.idle))
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
+	// Only the connection's own errors: after a malformed body the client is still
+	// there, with the rest of it unread, and must get the answer.
+	var ne net.Error
+	if errors.As(err, &ne) {
 		*b.failed = true
 	}
 	return n, err

@@ -59,6 +59,7 @@ func TestRefusalReachesClientWithBytesBehind(t *testing.T) {
 		{"body of a denied POST", withMore("POST http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\nContent-Length: 32768\r\n\r\n"), 403, "rule 3"},
 		{"body of an https POST", withMore("POST https://x.test/ HTTP/1.1\r\nHost: x.test\r\nContent-Length: 32768\r\n\r\n"), 501, "not supported"},
 		{"requests pipelined behind one the origin botches", append([]byte("GET http://garbage.test/ HTTP/1.1\r\nHost: garbage.test\r\n\r\n"), pipelined...), 502, "no valid response"},
+		{"rest of a malformed chunked body", withMore("POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"), 502, "sending the request failed"},
 		{"body behind an unsupported Expect", withMore("PUT http://a.test/ HTTP/1.1\r\nHost: a.test\r\nExpect: teapot\r\nContent-Length: 32768\r\n\r\n"), 417, "unsupported Expect"},
 		{"requests pipelined behind Connection: close", append([]byte("GET http://a.test/last HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"), pipelined...), 200, `"RequestURI":"/last"`},
 	}
