@@ -17,16 +17,11 @@ import (
 // connection ends.
 func sendRefused(t *testing.T, addr string, msg []byte) ([]byte, error) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	c, br := dialProxy(t, addr)
 	go func() { _, _ = c.Write(msg) }()
 	// A client that is slow to read: by now the proxy has answered and is closing.
 	time.Sleep(50 * time.Millisecond)
-	return io.ReadAll(c)
+	return io.ReadAll(br)
 }
 
 // TestRefusalReachesClientWithBytesBehind: a request the proxy refuses while more of the
@@ -129,19 +124,15 @@ func TestLingerIsBounded(t *testing.T) {
 				addr string
 				req  []byte
 			}{{httpAddr, httpReq}, {socksAddr, socksReq}} {
-				conn, err := net.Dial("tcp", c.addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = conn.Close() }()
-				_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+				conn, br := dialProxy(t, c.addr)
 				if _, err := conn.Write(c.req); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := io.Copy(io.Discard, conn); err != nil { // the refusal, then the FIN
+				if _, err := io.Copy(io.Discard, br); err != nil { // the refusal, then the FIN
 					t.Fatal(err)
 				}
 				chunk := bytes.Repeat([]byte("m"), 4<<10)
+				var err error
 				for range 1 << 20 { // ends by the proxy closing, or by the deadline
 					if _, err = conn.Write(chunk); err != nil {
 						break
