@@ -64,25 +64,21 @@ func (cr *clientReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// readHeader runs read (which reads one request's header from br, and nothing more) with
-// the header bound limit, and returns the bytes read took from br. A pipelined request's
-// header may have started in br's buffer already: those bytes count towards the bound,
-// as the ones read after them do.
-func (cr *clientReader) readHeader(br *bufio.Reader, limit int64, read func() error) (head []byte, over bool, err error) {
+// readRequest reads one request's header from br, whose source is cr, with the header
+// bound limit, and returns the bytes it took from br (valid until the next call). A
+// pipelined request's header may have started in br's buffer already: those bytes count
+// towards the bound, as the ones read after them do.
+func (cr *clientReader) readRequest(br *bufio.Reader, limit int64) (req *http.Request, head []byte, over bool, err error) {
 	buffered, _ := br.Peek(br.Buffered())
 	cr.head = append(cr.head[:0], buffered...)
 	cr.left, cr.over, cr.reading = limit-int64(len(buffered)), false, true
-	err = read()
+	req, err = http.ReadRequest(br)
 	cr.reading = false
 	head = cr.head[:len(cr.head)-br.Buffered()]
-	return head, int64(len(head)) > limit || err != nil && cr.over, err
-}
-
-// release lets go of a large copy of a header once the request is read.
-func (cr *clientReader) release() {
 	if cap(cr.head) > 8<<10 {
-		cr.head = nil
+		cr.head = nil // a large copy is not kept for the next request
 	}
+	return req, head, int64(len(head)) > limit || err != nil && cr.over, err
 }
 
 // headerHasField reports whether head, a request's header as sent (request line, field
@@ -106,12 +102,7 @@ func headerHasField(head []byte, name string) bool {
 // goes: the CONNECT authority, or the host of an absolute http:// URI. The request's
 // header (request line included) may be maxHeader bytes long.
 func readProxyRequest(br *bufio.Reader, cr *clientReader, maxHeader int64, log *slog.Logger) (*http.Request, upstream.Target, error) {
-	defer cr.release()
-	var req *http.Request
-	head, over, err := cr.readHeader(br, maxHeader, func() (err error) {
-		req, err = http.ReadRequest(br)
-		return err
-	})
+	req, head, over, err := cr.readRequest(br, maxHeader)
 	if over {
 		return nil, upstream.Target{}, bad(http.StatusRequestHeaderFieldsTooLarge, "request header over %d bytes", maxHeader)
 	}
