@@ -414,26 +414,22 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(wait)) // the wait, and an error reply
 		req, t, err := readProxyRequest(br, cr, s.maxHeaderBytes(), s.log())
 		if err != nil {
-			var br *badRequest
-			if errors.As(err, &br) {
-				s.log().Warn("http proxy: bad request", "why", br.msg, "status", br.status)
-				writeError(c, br.status, br.msg)
-				if br.status == http.StatusRequestTimeout {
-					// The client went quiet: nothing waits unread, and a stalled
-					// client gets no more time.
-					_ = c.Close()
-					return
-				}
-				o.close()
-				o = nil
-				s.lingerClose(c)
+			var refusal *badRequest
+			if !errors.As(err, &refusal) { // io.EOF: the client closed before a request
+				_ = c.Close()
 				return
-			} else if !first && errors.Is(err, io.EOF) {
-				// The client closed a kept-alive connection: normal.
-			} else if !errors.Is(err, io.EOF) {
-				s.log().Warn("http proxy: bad request", "why", err.Error())
 			}
-			_ = c.Close()
+			s.log().Warn("http proxy: bad request", "why", refusal.msg, "status", refusal.status)
+			writeError(c, refusal.status, refusal.msg)
+			if refusal.status == http.StatusRequestTimeout {
+				// The client went quiet: nothing waits unread, and a stalled client
+				// gets no more time.
+				_ = c.Close()
+				return
+			}
+			o.close()
+			o = nil
+			s.lingerClose(c)
 			return
 		}
 		_ = c.SetDeadline(time.Time{})
