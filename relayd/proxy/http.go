@@ -112,6 +112,13 @@ func readProxyRequest(br *bufio.Reader, cr *clientReader, maxHeader int64, log *
 		}
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
+			if len(head) == 0 {
+				// Not a byte of a request: an idle kept-alive connection (or one that
+				// never said anything) ends silently, as net/http's server ends it. A
+				// 408 there could cross a request the client sends at that moment
+				// and be read as its answer.
+				return nil, upstream.Target{}, io.EOF
+			}
 			return nil, upstream.Target{}, bad(http.StatusRequestTimeout, "timed out waiting for the request headers")
 		}
 		return nil, upstream.Target{}, bad(http.StatusBadRequest, "malformed request: %s", requestErrWords(err))
@@ -420,6 +427,9 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 				return
 			}
 			s.log().Warn("http proxy: bad request", "why", refusal.msg, "status", refusal.status)
+			// The answer gets a deadline of its own: the wait's may be what ended
+			// the request (a 408), and a write under it would fail unsent.
+			_ = c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
 			writeError(c, refusal.status, refusal.msg)
 			if refusal.status == http.StatusRequestTimeout {
 				// The client went quiet: nothing waits unread, and a stalled client

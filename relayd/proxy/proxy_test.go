@@ -588,3 +588,39 @@ func TestServeStopsOnCancel(t *testing.T) {
 		t.Fatal("ServeHTTP without a dial function succeeded")
 	}
 }
+
+// A connection on which the timeout passes with nothing of a request sent (idle between
+// kept-alive requests, or never used) ends with no answer: a 408 there could be read as
+// the answer to a request the client sends at that moment. A request cut short by the
+// timeout gets its answer (written under a deadline of its own: the one that ran out
+// would fail the write).
+func TestHTTPTimeoutAnswers(t *testing.T) {
+	w := newWorld()
+	httpAddr, _ := w.serve(t, &Server{HandshakeTimeout: 200 * time.Millisecond})
+	tests := []struct {
+		name string
+		sent string
+		want string // what the client reads before the end of the connection
+	}{
+		{"nothing sent", "", ""},
+		// bufio hands the partial line over as a line, which then reads as malformed.
+		{"half a request line", "GET http://x.te", "HTTP/1.1 400 "},
+		{"header without its end", "GET http://x.test/ HTTP/1.1\r\nHost: x.test\r\n", "HTTP/1.1 408 "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, br := dialProxy(t, httpAddr)
+			if _, err := io.WriteString(c, tt.sent); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			got, err := io.ReadAll(br)
+			if err != nil {
+				t.Fatalf("read: %v (after %q)", err, got)
+			}
+			if tt.want == "" && len(got) != 0 || !strings.HasPrefix(string(got), tt.want) {
+				t.Fatalf("got %q, want an answer starting %q", got, tt.want)
+			}
+		})
+	}
+}
