@@ -31,7 +31,11 @@ const (
 
 // startBare puts the capture table in the pod and runs bareRelay there; args are the
 // relay's (an upstream url, socks5:// or http://, or none).
-func (b *relayBench) startBare(args ...string) error {
+func (b *relayBench) startBare(args ...string) error { return b.startRelayChild("bare-relay", args...) }
+
+// startRelayChild puts the capture table in the pod and runs this binary's child mode
+// child (a relay, which takes args) there.
+func (b *relayBench) startRelayChild(child string, args ...string) error {
 	// Everything before stops first: a bare relay's undo removes the capture table,
 	// so stopping one after the Install below would leave the next one uncaptured.
 	b.clear()
@@ -42,7 +46,7 @@ func (b *relayBench) startBare(args ...string) error {
 	if err := netns.Install(b.podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
 		return fmt.Errorf("install capture: %w", err)
 	}
-	if err := b.startOther(func() { _ = netns.Remove(b.podPath) }, "env", append([]string{"KL_BENCH_CHILD=bare-relay", self}, args...)...); err != nil {
+	if err := b.startOther(func() { _ = netns.Remove(b.podPath) }, "env", append([]string{"KL_BENCH_CHILD=" + child, self}, args...)...); err != nil {
 		_ = netns.Remove(b.podPath)
 		return err
 	}

@@ -14,21 +14,10 @@ import (
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
-// TestMain runs a child mode when the bench starts this test binary as one (startBare,
-// startEpoll run os.Executable), as main does.
+// TestMain runs a child mode when the bench starts this test binary as one (startRelayChild
+// runs os.Executable), as main does.
 func TestMain(m *testing.M) {
-	if name := os.Getenv("KL_BENCH_CHILD"); name != "" {
-		child, ok := children[name]
-		if !ok {
-			fmt.Fprintln(os.Stderr, "bench: unknown child mode", name)
-			os.Exit(2)
-		}
-		if err := child(os.Args[1:]); err != nil {
-			fmt.Fprintln(os.Stderr, "bench child:", err)
-			os.Exit(1)
-		}
-		os.Exit(0)
-	}
+	runChild()
 	os.Exit(m.Run())
 }
 

@@ -59,17 +59,29 @@ func register(s Section) {
 	sections = append(sections, s)
 }
 
+// runChild runs the child mode KL_BENCH_CHILD names, when the bench started this
+// binary as one of its relays (startRelayChild), and exits with its result; it returns
+// false when there is no child mode to run.
+func runChild() bool {
+	name := os.Getenv("KL_BENCH_CHILD")
+	if name == "" {
+		return false
+	}
+	child, ok := children[name]
+	if !ok {
+		fmt.Fprintln(os.Stderr, "bench: unknown child mode", name)
+		os.Exit(2)
+	}
+	if err := child(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
 func main() {
-	if name := os.Getenv("KL_BENCH_CHILD"); name != "" {
-		child, ok := children[name]
-		if !ok {
-			fmt.Fprintln(os.Stderr, "bench: unknown child mode", name)
-			os.Exit(2)
-		}
-		if err := child(os.Args[1:]); err != nil {
-			fmt.Fprintln(os.Stderr, "bench child:", err)
-			os.Exit(1)
-		}
+	if runChild() {
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
