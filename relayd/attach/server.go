@@ -663,6 +663,9 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	var v Verdict
 	if err := readFrame(br, maxSmallFrame, &v); err != nil {
 		st.Close()
+		// The attach side may still be dialling, and would carry the flow once it
+		// succeeds, into a stream no one reads: tell it to drop the flow.
+		se.abort(f.ID)
 		if ctx.Err() != nil {
 			return fail(fmt.Errorf("attach side did not answer: %w", ctx.Err()))
 		}
