@@ -353,10 +353,13 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	for _, a := range c.ValidAttachments {
 		valid[a.ContainerID] = true
 	}
-	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
-	defer cancel()
+	// Each call gets its own bound (the config's timeout is per call): a long list of
+	// stale sandboxes must not run the later deregistrations out of time.
+	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(p.ctx(), c.timeout) }
 	relay := p.NewRelay(c.Socket, c.timeout)
+	ctx, cancel := call()
 	regs, err := relay.List(ctx)
+	cancel()
 	if err != nil {
 		return types.NewError(types.ErrTryAgainLater, "kl-cni GC: "+err.Error(), "")
 	}
@@ -366,7 +369,10 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 		if w.Source != "cni" || w.Network != c.Name || valid[w.ID] {
 			continue
 		}
-		if _, err := relay.Deregister(ctx, w.ID); err != nil {
+		ctx, cancel := call()
+		_, err := relay.Deregister(ctx, w.ID)
+		cancel()
+		if err != nil {
 			errs = append(errs, err)
 			continue
 		}

@@ -522,3 +522,34 @@ func TestDelWhoRemoves(t *testing.T) {
 		})
 	}
 }
+
+// slowRelay takes delay for each deregistration, failing when ctx ends first.
+type slowRelay struct {
+	*fakeRelay
+	delay time.Duration
+}
+
+func (s slowRelay) Deregister(ctx context.Context, id string) (wire.Deregistration, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return wire.Deregistration{}, fmt.Errorf("%w: %w", wire.ErrUnreachable, ctx.Err())
+	}
+	return s.fakeRelay.Deregister(ctx, id)
+}
+
+// TestGCTimeoutPerCall: the configured timeout bounds each call to the relay, so GC of
+// several stale sandboxes, each deregistration well within the bound, succeeds.
+func TestGCTimeoutPerCall(t *testing.T) {
+	p, fr, _, _ := newPlugin()
+	p.NewRelay = func(string, time.Duration) Relay { return slowRelay{fr, 600 * time.Millisecond} }
+	for _, id := range []string{"stale1", "stale2"} {
+		fr.regs[id] = wire.Workload{ID: id, Source: "cni", Network: "kl-test"}
+	}
+	if err := p.GC(args(conf(`,"timeout":"1s"`, false))); err != nil {
+		t.Fatalf("GC = %v", err)
+	}
+	if len(fr.regs) != 0 {
+		t.Errorf("left registered: %v", fr.regs)
+	}
+}
