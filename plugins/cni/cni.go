@@ -265,12 +265,18 @@ func (p *Plugin) print(c *Config) error {
 // An unreachable relay does not block the teardown (the plugin removes the table and
 // DEL succeeds, as an operator draining a node with the relay down expects): the relay
 // drops registrations whose netns has disappeared, at its next sweep or restart.
+// A config that ADD would refuse (one written by an older kl-cni that checked less, or
+// with a bad prevResult) does not block the teardown either: DEL uses only its socket
+// and timeout, and warns.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := parseConfig(args.StdinData)
+	c, err := decodeConfig(args.StdinData)
 	if err != nil {
 		return configError(err)
 	}
 	log := p.Log.With("container", args.ContainerID)
+	if err := c.validate(); err != nil {
+		log.Warn("kl-cni config is invalid; DEL goes on with its socket and timeout", "socket", c.Socket, "timeout", c.timeout, "err", err)
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 	defer cancel()

@@ -553,3 +553,33 @@ func TestGCTimeoutPerCall(t *testing.T) {
 		t.Errorf("left registered: %v", fr.regs)
 	}
 }
+
+// TestDelInvalidConfig: DEL tears down with a config ADD would refuse (an older kl-cni
+// accepted it, or the prevResult is broken): a pod must not be stuck in teardown over a
+// field DEL does not use.
+func TestDelInvalidConfig(t *testing.T) {
+	tests := []struct{ name, extra string }{
+		{"host bits in an exclusion", `,"excludeCIDRs":["10.0.0.1/8"]`},
+		{"bad mode", `,"mode":"sideways"`},
+		{"bad timeout", `,"timeout":"soon"`},
+		{"bad prevResult", `,"prevResult":{"cniVersion":"1.1.0","ips":"none"}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, fr, fb, out := newPlugin()
+			if err := p.Add(args(conf("", true))); err != nil {
+				t.Fatal(err)
+			}
+			out.Reset()
+			if err := p.Del(args(conf(tt.extra, false))); err != nil {
+				t.Fatalf("Del = %v", err)
+			}
+			if len(fb.Tables) != 0 || len(fr.regs) != 0 {
+				t.Errorf("after Del: tables %v, registrations %v", fb.Tables, fr.regs)
+			}
+			if out.Len() != 0 {
+				t.Errorf("Del printed %q", out.String())
+			}
+		})
+	}
+}

@@ -55,6 +55,22 @@ const DefaultTimeout = 5 * time.Second
 
 // parseConfig decodes stdin, fills defaults, validates and parses prevResult.
 func parseConfig(stdin []byte) (*Config, error) {
+	c, err := decodeConfig(stdin)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("kl-cni config: %w", err)
+	}
+	if err := version.ParsePrevResult(&c.PluginConf); err != nil {
+		return nil, fmt.Errorf("kl-cni config: %w", err)
+	}
+	return c, nil
+}
+
+// decodeConfig decodes stdin and fills the defaults, without validating: what DEL
+// needs (the socket, the timeout) is there even in a config ADD would refuse.
+func decodeConfig(stdin []byte) (*Config, error) {
 	c := &Config{}
 	if err := json.Unmarshal(stdin, c); err != nil {
 		return nil, fmt.Errorf("parse kl-cni config: %w", err)
@@ -72,17 +88,24 @@ func parseConfig(stdin []byte) (*Config, error) {
 		c.Mark = wire.DefaultMark
 	}
 	c.timeout = DefaultTimeout
+	if d, err := time.ParseDuration(c.Timeout); err == nil && d > 0 {
+		c.timeout = d
+	}
+	return c, nil
+}
+
+// validate checks the fields decodeConfig filled in and parses the exclusions.
+func (c *Config) validate() error {
 	var errs []error
 	if c.Timeout != "" {
-		d, err := time.ParseDuration(c.Timeout)
-		if err != nil || d <= 0 {
+		if d, err := time.ParseDuration(c.Timeout); err != nil || d <= 0 {
 			errs = append(errs, fmt.Errorf("timeout %q: want a positive duration like \"5s\"", c.Timeout))
 		}
-		c.timeout = d
 	}
 	if err := checkMode(c.Mode); err != nil {
 		errs = append(errs, fmt.Errorf("mode: %w", err))
 	}
+	c.excludes = nil
 	for i, s := range c.ExcludeCIDRs {
 		p, err := parsePrefix(s)
 		if err != nil {
@@ -94,13 +117,7 @@ func parseConfig(stdin []byte) (*Config, error) {
 	if err := c.capture().Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("kl-cni config: %w", err)
-	}
-	if err := version.ParsePrevResult(&c.PluginConf); err != nil {
-		return nil, fmt.Errorf("kl-cni config: %w", err)
-	}
-	return c, nil
+	return errors.Join(errs...)
 }
 
 // parsePrefix accepts a prefix or a bare address (a host prefix).
