@@ -36,7 +36,7 @@ func isCurrent(nsPath string) bool {
 // "/proc/self/ns/net" runs fn in the current netns.
 func Do(nsPath string, fn func() error) error {
 	if isCurrent(nsPath) {
-		return fn()
+		return callHere(nsPath, fn)
 	}
 	target, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -44,6 +44,16 @@ func Do(nsPath string, fn func() error) error {
 	}
 	defer unix.Close(target)
 	return doFD(nsPath, target, fn)
+}
+
+// callHere runs fn in the current netns, turning a panic into an error as doLocked does.
+func callHere(nsPath string, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in %s: %v", where(nsPath), r)
+		}
+	}()
+	return fn()
 }
 
 // doFD is Do with the target netns already open.
@@ -164,7 +174,7 @@ func (h *Handle) Do(fn func() error) error {
 		return fmt.Errorf("netns %s: %w", h.path, errHandleClosed)
 	}
 	if h.fd < 0 {
-		return fn()
+		return callHere(h.path, fn)
 	}
 	return doFD(h.path, h.fd, fn)
 }

@@ -1179,3 +1179,28 @@ func TestDialErrorsNameNoDestination(t *testing.T) {
 		})
 	}
 }
+
+// TestDoCurrentPanic: a panic in fn is an error also when fn runs in the current netns
+// (no setns), as Do's doc says, for Do and for a handle of the current netns.
+func TestDoCurrentPanic(t *testing.T) {
+	h, err := Open("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	for _, tt := range []struct {
+		name string
+		do   func(func() error) error
+	}{
+		{"Do empty path", func(fn func() error) error { return Do("", fn) }},
+		{"Do /proc/self/ns/net", func(fn func() error) error { return Do("/proc/self/ns/net", fn) }},
+		{"Handle.Do current", h.Do},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.do(func() error { panic("oops") })
+			if err == nil || !strings.Contains(err.Error(), "oops") {
+				t.Errorf("panicking fn returned %v, want the panic as an error", err)
+			}
+		})
+	}
+}
