@@ -71,13 +71,16 @@ type Plugin struct {
 	Stdout   io.Writer                                        // the CNI protocol
 	Log      *slog.Logger                                     // stderr
 	Ctx      context.Context
+
+	level *slog.LevelVar // Log's level, when New made it: the config's debug lowers it
 }
 
 // New returns the plugin as the kl-cni binary runs it.
 func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
-	level := slog.LevelWarn
+	level := &slog.LevelVar{}
+	level.Set(slog.LevelWarn)
 	if debugLog {
-		level = slog.LevelDebug
+		level.Set(slog.LevelDebug)
 	}
 	return &Plugin{
 		Backend:  nil,
@@ -85,6 +88,31 @@ func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
 		Stdout:   stdout,
 		Log:      slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})).With("plugin", "kl-cni"),
 		Ctx:      ctx,
+		level:    level,
+	}
+}
+
+// parse is parseConfig, then the config's debug applied to the log.
+func (p *Plugin) parse(stdin []byte) (*Config, error) {
+	c, err := parseConfig(stdin)
+	if err == nil {
+		p.configureLog(c)
+	}
+	return c, err
+}
+
+// decode is decodeConfig, then the config's debug applied to the log.
+func (p *Plugin) decode(stdin []byte) (*Config, error) {
+	c, err := decodeConfig(stdin)
+	if err == nil {
+		p.configureLog(c)
+	}
+	return c, err
+}
+
+func (p *Plugin) configureLog(c *Config) {
+	if c.Debug && p.level != nil {
+		p.level.Set(slog.LevelDebug)
 	}
 }
 
@@ -194,7 +222,7 @@ func workload(args *skel.CmdArgs, c *Config, mode string) (wire.Workload, error)
 
 // Add captures the sandbox. See the package documentation for the failure model.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := parseConfig(args.StdinData)
+	c, err := p.parse(args.StdinData)
 	if err != nil {
 		return configError(err)
 	}
@@ -269,7 +297,7 @@ func (p *Plugin) print(c *Config) error {
 // with a bad prevResult) does not block the teardown either: DEL uses only its socket
 // and timeout, and warns.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := decodeConfig(args.StdinData)
+	c, err := p.decode(args.StdinData)
 	if err != nil {
 		return configError(err)
 	}
@@ -298,7 +326,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 
 // Check fails when the table, one of its rules or the registration is missing or wrong.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := parseConfig(args.StdinData)
+	c, err := p.parse(args.StdinData)
 	if err != nil {
 		return configError(err)
 	}
@@ -335,7 +363,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 
 // Status reports whether kl-relayd answers (CNI 1.1).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := parseConfig(args.StdinData)
+	c, err := p.parse(args.StdinData)
 	if err != nil {
 		return configError(err)
 	}
@@ -351,7 +379,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // valid attachments: their DEL never reached the relay. Their tables went with their
 // netns. Registrations of other networks and of the OCI hook are left alone.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := parseConfig(args.StdinData)
+	c, err := p.parse(args.StdinData)
 	if err != nil {
 		return configError(err)
 	}

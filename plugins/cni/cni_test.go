@@ -583,3 +583,23 @@ func TestDelInvalidConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestConfigDebug: "debug": true in the config logs at debug level to stderr, as
+// KL_CNI_DEBUG=1 does; without it ADD logs nothing on success.
+func TestConfigDebug(t *testing.T) {
+	for _, debug := range []bool{false, true} {
+		t.Run(fmt.Sprint(debug), func(t *testing.T) {
+			_, fr, fb, _ := newPlugin()
+			var stdout, stderr bytes.Buffer
+			p := New(context.Background(), &stdout, &stderr, false)
+			p.Backend = fb
+			p.NewRelay = func(string, time.Duration) Relay { return fr }
+			if err := p.Add(args(conf(fmt.Sprintf(`,"debug":%v`, debug), true))); err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.Contains(stderr.String(), "level=DEBUG"); got != debug {
+				t.Errorf("debug lines on stderr: %v, want %v\n%s", got, debug, stderr.String())
+			}
+		})
+	}
+}
