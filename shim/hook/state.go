@@ -46,7 +46,8 @@ func ParseState(r io.Reader) (State, error) {
 	if err := dec.Decode(&st); err != nil {
 		return st, fmt.Errorf("%w: %w", ErrBadState, err)
 	}
-	if dec.More() {
+	// More() is false before a stray ']' or '}', so ask for the end of input itself.
+	if _, err := dec.Token(); err != io.EOF {
 		return st, fmt.Errorf("%w: trailing data after the JSON object", ErrBadState)
 	}
 	if err := checkID(st.ID); err != nil {

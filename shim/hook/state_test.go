@@ -19,6 +19,8 @@ func TestParseState(t *testing.T) {
 		{"not object", `["x"]`, "not a JSON object"},
 		{"truncated", `{"id":"x"`, "unexpected EOF"},
 		{"trailing", `{"id":"x"} {"id":"y"}`, "trailing data"},
+		{"trailing brace", `{"id":"x","pid":3}}`, "trailing data"},
+		{"trailing bracket", `{"id":"x","pid":3}]`, "trailing data"},
 		{"no id", `{"pid":3}`, "no container id"},
 		{"slash id", `{"id":"a/b"}`, "not allowed"},
 		{"dots id", `{"id":".."}`, "container id"},
