@@ -212,7 +212,7 @@ func TestSaveAtomic(t *testing.T) {
 	}
 }
 
-// FuzzModify: any config.json either fails to parse with ErrMalformed or takes every
+// FuzzModify: any config.json (and any process file) either fails to parse with ErrMalformed or takes every
 // modifier, twice, with the same result, and encodes to JSON that parses again.
 func FuzzModify(f *testing.F) {
 	seed, _ := os.ReadFile("testdata/spec.json")
@@ -220,7 +220,9 @@ func FuzzModify(f *testing.F) {
 	f.Add(`{"process":{"env":["A=1","HTTP_PROXY"]},"hooks":{"poststop":[{"path":"/x"}]},"mounts":[{"destination":"/etc/kl/../kl/rules.yaml"}]}`)
 	f.Add(`{"hooks":{"createRuntime":null},"mounts":null,"process":null}`)
 	f.Add(`{}`)
+	f.Add(`{"env":["A=1","http_proxy=x"],"args":["sh"]}`)
 	f.Fuzz(func(t *testing.T, in string) {
+		fuzzProcess(t, in)
 		s, err := Parse("config.json", []byte(in))
 		if err != nil {
 			if !errors.Is(err, ErrMalformed) {
@@ -249,6 +251,36 @@ func FuzzModify(f *testing.F) {
 			t.Fatalf("edited spec does not parse: %v\n%s", err, once)
 		}
 	})
+}
+
+// fuzzProcess: the same input as a process file (runc exec --process FILE, written by
+// containerd or dockerd) fails with ErrMalformed or takes the env edit, twice, with the
+// same result, and encodes to a process object that parses again.
+func fuzzProcess(t *testing.T, in string) {
+	p, err := ParseProcess("process.json", []byte(in))
+	if err != nil {
+		if !errors.Is(err, ErrMalformed) {
+			t.Fatalf("ParseProcess(%q): %v is not ErrMalformed", in, err)
+		}
+		return
+	}
+	env := testMods()[0]
+	if err := env.Modify(p); err != nil {
+		t.Fatalf("env edit of process file %q: %v", in, err)
+	}
+	once, err := p.Marshal()
+	if err != nil {
+		t.Fatalf("Marshal process file %q: %v", in, err)
+	}
+	if err := env.Modify(p); err != nil {
+		t.Fatalf("second env edit of process file %q: %v", in, err)
+	}
+	if twice, _ := p.Marshal(); !bytes.Equal(once, twice) {
+		t.Fatalf("env edit of process file %q not idempotent:\n%s\n%s", in, once, twice)
+	}
+	if _, err := ParseProcess("again", once); err != nil {
+		t.Fatalf("edited process file does not parse: %v\n%s", err, once)
+	}
 }
 
 // A process file (runc exec --process) takes the same env edit as a spec and is written
