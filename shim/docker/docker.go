@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -40,8 +41,11 @@ func (c Container) Name() string {
 	return strings.TrimPrefix(c.Names[0], "/")
 }
 
-// ErrUnavailable marks a Docker socket that is absent or does not answer; callers decide
-// whether that matters (a containerd-only node has no Docker).
+// ErrUnavailable marks a Docker socket that is absent or that nothing listens on: no
+// Docker engine runs on this node (a containerd-only node), and callers take the
+// container for another engine's. An engine that is there but does not answer in time,
+// or answers wrongly, is an error like any other: the container may well be Docker's,
+// and treating it as another engine's would lose its labels, mode and exemptions.
 var ErrUnavailable = errors.New("docker engine unavailable")
 
 // Client reads from one Docker Engine socket.
@@ -77,7 +81,10 @@ func (c Client) Lookup(ctx context.Context, id string) (ct Container, found bool
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return ct, false, fmt.Errorf("%w at %s: %w", ErrUnavailable, c.Socket, err)
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return ct, false, fmt.Errorf("%w at %s: %w", ErrUnavailable, c.Socket, err)
+		}
+		return ct, false, fmt.Errorf("docker lookup %s at %s: %w", id, c.Socket, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))

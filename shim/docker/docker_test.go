@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestLookup(t *testing.T) {
@@ -54,5 +56,53 @@ func TestFindBad(t *testing.T) {
 		if _, _, err := Find([]byte(in), "x"); err == nil {
 			t.Errorf("Find(%q): no error", in)
 		}
+	}
+}
+
+// Only a node without a Docker engine (no socket, or nothing listening on it) gives
+// ErrUnavailable; an engine that does not answer in time is an error of its own, since
+// the container asked about may be its.
+func TestLookupUnavailable(t *testing.T) {
+	dir := t.TempDir()
+	refused := filepath.Join(dir, "refused.sock")
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: refused}); err != nil { // bound, never listening
+		t.Fatal(err)
+	}
+	silent := filepath.Join(dir, "silent.sock")
+	ln, err := net.Listen("unix", silent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() { // accepts and never answers, as a hung dockerd
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	tests := []struct {
+		name        string
+		socket      string
+		unavailable bool
+	}{
+		{"no socket", filepath.Join(dir, "none.sock"), true},
+		{"nothing listening", refused, true},
+		{"engine silent", silent, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, found, err := Client{Socket: tt.socket, Timeout: 200 * time.Millisecond}.Lookup(context.Background(), "abc")
+			if err == nil || found || errors.Is(err, ErrUnavailable) != tt.unavailable {
+				t.Errorf("Lookup = %v, %v; want an error, ErrUnavailable: %v", found, err, tt.unavailable)
+			}
+		})
 	}
 }

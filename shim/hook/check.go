@@ -79,7 +79,7 @@ func Check(ctx context.Context, cfg *config.Config, relay Relay, out io.Writer) 
 		_, _, err := docker.Client{Socket: cfg.DockerSocket}.Lookup(ctx, "kl-check")
 		switch {
 		case errors.Is(err, docker.ErrUnavailable):
-			fmt.Fprintf(out, "ok   docker   %s not answering: Docker labels and images unavailable (fine without dockerd)\n", cfg.DockerSocket)
+			fmt.Fprintf(out, "ok   docker   %s absent or not listening: Docker labels and images unavailable (fine without dockerd)\n", cfg.DockerSocket)
 		case err != nil:
 			line(false, "docker", err.Error())
 		default:

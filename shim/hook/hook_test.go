@@ -209,7 +209,7 @@ func TestCheck(t *testing.T) {
 	if err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out); err != nil {
 		t.Fatalf("check: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "warn rules    " + rules, "(1 workloads registered)", "not answering"} {
+	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "warn rules    " + rules, "(1 workloads registered)", "absent or not listening"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("check output lacks %q:\n%s", want, out.String())
 		}

@@ -47,13 +47,16 @@ type Lookup interface {
 }
 
 // Identify gathers Info for container id with spec annotations ann. dk may be nil (no
-// Docker lookup). A Docker socket that is absent or silent is not an error: the container
-// then belongs to another engine.
+// Docker lookup). A container whose spec carries the CRI's annotations is the CRI's
+// (Kubernetes), and Docker is not asked. Otherwise a Docker socket that is absent or
+// that nothing listens on is not an error: the container belongs to another engine. A
+// Docker engine that is there but fails to answer is: the container may be Docker's.
 func Identify(ctx context.Context, cfg *config.Config, id string, ann map[string]string, dk Lookup, log *slog.Logger) (Info, error) {
 	in := Info{ID: id, Annotations: ann, Engine: "oci"}
 	var ct docker.Container
 	var isDocker bool
-	if dk != nil {
+	isCRI := ann[AnnotCRIContainerTyp] != "" || ann[AnnotCRINamespace] != ""
+	if dk != nil && !isCRI {
 		var err error
 		ct, isDocker, err = dk.Lookup(ctx, id)
 		switch {
@@ -72,7 +75,7 @@ func Identify(ctx context.Context, cfg *config.Config, id string, ann map[string
 		if rawImage == "" {
 			rawImage = ct.Image
 		}
-	case ann[AnnotCRIContainerTyp] != "" || ann[AnnotCRINamespace] != "":
+	case isCRI:
 		in.Engine = "cri"
 		in.Name = ann[AnnotCRIName]
 	default:

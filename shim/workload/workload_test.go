@@ -77,6 +77,16 @@ func TestIdentifyErrors(t *testing.T) {
 	if _, err := Identify(context.Background(), cfg, "x", nil, fakeLookup{err: errors.New("HTTP 500")}, config.Discard()); err == nil {
 		t.Errorf("docker error swallowed")
 	}
+	// A Docker engine that fails to answer is an error for a container that may be its;
+	// a CRI container is the CRI's, and Docker is not asked.
+	silent := fakeLookup{err: errors.New("docker lookup x: context deadline exceeded")}
+	if _, err := Identify(context.Background(), cfg, "x", map[string]string{"kl.route": "proxy"}, silent, config.Discard()); err == nil {
+		t.Errorf("a silent docker engine taken for no engine: the container's labels and mode would be lost")
+	}
+	cri := map[string]string{"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-namespace": "shop"}
+	if in, err := Identify(context.Background(), cfg, "x", cri, silent, config.Discard()); err != nil || in.Engine != "cri" {
+		t.Errorf("a CRI container with docker silent: %+v, %v", in, err)
+	}
 	// On a plain containerd container the annotation (ctr --annotation) picks the mode.
 	in, _ := Identify(context.Background(), cfg, "x", map[string]string{"kl.egress.mode": "proxy"}, nil, config.Discard())
 	if in.Mode != "proxy" {
