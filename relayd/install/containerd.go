@@ -939,44 +939,41 @@ func (c Containerd) checkDefault(before, after []byte) error {
 	return nil
 }
 
-// currentDefault is the config's default_runtime_name, "" when it has none (or does
-// not parse).
-func (c Containerd) currentDefault(data []byte) string {
+// defaultValue is the config's default_runtime_name as decoded, nil when it has none
+// (or does not parse).
+func (c Containerd) defaultValue(data []byte) any {
 	d, err := parseTOML(data, c.Version)
 	if err != nil {
-		return ""
+		return nil
 	}
 	rp, err := RuntimesPath(d.version)
 	if err != nil {
-		return ""
+		return nil
 	}
-	s, _ := lookup(d.value, defaultRuntimePath(rp)...).(string)
+	return lookup(d.value, defaultRuntimePath(rp)...)
+}
+
+// currentDefault is the config's default_runtime_name, "" when it has none (or does
+// not parse).
+func (c Containerd) currentDefault(data []byte) string {
+	s, _ := c.defaultValue(data).(string)
 	return s
 }
 
 // notes tells what an edit changed beyond kl's runtime: the CRI plugin's default
 // runtime.
 func (c Containerd) notes(old, next []byte, uninstall bool) []string {
-	has := func(data []byte) bool {
-		d, err := parseTOML(data, c.Version)
-		if err != nil {
-			return false
-		}
-		rp, err := RuntimesPath(d.version)
-		if err != nil {
-			return false
-		}
-		return lookup(d.value, defaultRuntimePath(rp)...) != nil
-	}
-	was, now := c.currentDefault(old), c.currentDefault(next)
+	oldV, nextV := c.defaultValue(old), c.defaultValue(next)
+	was, _ := oldV.(string)
+	now, _ := nextV.(string)
 	switch {
-	case uninstall && was == c.name() && !has(next):
+	case uninstall && was == c.name() && nextV == nil:
 		return []string{fmt.Sprintf(`default_runtime_name was %q; removed, as it was before kl was installed`, c.name())}
 	case uninstall && was == c.name() && now == "runc":
 		return []string{fmt.Sprintf(`default_runtime_name was %q; set to "runc" (containerd's CRI plugin does not start with a default runtime that is not defined)`, c.name())}
 	case uninstall && was == c.name() && now != c.name():
 		return []string{fmt.Sprintf(`default_runtime_name was %q; set back to %q, as it was before kl was installed`, c.name(), now)}
-	case !uninstall && now == c.name() && !has(old):
+	case !uninstall && now == c.name() && oldV == nil:
 		return []string{fmt.Sprintf(`default_runtime_name set to %q; uninstall removes it again`, c.name())}
 	case !uninstall && now == c.name() && was != c.name():
 		return []string{fmt.Sprintf(`default_runtime_name was %q; set to %q, and uninstall sets it back`, was, c.name())}
