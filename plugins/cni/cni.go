@@ -92,28 +92,14 @@ func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
 	}
 }
 
-// parse is parseConfig, then the config's debug applied to the log.
-func (p *Plugin) parse(stdin []byte) (*Config, error) {
-	c, err := parseConfig(stdin)
-	if err == nil {
-		p.configureLog(c)
-	}
-	return c, err
-}
-
-// decode is decodeConfig, then the config's debug applied to the log.
-func (p *Plugin) decode(stdin []byte) (*Config, error) {
-	c, err := decodeConfig(stdin)
-	if err == nil {
-		p.configureLog(c)
-	}
-	return c, err
-}
-
-func (p *Plugin) configureLog(c *Config) {
-	if c.Debug && p.level != nil {
+// config reads stdin with read (parseConfig, or decodeConfig for DEL) and lowers the
+// log's level when the config asks for debug.
+func (p *Plugin) config(stdin []byte, read func([]byte) (*Config, error)) (*Config, error) {
+	c, err := read(stdin)
+	if err == nil && c.Debug && p.level != nil {
 		p.level.Set(slog.LevelDebug)
 	}
+	return c, err
 }
 
 // Versions are the CNI spec versions kl-cni speaks.
@@ -222,7 +208,7 @@ func workload(args *skel.CmdArgs, c *Config, mode string) (wire.Workload, error)
 
 // Add captures the sandbox. See the package documentation for the failure model.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := p.parse(args.StdinData)
+	c, err := p.config(args.StdinData, parseConfig)
 	if err != nil {
 		return configError(err)
 	}
@@ -297,7 +283,7 @@ func (p *Plugin) print(c *Config) error {
 // with a bad prevResult) does not block the teardown either: DEL uses only its socket
 // and timeout, and warns.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := p.decode(args.StdinData)
+	c, err := p.config(args.StdinData, decodeConfig)
 	if err != nil {
 		return configError(err)
 	}
@@ -326,7 +312,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 
 // Check fails when the table, one of its rules or the registration is missing or wrong.
 func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := p.parse(args.StdinData)
+	c, err := p.config(args.StdinData, parseConfig)
 	if err != nil {
 		return configError(err)
 	}
@@ -363,7 +349,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 
 // Status reports whether kl-relayd answers (CNI 1.1).
 func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := p.parse(args.StdinData)
+	c, err := p.config(args.StdinData, parseConfig)
 	if err != nil {
 		return configError(err)
 	}
@@ -379,7 +365,7 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 // valid attachments: their DEL never reached the relay. Their tables went with their
 // netns. Registrations of other networks and of the OCI hook are left alone.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := p.parse(args.StdinData)
+	c, err := p.config(args.StdinData, parseConfig)
 	if err != nil {
 		return configError(err)
 	}
