@@ -179,6 +179,79 @@ func (h *Handle) Do(fn func() error) error {
 	return doFD(h.path, h.fd, fn)
 }
 
+// ListenFD opens a non-blocking TCP listening socket on ap inside the handle's netns and
+// returns its descriptor, which the caller owns and polls itself (the runtime's netpoller
+// never sees it). An unspecified IPv6 address listens dual-stack (IPv4 peers as
+// v4-mapped addresses).
+func (h *Handle) ListenFD(ap netip.AddrPort) (int, error) {
+	fd := -1
+	err := h.Do(func() error {
+		domain := unix.AF_INET6
+		var sa unix.Sockaddr = &unix.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+		if ap.Addr().Is4() {
+			domain = unix.AF_INET
+			sa = &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
+		}
+		s, err := newSocket(domain)
+		if err != nil {
+			return fmt.Errorf("socket: %w", err)
+		}
+		if err := listenSocket(s, domain, sa); err != nil {
+			unix.Close(s)
+			return err
+		}
+		fd = s
+		return nil
+	})
+	if err != nil {
+		return -1, fmt.Errorf("listen %s in %s: %w", ap, where(h.path), err)
+	}
+	return fd, nil
+}
+
+func listenSocket(fd, domain int, sa unix.Sockaddr) error {
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return fmt.Errorf("set SO_REUSEADDR: %w", err)
+	}
+	if domain == unix.AF_INET6 {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY, 0); err != nil {
+			return fmt.Errorf("set IPV6_V6ONLY: %w", err)
+		}
+	}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	// The kernel caps the backlog at net.core.somaxconn.
+	if err := unix.Listen(fd, 4096); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	return nil
+}
+
+// EnterLocked moves the calling thread into the handle's netns and leaves it there. It is
+// only for a goroutine that locked its thread for good (runtime.LockOSThread, never
+// undone): the runtime ends such a thread with its goroutine, so no other goroutine runs
+// in the netns. kl-relayd's event loops make their sockets this way, moving only when
+// the next socket is for another netns.
+func (h *Handle) EnterLocked() error {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	if h.shut {
+		return fmt.Errorf("netns %s: %w", h.path, errHandleClosed)
+	}
+	fd := h.fd
+	if fd < 0 {
+		var err error
+		if fd, err = selfNetns(); err != nil {
+			return err
+		}
+	}
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("enter netns %s: %w", where(h.path), err)
+	}
+	return nil
+}
+
 // Listen is the package's Listen in the handle's netns.
 func (h *Handle) Listen(network, addr string) (net.Listener, error) {
 	return listen(h.path, h.Do, network, addr)
@@ -520,6 +593,10 @@ func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
 	}
 	return ap, nil
 }
+
+// OriginalDstFD is OriginalDst for a socket the caller polls itself: v4 says that its
+// local address is IPv4 (or v4-mapped on a dual-stack listener).
+func OriginalDstFD(fd int, v4 bool) (netip.AddrPort, error) { return originalDst(fd, v4) }
 
 func originalDst(fd int, v4 bool) (netip.AddrPort, error) {
 	if v4 {

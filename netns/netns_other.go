@@ -42,6 +42,9 @@ func (h *Handle) DialAddrPort(ctx context.Context, mark uint32, ap netip.AddrPor
 	return nil, errors.ErrUnsupported
 }
 
+func (h *Handle) ListenFD(ap netip.AddrPort) (int, error) { return -1, errors.ErrUnsupported }
+func (h *Handle) EnterLocked() error                      { return errors.ErrUnsupported }
+
 type nftBackend struct{}
 
 func (nftBackend) Apply(string, *Table) error         { return errors.ErrUnsupported }

@@ -39,6 +39,7 @@ const DefaultPath = "/etc/kl/relayd.yaml"
 // relayd/api).
 const (
 	DefaultIdleTimeout    = 10 * time.Minute
+	MaxLoops              = 256
 	DefaultRulesPoll      = 2 * time.Second
 	DefaultConnectTimeout = 10 * time.Second
 	DefaultAuditMaxBytes  = 16 << 20
@@ -84,6 +85,9 @@ type Config struct {
 	// the relay (by default flows the kernel can decide alike are decided in the pod's
 	// nftables table and audited from conntrack).
 	NoFastPath bool `yaml:"noFastPath"`
+	// Loops is the number of event-loop threads that carry transparent flows (0: one per
+	// two CPUs, at least one; -1: none, every flow on its own goroutines).
+	Loops int `yaml:"loops"`
 
 	// Gateway is not read from the file: it is the operator's KL_EGRESS_GATEWAY=1 opt-in,
 	// set by the caller from the environment.
@@ -269,6 +273,9 @@ func (c *Config) Fill() error {
 	}
 	if c.IdleTimeout < time.Second {
 		errs = append(errs, fmt.Errorf("idleTimeout: %v is shorter than 1s", c.IdleTimeout))
+	}
+	if c.Loops < -1 || c.Loops > MaxLoops {
+		errs = append(errs, fmt.Errorf("loops: %d is not between -1 and %d", c.Loops, MaxLoops))
 	}
 	if c.RulesPoll < 10*time.Millisecond {
 		errs = append(errs, fmt.Errorf("rulesPoll: %v is shorter than 10ms", c.RulesPoll))

@@ -51,6 +51,18 @@ exits:
 			}
 		}},
 		{name: "unknown key", in: "sockt: /x\n", wantErr: "field sockt not found"},
+		{name: "loops", in: "loops: 4\n", check: func(t *testing.T, c *Config) {
+			if c.Loops != 4 {
+				t.Errorf("loops = %d, want 4", c.Loops)
+			}
+		}},
+		{name: "no loops", in: "loops: -1\n", check: func(t *testing.T, c *Config) {
+			if c.Loops != -1 {
+				t.Errorf("loops = %d, want -1", c.Loops)
+			}
+		}},
+		{name: "loops below -1", in: "loops: -2\n", wantErr: "loops: -2 is not between -1 and 256"},
+		{name: "too many loops", in: "loops: 1000\n", wantErr: "loops: 1000 is not between -1 and 256"},
 		{name: "relative socket", in: "socket: x.sock\n", wantErr: "socket: \"x.sock\" is not an absolute path"},
 		{name: "published rules beside the socket", in: "socket: /run/x/relayd.sock\n", check: func(t *testing.T, c *Config) {
 			if c.PublishedRules != "/run/x/rules" {

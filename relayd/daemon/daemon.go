@@ -243,6 +243,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		Debug:          cfg.Debug,
 		SniffWait:      cfg.Sniff.Wait,
 		SniffSkipPorts: cfg.Sniff.SkipPorts,
+		Loops:          cfg.Loops,
 		Policy:         func() relay.Decider { return d.policy.Load() },
 		Exits:          exits,
 		Log:            log,

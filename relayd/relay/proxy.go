@@ -242,9 +242,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			// the exit gets the name, the only destination there is.
 		}
 		if dial == nil {
-			r.count("refused")
-			r.o.Log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule)
-			r.record(d, &f, unavailable(d.Exit))
+			r.unavailable(d, &f, w.ID)
 			return nil, denied
 		}
 		r.count(d.Exit)

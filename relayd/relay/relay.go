@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -79,7 +80,10 @@ type Options struct {
 	ConnectTimeout time.Duration // default 10s
 	Debug          bool          // log destinations (SPEC §5: never by default)
 	SniffWait      time.Duration // bound on peeking a transparent flow's hostname (default 200ms)
-	SniffSkipPorts []uint16      // destination ports never peeked
+	// Loops is the number of event-loop threads that carry transparent flows (0: one per
+	// two CPUs, at least one; below 0: none, every flow on goroutines).
+	Loops          int
+	SniffSkipPorts []uint16 // destination ports never peeked
 	Policy         func() Decider
 	// Exits carries flows whose decision is not direct or deny, by exit name. An exit
 	// with no entry is refused (reset) with a logged reason.
@@ -119,6 +123,8 @@ type Relay struct {
 
 	exitMu sync.Mutex
 	byExit map[string]uint64
+
+	loops []*loop // started on first use (loopFor)
 }
 
 type pod struct {
@@ -128,6 +134,8 @@ type pod struct {
 	ls     api.Listeners
 	cancel context.CancelFunc // stops the proxy servers
 	serve  sync.WaitGroup     // accept loops
+	l      *loop              // the event loop serving a transparent pod (nil: goroutines)
+	lp     *lpod
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -188,6 +196,9 @@ func New(o Options) *Relay {
 	}
 	if o.SniffWait <= 0 {
 		o.SniffWait = 200 * time.Millisecond
+	}
+	if o.Loops == 0 {
+		o.Loops = max(1, runtime.NumCPU()/2)
 	}
 	return &Relay{o: o, handles: handles, pods: map[string]*pod{}, byExit: map[string]uint64{}}
 }
@@ -250,6 +261,10 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 }
 
 func (r *Relay) openTransparent(p *pod, w api.Workload) error {
+	p.ls = api.Listeners{Redirect: r.o.RedirectPort}
+	if ok, err := r.openOnLoop(p); ok || err != nil {
+		return err
+	}
 	addr := fmt.Sprintf(":%d", r.o.RedirectPort)
 	ln, err := r.listenIn(p, w.Netns, "tcp", addr)
 	if err != nil {
@@ -261,7 +276,6 @@ func (r *Relay) openTransparent(p *pod, w api.Workload) error {
 		ln = ln4
 	}
 	p.lns = []net.Listener{ln}
-	p.ls = api.Listeners{Redirect: r.o.RedirectPort}
 	p.serve.Add(1)
 	go func() {
 		defer p.serve.Done()
@@ -272,15 +286,21 @@ func (r *Relay) openTransparent(p *pod, w api.Workload) error {
 
 // stop closes the listeners and waits for the accept loops, then closes every flow.
 func (p *pod) stop() {
+	p.closeListeners()
+	p.closeConns()
+	p.closeNetns()
+}
+
+// closeListeners stops accepting new flows and waits for the accept loops to end.
+func (p *pod) closeListeners() {
 	if p.cancel != nil {
 		p.cancel()
 	}
 	for _, ln := range p.lns {
 		ln.Close()
 	}
+	p.closeLoopListener()
 	p.serve.Wait()
-	p.closeConns()
-	p.closeNetns()
 }
 
 // closeNetns releases the pod's netns handle (a dial in progress finishes first).
@@ -366,14 +386,9 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	r.pods = map[string]*pod{}
 	r.mu.Unlock()
 	for _, p := range pods {
-		if p.cancel != nil {
-			p.cancel()
-		}
-		for _, ln := range p.lns {
-			ln.Close()
-		}
-		p.serve.Wait()
+		p.closeListeners()
 	}
+	defer r.stopLoops()
 	drained := make(chan struct{})
 	go func() { r.flowWG.Wait(); close(drained) }()
 	select {
@@ -418,7 +433,7 @@ func (r *Relay) serve(p *pod, ln net.Listener) {
 			c.Close()
 			continue
 		}
-		r.flowWG.Add(1)
+		r.begin()
 		go r.flow(p, tc)
 	}
 }
@@ -448,6 +463,7 @@ func (p *pod) closeConns() {
 	for c := range conns {
 		c.Close()
 	}
+	p.closeLoopFlows()
 }
 
 func (r *Relay) count(exit string) {
@@ -471,71 +487,117 @@ func addrPort(a net.Addr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
+// begin counts a flow in (at its accept); end counts it out once its connections are
+// closed.
+func (r *Relay) begin() {
+	r.active.Add(1)
+	r.total.Add(1)
+	r.flowWG.Add(1)
+}
+
+func (r *Relay) end() {
+	r.active.Add(-1)
+	r.flowWG.Done()
+}
+
 // flow decides one accepted connection and dials its exit; the bytes are then carried by
 // two copy goroutines (pipeAsync) and this goroutine ends.
 func (r *Relay) flow(p *pod, c *net.TCPConn) {
-	r.active.Add(1)
-	r.total.Add(1)
+	w := p.w.Load()
+	id := r.flowSeq.Add(1)
+	dst, err := r.o.origDst(c)
+	if err == nil {
+		dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+		err = r.admit(dst, addrPort(c.LocalAddr()))
+	}
+	if err != nil {
+		r.refuse(w.ID, id, err)
+		reset(c)
+		p.untrack(c)
+		r.end()
+		return
+	}
+	r.carry(p, c, w, r.newFlow(w, dst, addrPort(c.RemoteAddr()), id), r.o.Policy(), nil)
+}
+
+// errSelf refuses a connection made straight to the relay port.
+var errSelf = errors.New("connection to the relay port itself")
+
+// admit checks a captured connection's original destination against the listener's own
+// address (local). A connection made straight to the relay port, not redirected to it
+// (the capture redirects to the pod's loopback; anything else came from outside the pod,
+// for example through a Service aimed at this port), is refused: carrying it "direct"
+// would make the relay an open proxy, or connect to itself forever.
+func (r *Relay) admit(dst, local netip.AddrPort) error {
+	if dst == local || !local.Addr().IsLoopback() {
+		return errSelf
+	}
+	return nil
+}
+
+// refuse counts and logs a flow refused before any decision.
+func (r *Relay) refuse(wid string, id uint64, err error) {
+	r.count("refused")
+	if errors.Is(err, errSelf) {
+		r.o.Log.Warn("flow refused: connection to the relay port itself", "workload", wid, "flow", id)
+		return
+	}
+	r.o.Log.Warn("flow refused: no original destination", "workload", wid, "flow", id, "err", r.redact(err))
+}
+
+func (r *Relay) newFlow(w *registered, dst, src netip.AddrPort, id uint64) rules.Flow {
+	return rules.Flow{Labels: w.Labels, LabelKeys: w.labelKeys, Image: w.Image, Dst: dst, Src: src.Addr(), At: time.Now(), ID: id}
+}
+
+// needsToLearn reports whether pol decides flow f only once it knows the flow's
+// hostname (peeked) or process (looked up).
+func (r *Relay) needsToLearn(pol Decider, f *rules.Flow) bool {
+	if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, f.Dst.Port()) {
+		return true
+	}
+	pn, ok := pol.(processNeeder)
+	return ok && pn.NeedsProcess()
+}
+
+// carry learns what the policy needs to know of flow f (its hostname, its process),
+// decides it unless decided is given, and carries it to its exit. It owns c and counts
+// the flow out when it does not carry it.
+func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol Decider, decided *rules.Decision) {
 	carried := false
 	defer func() {
 		if !carried {
 			p.untrack(c)
-			r.active.Add(-1)
-			r.flowWG.Done()
+			r.end()
 		}
 	}()
-	w := p.w.Load()
-	id := r.flowSeq.Add(1)
 	log := r.o.Log
-
-	dst, err := r.o.origDst(c)
-	if err != nil {
-		r.count("refused")
-		log.Warn("flow refused: no original destination", "workload", w.ID, "flow", id, "err", r.redact(err))
-		reset(c)
-		return
-	}
-	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
-	if local := addrPort(c.LocalAddr()); dst == local || !local.Addr().IsLoopback() {
-		// A connection made straight to the relay port, not redirected to it (the capture
-		// redirects to the pod's loopback; anything else came from outside the pod, for
-		// example through a Service aimed at this port): carrying it "direct" would make
-		// the relay an open proxy, or connect to itself forever.
-		r.count("refused")
-		log.Warn("flow refused: connection to the relay port itself", "workload", w.ID, "flow", id)
-		reset(c)
-		return
-	}
-	src := addrPort(c.RemoteAddr())
-	f := rules.Flow{Labels: w.Labels, LabelKeys: w.labelKeys, Image: w.Image, Dst: dst, Src: src.Addr(), At: time.Now(), ID: id}
-	pol := r.o.Policy()
-	if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, dst.Port()) {
-		// The peek consumes nothing: the bytes still reach the destination.
-		host, err := sniff.Host(c, r.o.SniffWait)
-		if err != nil {
-			r.count("refused")
-			log.Info("flow failed: peek for the hostname", "workload", w.ID, "flow", id, "err", r.redact(err))
-			reset(c)
-			return
+	var d rules.Decision
+	if decided != nil {
+		d = *decided
+	} else {
+		if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, f.Dst.Port()) {
+			// The peek consumes nothing: the bytes still reach the destination.
+			host, err := sniff.Host(c, r.o.SniffWait)
+			if err != nil {
+				r.count("refused")
+				log.Info("flow failed: peek for the hostname", "workload", w.ID, "flow", f.ID, "err", r.redact(err))
+				reset(c)
+				return
+			}
+			f.Host = host
 		}
-		f.Host = host
-	}
-	if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
-		k := sockowner.Key{Netns: w.Netns, Src: src, Dst: dst}
-		f.Process = r.owner(k, w.ID, id)
-		defer r.o.Owners.Forget(k)
-	}
-	d := pol.Decide(&f)
-	r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
-	if r.o.Debug {
-		log.Debug("decision", "workload", w.ID, "flow", id, "dst", dst, "host", f.Host, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+		if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
+			k := sockowner.Key{Netns: w.Netns, Src: addrPort(c.RemoteAddr()), Dst: f.Dst}
+			f.Process = r.owner(k, w.ID, f.ID)
+			defer r.o.Owners.Forget(k)
+		}
+		d = r.decide(pol, &f, w.ID)
 	}
 
 	var dial DialFunc
 	switch d.Exit {
 	case rules.ExitDeny:
-		r.count(rules.ExitDeny)
-		r.record(d, &f, "")
+		r.deny(d, &f)
 		reset(c)
 		return
 	case rules.ExitDirect:
@@ -543,30 +605,21 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 			return r.dialAddrIn(ctx, p, w.Netns, dst.Addr)
 		}
 	default:
-		dial = r.o.Exits[d.Exit]
-		if !NameDecided(pol, &f, d) {
-			// The exit goes to the address that was checked, the one the workload
-			// connected to: the name is the client's word (SNI, Host), not where it goes.
-			// From here f is the flow as the exit sees it (FlowFrom).
-			f.Host = ""
+		r.keepHostIfDecided(pol, &f, d)
+		if dial = r.o.Exits[d.Exit]; dial == nil {
+			r.unavailable(d, &f, w.ID)
+			reset(c)
+			return
 		}
-	}
-	if dial == nil {
-		r.count("refused")
-		log.Warn("flow refused: exit not available in this relay", "workload", w.ID, "flow", id, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
-		r.record(d, &f, unavailable(d.Exit))
-		reset(c)
-		return
 	}
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(withFlow(ctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: dst.Port()})
+	up, err := dial(withFlow(ctx, &f, &d, p.ns), &w.Workload, Dest{Addr: f.Dst, Host: f.Host, Port: f.Dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
-		log.Info("flow failed: exit unreachable", "workload", w.ID, "flow", id, "exit", d.Exit, "err", r.redact(err))
-		r.record(d, &f, audit.Reason(err))
+		r.unreachable(d, &f, w.ID, err)
 		reset(c)
 		return
 	}
@@ -578,7 +631,7 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	}
 	done := r.o.Metrics.Start(d.Exit)
 	carried = true
-	debug, wid := r.o.Debug, w.ID
+	debug, wid, id := r.o.Debug, w.ID, f.ID
 	r.pipeAsync(c, up, func(upBytes, downBytes int64, err error) {
 		done(upBytes, downBytes)
 		if err != nil && debug {
@@ -586,9 +639,47 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 		}
 		p.untrack(up)
 		p.untrack(c)
-		r.active.Add(-1)
-		r.flowWG.Done()
+		r.end()
 	})
+}
+
+// decide takes the policy's decision for f and counts it.
+func (r *Relay) decide(pol Decider, f *rules.Flow, wid string) rules.Decision {
+	d := pol.Decide(f)
+	r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
+	if r.o.Debug {
+		r.o.Log.Debug("decision", "workload", wid, "flow", f.ID, "dst", f.Dst, "host", f.Host, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+	}
+	return d
+}
+
+// keepHostIfDecided clears f.Host unless the name decided d (NameDecided): the exit goes
+// to the address that was checked, the one the workload connected to; the name is the
+// client's word (SNI, Host), not where it goes. From here f is the flow as the exit sees
+// it (FlowFrom).
+func (r *Relay) keepHostIfDecided(pol Decider, f *rules.Flow, d rules.Decision) {
+	if !NameDecided(pol, f, d) {
+		f.Host = ""
+	}
+}
+
+// deny counts and records a denied flow (the caller resets it).
+func (r *Relay) deny(d rules.Decision, f *rules.Flow) {
+	r.count(rules.ExitDeny)
+	r.record(d, f, "")
+}
+
+// unavailable counts, logs and records a flow whose exit this relay does not have.
+func (r *Relay) unavailable(d rules.Decision, f *rules.Flow, wid string) {
+	r.count("refused")
+	r.o.Log.Warn("flow refused: exit not available in this relay", "workload", wid, "flow", f.ID, "exit", d.Exit, "rule", d.Rule, "dimension", d.Dimension.String())
+	r.record(d, f, "exit "+d.Exit+" is not available in this relay")
+}
+
+// unreachable logs and records a flow whose exit could not be reached.
+func (r *Relay) unreachable(d rules.Decision, f *rules.Flow, wid string, err error) {
+	r.o.Log.Info("flow failed: exit unreachable", "workload", wid, "flow", f.ID, "exit", d.Exit, "err", r.redact(err))
+	r.record(d, f, audit.Reason(err))
 }
 
 // NameDecided reports whether decision d for flow f rested on f's hostname, so that an
@@ -712,10 +803,6 @@ func replaceFold(s, old, repl string) string {
 
 func isWordByte(c byte) bool {
 	return c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c == '_' || c == '-'
-}
-
-func unavailable(exit string) string {
-	return "exit " + exit + " is not available in this relay"
 }
 
 type flowKey struct{}

@@ -1,0 +1,759 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/rawsys"
+	"github.com/kl-egress/kl/rules"
+)
+
+// The event loops carry transparent flows without a goroutine per connection: a
+// goroutine locked to its thread waits on an epoll set of its pods' listeners and flows'
+// sockets, which are made with raw system calls (the netpoller never sees them), and
+// does everything a flow needs between two waits: accept, original destination,
+// decision, audit and metrics, a non-blocking connect from the pod's netns, then splice
+// both ways through pipes, half-closes, idle and connect timeouts. On a small machine
+// the scheduler's hand-offs between goroutines cost more than the flow's own work (the
+// conn/s rows of make bench: a bare Go relay against a bare epoll relay doing the same
+// job). A flow that has to wait on something before its decision (a hostname peek, a
+// process lookup) or whose exit dials in Go code (an upstream named by hostname, attach,
+// gateway) is handed to the goroutine path (carry) as a *net.TCPConn.
+const (
+	loopBatch      = 256
+	loopPipeSize   = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
+	loopPipesKept  = 256     // empty pipes kept for the next flows
+	loopAcceptMany = 64      // connections taken per listener event before others' events
+	loopET         = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+)
+
+// loop is one event-loop thread. Its fields below mu are only touched on that thread.
+type loop struct {
+	r    *Relay
+	ep   int
+	wake int // eventfd: commands are waiting
+
+	mu    sync.Mutex
+	cmds  []cmd
+	npods atomic.Int32 // pods placed here
+
+	ents     []ent         // by descriptor
+	flows    []*lflow      // every flow, for the timeout scan (lflow.idx)
+	pipes    [][2]int      // empty pipes for the next flows
+	closing  []int         // sockets to close once this batch of events is handled
+	in       *netns.Handle // the netns the thread is in (nil: the process's)
+	home     *netns.Handle // the process's netns
+	tick     time.Duration
+	next     int64           // the next timeout scan (mono)
+	now      int64           // mono at the last wake
+	acks     []chan struct{} // commands run in this batch, acknowledged after flush
+	stopping bool
+	stop     chan struct{} // closed when the loop has ended
+}
+
+type cmd struct {
+	fn   func()
+	done chan struct{}
+}
+
+// ent is what a descriptor is to the loop: a pod's listener or a flow's socket.
+type ent struct {
+	ln *lpod
+	f  *lflow
+}
+
+// lpod is a pod served by a loop: its redirect listener.
+type lpod struct {
+	p      *pod
+	fd     int
+	paused int64         // accept backs off until then (mono; 0: not paused)
+	delay  time.Duration // the last back-off
+	gone   bool          // no longer counted in the loop's npods (closeLoopFlows)
+}
+
+type lstate uint8
+
+const (
+	lConnect lstate = iota // the outgoing connect is under way
+	lRelay                 // both directions spliced
+)
+
+// lflow is one flow on a loop.
+type lflow struct {
+	lp      *lpod
+	idx     int // in loop.flows
+	c, u    int // the workload's connection and the outgoing one (-1: none)
+	state   lstate
+	dead    bool
+	f       rules.Flow     // until recorded
+	d       rules.Decision // until recorded
+	to      netip.AddrPort // where the outgoing connection goes
+	started int64          // when the dial started (mono)
+	by      int64          // connect deadline (mono)
+	last    int64          // when bytes last moved (mono)
+	h       [2]lhalf       // workload to exit (up), exit to workload (down)
+	done    func(up, down int64)
+}
+
+// lhalf is one direction of a flow: bytes spliced from its source into the pipe and not
+// yet out to its destination.
+type lhalf struct {
+	p     [2]int // the pipe: read end, write end (-1: none held)
+	n     int    // bytes in the pipe
+	moved int64  // bytes delivered
+	eof   bool   // the source ended
+	done  bool   // and all of it went on, followed by a half-close
+}
+
+func newLoop(r *Relay) (*loop, error) {
+	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("event loop: %w", err)
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		unix.Close(ep)
+		return nil, fmt.Errorf("event loop: %w", err)
+	}
+	if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, wake, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}); err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return nil, fmt.Errorf("event loop: %w", err)
+	}
+	// The timeout scan runs a few times per timeout, so a flow ends at most a few tenths
+	// of its timeout late.
+	tick := min(r.o.IdleTimeout, r.o.ConnectTimeout) / 8
+	tick = min(max(tick, 5*time.Millisecond), time.Second)
+	home, err := netns.Open("")
+	if err != nil {
+		unix.Close(ep)
+		unix.Close(wake)
+		return nil, fmt.Errorf("event loop: %w", err)
+	}
+	l := &loop{r: r, ep: ep, wake: wake, home: home, tick: tick, stop: make(chan struct{})}
+	go l.run()
+	return l, nil
+}
+
+// do runs fn on the loop's thread and returns when it has run and the sockets it closed
+// are closed (or the loop has ended). It must not be called from the loop itself.
+func (l *loop) do(fn func()) {
+	done := make(chan struct{})
+	l.mu.Lock()
+	l.cmds = append(l.cmds, cmd{fn, done})
+	l.mu.Unlock()
+	one := [8]byte{1}
+	if _, err := unix.Write(l.wake, one[:]); err != nil && err != unix.EAGAIN {
+		panic(fmt.Sprintf("event loop: wake: %v", err)) // the eventfd is the loop's own: a bug
+	}
+	select {
+	case <-done:
+	case <-l.stop:
+	}
+}
+
+func (l *loop) run() {
+	// Never unlocked: the thread enters pods' netns for their sockets and stays in the
+	// last one; the runtime ends it with this goroutine.
+	runtime.LockOSThread()
+	events := make([]unix.EpollEvent, loopBatch)
+	for {
+		timeout := -1
+		if len(l.flows) > 0 || l.anyPaused() {
+			timeout = int(max(time.Until(epoch.Add(time.Duration(l.next))), time.Millisecond) / time.Millisecond)
+		}
+		n, err := rawsys.Wait(l.ep, events, timeout)
+		if err != nil {
+			l.r.o.Log.Error("event loop: epoll_wait failed", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		l.now = mono()
+		for _, ev := range events[:n] {
+			fd := int(ev.Fd)
+			if fd == l.wake {
+				l.commands()
+				continue
+			}
+			if fd >= len(l.ents) {
+				continue
+			}
+			if e := l.ents[fd]; e.ln != nil {
+				l.accept(e.ln)
+			} else if e.f != nil && !e.f.dead {
+				l.step(e.f, fd, ev.Events)
+			}
+		}
+		if l.now >= l.next {
+			l.scan()
+			l.next = l.now + int64(l.tick)
+		}
+		l.flush()
+		l.goHome()
+		for _, done := range l.acks {
+			close(done)
+		}
+		l.acks = l.acks[:0]
+		if l.stopping {
+			l.close()
+			return
+		}
+	}
+}
+
+// flush closes the sockets of this batch's ended flows. They close only now, so that no
+// descriptor number in this batch's events is reused by an accept in the same batch.
+func (l *loop) flush() {
+	for _, fd := range l.closing {
+		l.ents[fd] = ent{}
+		_ = rawsys.Close(fd)
+	}
+	l.closing = l.closing[:0]
+}
+
+// commands runs the waiting commands.
+func (l *loop) commands() {
+	var b [8]byte
+	_, _ = rawsys.Read(l.wake, b[:])
+	l.mu.Lock()
+	cmds := l.cmds
+	l.cmds = nil
+	l.mu.Unlock()
+	for _, c := range cmds {
+		c.fn()
+		l.acks = append(l.acks, c.done)
+	}
+}
+
+// close releases the loop's descriptors once its pods are gone, and ends it.
+func (l *loop) close() {
+	for _, p := range l.pipes {
+		_ = rawsys.Close(p[0])
+		_ = rawsys.Close(p[1])
+	}
+	_ = unix.Close(l.wake)
+	_ = unix.Close(l.ep)
+	close(l.stop)
+}
+
+func (l *loop) anyPaused() bool {
+	for _, e := range l.ents {
+		if e.ln != nil && e.ln.paused != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (l *loop) set(fd int, e ent) {
+	for fd >= len(l.ents) {
+		l.ents = append(l.ents, make([]ent, len(l.ents)+256)...)
+	}
+	l.ents[fd] = e
+}
+
+// addPod starts accepting on lp's listener (on the loop).
+func (l *loop) addPod(lp *lpod) error {
+	l.set(lp.fd, ent{ln: lp})
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, lp.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(lp.fd)}); err != nil {
+		l.ents[lp.fd] = ent{}
+		return fmt.Errorf("event loop: add listener: %w", err)
+	}
+	return nil
+}
+
+// closeListener stops accepting for lp (on the loop); its flows go on.
+func (l *loop) closeListener(lp *lpod) {
+	if lp.fd < 0 {
+		return
+	}
+	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, lp.fd, nil)
+	l.closing = append(l.closing, lp.fd)
+	lp.fd = -1
+	lp.paused = 0
+}
+
+// closeFlows ends every flow of lp (on the loop) as the goroutine path's closeConns does:
+// a plain close of both connections.
+func (l *loop) closeFlows(lp *lpod) {
+	for i := 0; i < len(l.flows); {
+		if f := l.flows[i]; f.lp == lp {
+			l.end(f, nil) // moves the last flow to i
+			continue
+		}
+		i++
+	}
+}
+
+// goHome moves the thread back to the process's netns when a socket took it elsewhere.
+// It does so before every wait: a thread in a pod's netns keeps that netns alive after
+// the pod is gone, and when the thread is the process's first one (the runtime runs
+// goroutines there too) the whole process would look to be in the pod (ip netns pids,
+// nsenter -t).
+func (l *loop) goHome() {
+	if l.in == nil {
+		return
+	}
+	if err := l.home.EnterLocked(); err != nil {
+		l.r.o.Log.Error("event loop: return to the node's netns", "err", err)
+		return
+	}
+	l.in = nil
+}
+
+// accept takes waiting connections from lp's listener.
+func (l *loop) accept(lp *lpod) {
+	for range loopAcceptMany {
+		var peer rawsys.Sockaddr
+		c, err := rawsys.Accept4(lp.fd, &peer)
+		switch err {
+		case nil:
+		case unix.EAGAIN:
+			lp.delay = 0
+			return
+		case unix.ECONNABORTED:
+			continue
+		default:
+			// Out of descriptors or memory: stop asking (the listener is level-triggered)
+			// and try again after a back-off, keeping the listener.
+			lp.delay = min(max(2*lp.delay, 5*time.Millisecond), time.Second)
+			lp.paused = l.now + int64(lp.delay)
+			_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, lp.fd, &unix.EpollEvent{Fd: int32(lp.fd)})
+			l.r.o.Log.Warn("accept failed", "workload", lp.p.w.Load().ID, "err", err, "retry", lp.delay)
+			return
+		}
+		l.admit(lp, c, peer.AddrPort())
+	}
+}
+
+// admit decides a new connection c from src and starts its outgoing connect, or hands it
+// to the goroutine path.
+func (l *loop) admit(lp *lpod, c int, src netip.AddrPort) {
+	r := l.r
+	w := lp.p.w.Load()
+	r.begin()
+	id := r.flowSeq.Add(1)
+	var local rawsys.Sockaddr
+	err := rawsys.Getsockname(c, &local)
+	var dst netip.AddrPort
+	if err == nil {
+		la := local.AddrPort()
+		if dst, err = netns.OriginalDstFD(c, la.Addr().Is4()); err == nil {
+			dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
+			err = r.admit(dst, la)
+		}
+	}
+	if err != nil {
+		r.refuse(w.ID, id, err)
+		abort(c)
+		r.end()
+		return
+	}
+	f := r.newFlow(w, dst, src, id)
+	pol := r.o.Policy()
+	if r.needsToLearn(pol, &f) {
+		l.handoff(lp, c, f, pol, nil)
+		return
+	}
+	d := r.decide(pol, &f, w.ID)
+	switch d.Exit {
+	case rules.ExitDeny:
+		r.deny(d, &f)
+		abort(c)
+		r.end()
+		return
+	case rules.ExitDirect:
+	default:
+		r.keepHostIfDecided(pol, &f, d)
+		if r.o.Exits[d.Exit] == nil {
+			r.unavailable(d, &f, w.ID)
+			abort(c)
+			r.end()
+			return
+		}
+		l.handoff(lp, c, f, pol, &d)
+		return
+	}
+	r.count(d.Exit)
+	lf := &lflow{lp: lp, c: c, u: -1, f: f, d: d, to: dst, started: l.now, by: l.now + int64(r.o.ConnectTimeout)}
+	lf.h[0].p, lf.h[1].p = [2]int{-1, -1}, [2]int{-1, -1}
+	lf.idx = len(l.flows)
+	l.flows = append(l.flows, lf)
+	l.connect(lf)
+}
+
+// abort closes a socket with a reset.
+func abort(fd int) {
+	_ = rawsys.Abort(fd)
+	_ = rawsys.Close(fd)
+}
+
+// handoff gives connection c to the goroutine path: carry learns what the policy needs
+// and decides (unless d is given), and dials the exit.
+func (l *loop) handoff(lp *lpod, c int, f rules.Flow, pol Decider, d *rules.Decision) {
+	r := l.r
+	file := os.NewFile(uintptr(c), "")
+	nc, err := net.FileConn(file) // a duplicate, polled by the runtime
+	file.Close()
+	if err != nil {
+		r.count("refused")
+		r.o.Log.Warn("flow refused: hand-over to the goroutine path failed", "workload", lp.p.w.Load().ID, "flow", f.ID, "err", err)
+		r.end()
+		return
+	}
+	tc := nc.(*net.TCPConn)
+	if !lp.p.track(tc) {
+		tc.Close()
+		r.end()
+		return
+	}
+	go r.carry(lp.p, tc, lp.p.w.Load(), f, pol, d)
+}
+
+// connect makes lf's outgoing socket in the pod's netns and starts its connect.
+func (l *loop) connect(lf *lflow) {
+	p := lf.lp.p
+	if l.in != p.ns {
+		// Sockets are made in the netns the thread is in; within a batch of events it
+		// moves only when the next one is for another pod.
+		if err := p.ns.EnterLocked(); err != nil {
+			l.fail(lf, err)
+			return
+		}
+		l.in = p.ns
+	}
+	sa, family := rawsys.SockaddrOf(lf.to)
+	u, err := rawsys.Socket(family)
+	if err != nil {
+		l.fail(lf, l.dialError(lf, os.NewSyscallError("socket", err)))
+		return
+	}
+	lf.u = u
+	if m := l.r.o.Mark; m != 0 {
+		if err := rawsys.SetsockoptInt(u, unix.SOL_SOCKET, unix.SO_MARK, int32(m)); err != nil {
+			l.fail(lf, fmt.Errorf("set SO_MARK %#x: %w", m, err))
+			return
+		}
+	}
+	if err := rawsys.Connect(u, &sa); err != nil && err != unix.EINPROGRESS {
+		l.fail(lf, l.dialError(lf, os.NewSyscallError("connect", err)))
+		return
+	}
+	// The connect's end comes as EPOLLOUT on u (at once if it is already done); the
+	// workload's bytes wait in c until the relaying starts.
+	if err := l.watch(lf.u, lf); err != nil {
+		l.fail(lf, err)
+		return
+	}
+	if err := l.watch(lf.c, lf); err != nil {
+		l.fail(lf, err)
+	}
+}
+
+func (l *loop) watch(fd int, lf *lflow) error {
+	l.set(fd, ent{f: lf})
+	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: loopET, Fd: int32(fd)}); err != nil {
+		l.ents[fd] = ent{}
+		return fmt.Errorf("event loop: watch socket: %w", err)
+	}
+	return nil
+}
+
+// dialError is a failed connect as the goroutine path's dial reports it (audit.Reason
+// takes the address out).
+func (l *loop) dialError(lf *lflow, err error) error {
+	where := lf.lp.p.w.Load().Netns
+	if where == "" {
+		where = "the current netns"
+	}
+	network := "tcp6"
+	if lf.to.Addr().Is4() {
+		network = "tcp4"
+	}
+	return fmt.Errorf("dial in %s: %w", where, &net.OpError{Op: "dial", Net: network, Addr: net.TCPAddrFromAddrPort(lf.to), Err: err})
+}
+
+// step moves flow lf on after events ev on its socket fd.
+func (l *loop) step(lf *lflow, fd int, ev uint32) {
+	switch lf.state {
+	case lConnect:
+		if fd != lf.u || ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
+			return
+		}
+		soerr, err := rawsys.GetsockoptInt(lf.u, unix.SOL_SOCKET, unix.SO_ERROR)
+		if err == nil && soerr != 0 {
+			err = unix.Errno(soerr)
+		}
+		if err != nil {
+			l.fail(lf, l.dialError(lf, os.NewSyscallError("connect", err)))
+			return
+		}
+		l.connected(lf)
+	case lRelay:
+		l.pump(lf)
+	}
+}
+
+// connected records the decision and starts relaying.
+func (l *loop) connected(lf *lflow) {
+	r := l.r
+	r.o.Metrics.Dialed(lf.d.Exit, time.Duration(l.now-lf.started), nil)
+	r.record(lf.d, &lf.f, "")
+	lf.done = r.o.Metrics.Start(lf.d.Exit)
+	lf.f, lf.d = rules.Flow{}, rules.Decision{} // an idle flow keeps neither
+	lf.state, lf.last = lRelay, l.now
+	l.pump(lf)
+}
+
+// fail ends a flow whose exit could not be reached: recorded with the reason, and the
+// workload's connection reset.
+func (l *loop) fail(lf *lflow, err error) {
+	r := l.r
+	r.o.Metrics.Dialed(lf.d.Exit, time.Duration(mono()-lf.started), err)
+	r.unreachable(lf.d, &lf.f, lf.lp.p.w.Load().ID, err)
+	l.end(lf, errUnreachable)
+}
+
+// errUnreachable ends a flow whose exit was not reached: the workload gets a reset.
+var errUnreachable = errors.New("exit unreachable")
+
+// pump moves both directions on until each would block, and ends the flow when both are
+// done or one fails.
+func (l *loop) pump(lf *lflow) {
+	err := l.move(lf, &lf.h[0], lf.c, lf.u)
+	if err == nil {
+		err = l.move(lf, &lf.h[1], lf.u, lf.c)
+	}
+	if err != nil || lf.h[0].done && lf.h[1].done {
+		l.end(lf, err)
+	}
+}
+
+// move splices src → pipe → dst until one of them would block. The pipe is only filled
+// when empty, so an EAGAIN reading src means src has nothing, never that the pipe is
+// full; an empty pipe goes back to the loop's pool, so an idle flow holds none.
+func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
+	for !h.done {
+		if h.n > 0 {
+			n, err := rawsys.Splice(h.p[0], dst, h.n)
+			if err == unix.EAGAIN {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			h.n -= n
+			h.moved += int64(n)
+			lf.last = l.now
+			continue
+		}
+		if h.eof {
+			h.done = true
+			l.putPipe(h)
+			if err := rawsys.Shutdown(dst); err != nil && err != unix.ENOTCONN {
+				return err
+			}
+			return nil
+		}
+		if h.p[0] < 0 {
+			p, err := l.getPipe()
+			if err != nil {
+				return err
+			}
+			h.p = p
+		}
+		n, err := rawsys.Splice(src, h.p[1], loopPipeSize)
+		if err == unix.EAGAIN {
+			l.putPipe(h)
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		h.n += n
+		h.eof = n == 0
+		if n > 0 {
+			lf.last = l.now
+		}
+	}
+	return nil
+}
+
+func (l *loop) getPipe() ([2]int, error) {
+	if k := len(l.pipes); k > 0 {
+		p := l.pipes[k-1]
+		l.pipes = l.pipes[:k-1]
+		return p, nil
+	}
+	p, err := rawsys.Pipe(loopPipeSize)
+	if err != nil {
+		return p, fmt.Errorf("pipe: %w", err)
+	}
+	return p, nil
+}
+
+// putPipe takes h's pipe back (kept when empty, closed otherwise).
+func (l *loop) putPipe(h *lhalf) {
+	if h.p[0] < 0 {
+		return
+	}
+	if h.n == 0 && len(l.pipes) < loopPipesKept {
+		l.pipes = append(l.pipes, h.p)
+	} else {
+		_ = rawsys.Close(h.p[0])
+		_ = rawsys.Close(h.p[1])
+	}
+	h.p, h.n = [2]int{-1, -1}, 0
+}
+
+// end ends a flow: err nil is a clean end (or the pod going away); a reset from either
+// side, the idle timeout and an unreachable exit reset both connections.
+func (l *loop) end(lf *lflow, err error) {
+	if lf.dead {
+		return
+	}
+	lf.dead = true
+	if isReset(err) || errors.Is(err, errIdle) || errors.Is(err, errUnreachable) {
+		for _, fd := range []int{lf.c, lf.u} {
+			if fd >= 0 {
+				_ = rawsys.Abort(fd)
+			}
+		}
+	}
+	for _, fd := range []int{lf.c, lf.u} {
+		switch {
+		case fd < 0:
+		case fd < len(l.ents) && l.ents[fd].f == lf:
+			l.closing = append(l.closing, fd)
+		default:
+			_ = rawsys.Close(fd) // never watched
+		}
+	}
+	l.putPipe(&lf.h[0])
+	l.putPipe(&lf.h[1])
+	last := l.flows[len(l.flows)-1]
+	l.flows[lf.idx], last.idx = last, lf.idx
+	l.flows = l.flows[:len(l.flows)-1]
+	if lf.done != nil {
+		lf.done(lf.h[0].moved, lf.h[1].moved)
+		if err != nil && l.r.o.Debug {
+			l.r.o.Log.Debug("flow ended", "workload", lf.lp.p.w.Load().ID, "err", err)
+		}
+	}
+	l.r.end()
+}
+
+// scan ends flows past their connect deadline or idle for the idle timeout, and resumes
+// listeners whose accept back-off is over.
+func (l *loop) scan() {
+	idle := int64(l.r.o.IdleTimeout)
+	for i := 0; i < len(l.flows); {
+		lf := l.flows[i]
+		switch {
+		case lf.state == lConnect && l.now >= lf.by:
+			l.fail(lf, l.dialError(lf, os.ErrDeadlineExceeded)) // "i/o timeout", as net's dials say
+		case lf.state == lRelay && l.now-lf.last >= idle:
+			l.end(lf, errIdle)
+		default:
+			i++
+		}
+	}
+	for _, e := range l.ents {
+		if lp := e.ln; lp != nil && lp.paused != 0 && l.now >= lp.paused {
+			lp.paused = 0
+			_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, lp.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(lp.fd)})
+		}
+	}
+}
+
+// loopFor places a new transparent pod on the event loop with the fewest pods, starting
+// loops up to Options.Loops on first use; nil when flows are carried on goroutines (a
+// test's listen or dial seams, Loops < 0, or no loop could start).
+func (r *Relay) loopFor() *loop {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.handles || r.o.Loops < 0 || r.shut {
+		return nil
+	}
+	for len(r.loops) < r.o.Loops {
+		l, err := newLoop(r)
+		if err != nil {
+			r.o.Log.Error("event loop did not start: flows go on goroutines", "err", err)
+			break
+		}
+		r.loops = append(r.loops, l)
+	}
+	var best *loop
+	for _, l := range r.loops {
+		if best == nil || l.npods.Load() < best.npods.Load() {
+			best = l
+		}
+	}
+	return best
+}
+
+// openOnLoop opens p's redirect listener for an event loop: one dual-stack socket, or an
+// IPv4 one when the netns has no IPv6. It reports false when p is to be served on
+// goroutines instead.
+func (r *Relay) openOnLoop(p *pod) (bool, error) {
+	l := r.loopFor()
+	if l == nil {
+		return false, nil
+	}
+	fd, err := p.ns.ListenFD(netip.AddrPortFrom(netip.IPv6Unspecified(), r.o.RedirectPort))
+	if err != nil {
+		var err4 error
+		if fd, err4 = p.ns.ListenFD(netip.AddrPortFrom(netip.IPv4Unspecified(), r.o.RedirectPort)); err4 != nil {
+			return false, errors.Join(err, err4)
+		}
+	}
+	lp := &lpod{p: p, fd: fd}
+	var aerr error
+	l.do(func() { aerr = l.addPod(lp) })
+	if aerr != nil {
+		_ = unix.Close(fd)
+		return false, aerr
+	}
+	l.npods.Add(1)
+	p.l, p.lp = l, lp
+	return true, nil
+}
+
+// closeLoopListener stops accepting p's flows on its loop; closeLoopFlows ends them.
+func (p *pod) closeLoopListener() {
+	if p.l != nil {
+		p.l.do(func() { p.l.closeListener(p.lp) })
+	}
+}
+
+func (p *pod) closeLoopFlows() {
+	if p.l != nil {
+		p.l.do(func() { p.l.closeFlows(p.lp) })
+		if !p.lp.gone {
+			p.lp.gone = true
+			p.l.npods.Add(-1)
+		}
+	}
+}
+
+// stopLoops ends the event loops (after Shutdown has closed every pod).
+func (r *Relay) stopLoops() {
+	r.mu.Lock()
+	loops := r.loops
+	r.loops = nil
+	r.mu.Unlock()
+	for _, l := range loops {
+		l.do(func() { l.stopping = true })
+		<-l.stop
+	}
+}
