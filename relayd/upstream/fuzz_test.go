@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -23,12 +22,16 @@ func FuzzReadResponseHead(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		code, err := readResponseHead(bufio.NewReaderSize(bytes.NewReader(b), readBufSize))
-		if err != nil {
+		var p httpHead
+		n, done, err := p.feed(b)
+		if n < 0 || n > len(b) {
+			t.Fatalf("httpHead.feed(%q) took %d bytes", b, n)
+		}
+		if err != nil || !done {
 			return
 		}
-		if code < 100 || code > 999 {
-			t.Fatalf("readResponseHead(%q) = %d", b, code)
+		if p.code < 100 || p.code > 999 {
+			t.Fatalf("httpHead.feed(%q): status %d", b, p.code)
 		}
 	})
 }

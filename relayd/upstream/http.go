@@ -1,15 +1,15 @@
 package upstream
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
-	"sync"
+	"strings"
 )
 
 // Bounds on an upstream's CONNECT answer.
@@ -29,114 +29,160 @@ func proxyAuthorization(user, pass string) string {
 	return "Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass)) + "\r\n"
 }
 
-// readers are the buffered readers of CONNECT answers, reused across dials: an answer
-// is read and its leftover copied out before the reader goes back.
-var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufSize) }}
-
 func (d *httpDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
-	conn, hctx, done, err := d.connect(ctx, t)
-	if err != nil {
-		return nil, err
-	}
-	c, err := d.handshake(hctx, conn, t)
-	if derr := done(); err == nil && derr != nil {
-		err = d.handshakeErr(hctx, "CONNECT", derr)
-	}
-	if err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	return c, nil
+	return d.dial(ctx, t, d.start)
 }
 
-func (d *httpDialer) handshake(ctx context.Context, conn net.Conn, t Target) (net.Conn, error) {
-	hp := t.String()
-	var b bytes.Buffer
-	b.Grow(64 + len(hp)*2 + len(d.auth))
-	b.WriteString("CONNECT ")
-	b.WriteString(hp)
-	b.WriteString(" HTTP/1.1\r\nHost: ")
-	b.WriteString(hp)
-	b.WriteString("\r\n")
-	b.WriteString(d.auth)
-	b.WriteString("\r\n")
-	if _, err := conn.Write(b.Bytes()); err != nil {
-		return nil, d.handshakeErr(ctx, "send CONNECT", err)
+func (d *httpDialer) Handshake(t Target) (*Handshake, error) {
+	h := new(Handshake)
+	if err := d.start(h, t); err != nil {
+		return nil, err
 	}
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(conn)
-	defer func() {
-		br.Reset(nil)
-		readers.Put(br)
-	}()
-	code, err := readResponseHead(br)
+	return h, nil
+}
+
+// start readies h for a negotiation with t and lays out the CONNECT request; the answer
+// is one status line and headers.
+func (d *httpDialer) start(h *Handshake, t Target) error {
+	if !t.Valid() {
+		return d.errorf("%w: target has no host or port", ErrTarget)
+	}
+	h.reset(&d.common)
+	h.sendStage = "send CONNECT"
+	host := t.hostOnly()
+	bracket := strings.IndexByte(host, ':') >= 0 // IPv6, as net.JoinHostPort
+	const fixed = len("CONNECT ") + len(" HTTP/1.1\r\nHost: ") + len("\r\n") + len("\r\n")
+	req := slices.Grow(h.out, fixed+2*(len(host)+len("[]:65535"))+len(d.auth))
+	for _, s := range []string{"CONNECT ", " HTTP/1.1\r\nHost: "} {
+		req = append(req, s...)
+		if bracket {
+			req = append(req, '[')
+		}
+		req = append(req, host...)
+		if bracket {
+			req = append(req, ']')
+		}
+		req = append(req, ':')
+		req = strconv.AppendUint(req, uint64(t.port()), 10)
+	}
+	req = append(req, "\r\n"...)
+	req = append(req, d.auth...)
+	req = append(req, "\r\n"...)
+	h.out, h.ready = req, len(req)
+	return nil
+}
+
+// feedHTTP reads the answer head from b and, once it is whole, checks the status. It
+// returns how many bytes it took: the head's, the rest is the tunnel's.
+func (h *Handshake) feedHTTP(b []byte) (int, error) {
+	n, done, err := h.head.feed(b)
 	if err != nil {
-		return nil, d.handshakeErr(ctx, "read CONNECT reply", err)
+		return n, h.c.errorf("read CONNECT reply: %w", err)
+	}
+	if !done {
+		return n, nil
 	}
 	// Errors say the status code with its standard text, not the upstream's reason
 	// phrase: a proxy may put the target in it ("502 cannot reach host.example"), and
 	// these errors end up in audit records, which never carry a destination.
-	switch {
+	switch code := h.head.code; {
 	case code >= 200 && code < 300:
-	case code == 407 && d.hasUser:
-		return nil, d.errorf("%w: credentials rejected (%d %s)", ErrAuth, code, http.StatusText(code))
+	case code == 407 && h.c.hasUser:
+		return n, h.c.errorf("%w: credentials rejected (%d %s)", ErrAuth, code, http.StatusText(code))
 	case code == 407:
-		return nil, d.errorf("%w: upstream requires credentials and none are configured (%d %s)", ErrAuth, code, http.StatusText(code))
+		return n, h.c.errorf("%w: upstream requires credentials and none are configured (%d %s)", ErrAuth, code, http.StatusText(code))
 	default:
-		return nil, d.errorf("%w: CONNECT answered %d %s", ErrRefused, code, http.StatusText(code))
+		return n, h.c.errorf("%w: CONNECT answered %d %s", ErrRefused, code, http.StatusText(code))
 	}
-	if n := br.Buffered(); n > 0 {
-		// The upstream already sent bytes of the tunnel (a server-first protocol, or a
-		// pipelined answer): hand them out first.
-		buf, _ := br.Peek(n)
-		return &bufferedConn{Conn: conn, buf: bytes.Clone(buf)}, nil
-	}
-	return conn, nil
+	h.done = true
+	return n, nil
 }
 
-// readResponseHead reads an HTTP/1.x status line and headers, bounded in size, and
-// returns the status code; the reason phrase is not kept (it may name the target).
-// Headers are skipped: a CONNECT client needs none of them (RFC 9110 §9.3.6: a 2xx
-// CONNECT answer has no body to frame).
-func readResponseHead(br *bufio.Reader) (int, error) {
-	total := 0
-	line, err := readLine(br, &total)
-	if err != nil {
-		return 0, err
+// errHeaderOver is the error of an answer head past its bounds in bytes: over
+// maxHeaderBytes in all, or a line over readBufSize (a reader with a buffer of that size
+// would not find its end).
+var errHeaderOver = fmt.Errorf("%w: reply header over %d bytes", ErrProtocol, min(maxHeaderBytes, readBufSize))
+
+// httpHead reads an HTTP/1.x status line and headers as they come, in pieces of any
+// size, bounded as above and to maxHeaderLines header lines, and keeps the status code;
+// the reason phrase is not kept (it may name the target). Headers are skipped: a CONNECT
+// client needs none of them (RFC 9110 §9.3.6: a 2xx CONNECT answer has no body to
+// frame). A line ends at LF, one CR before it dropped.
+type httpHead struct {
+	status  [13]byte // the status line's first bytes: "HTTP/1.1 200 "
+	line    int      // bytes of the line being read, without its LF
+	last    byte     // the last of them
+	total   int      // bytes of the lines read, with their LFs
+	headers int      // header lines read (the status line not counted)
+	started bool     // the status line was read
+	code    int
+}
+
+// feed takes bytes of the head from b and returns how many, and whether the head is
+// whole.
+func (p *httpHead) feed(b []byte) (int, bool, error) {
+	for i, c := range b {
+		if c != '\n' {
+			if !p.started && p.line < len(p.status) {
+				p.status[p.line] = c
+			}
+			p.line++
+			p.last = c
+			if p.line >= readBufSize {
+				return i + 1, false, errHeaderOver
+			}
+			continue
+		}
+		p.total += p.line + 1
+		if p.total > maxHeaderBytes {
+			return i + 1, false, errHeaderOver
+		}
+		n := p.line
+		if n > 0 && p.last == '\r' {
+			n--
+		}
+		p.line = 0
+		switch {
+		case !p.started:
+			if err := p.statusLine(n); err != nil {
+				return i + 1, false, err
+			}
+			p.started = true
+		case n == 0:
+			return i + 1, true, nil
+		default:
+			p.headers++
+			if p.headers >= maxHeaderLines {
+				return i + 1, false, fmt.Errorf("%w: more than %d header lines", ErrProtocol, maxHeaderLines)
+			}
+		}
 	}
+	return len(b), false, nil
+}
+
+// statusLine checks the status line of n bytes (its first ones in status) and keeps the
+// code.
+func (p *httpHead) statusLine(n int) error {
 	// HTTP/1.1 200 Connection established
-	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
-		return 0, fmt.Errorf("%w: bad status line (%d bytes, not HTTP/1.x NNN)", ErrProtocol, len(line))
+	line := p.status[:min(n, len(p.status))]
+	if n < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return fmt.Errorf("%w: bad status line (%d bytes, not HTTP/1.x NNN)", ErrProtocol, n)
 	}
-	code, err := strconv.Atoi(string(line[9:12]))
-	if err != nil || code < 100 || (len(line) > 12 && line[12] != ' ') {
-		return 0, fmt.Errorf("%w: bad status line (no 3-digit status code)", ErrProtocol)
+	code := 0
+	for _, c := range line[9:12] {
+		if c < '0' || c > '9' {
+			code = -1
+			break
+		}
+		code = code*10 + int(c-'0')
 	}
-	for i := 0; ; i++ {
-		if i >= maxHeaderLines {
-			return 0, fmt.Errorf("%w: more than %d header lines", ErrProtocol, maxHeaderLines)
-		}
-		h, err := readLine(br, &total)
-		if err != nil {
-			return 0, err
-		}
-		if len(h) == 0 {
-			return code, nil
-		}
+	if code < 100 || (n > 12 && line[12] != ' ') {
+		return fmt.Errorf("%w: bad status line (no 3-digit status code)", ErrProtocol)
 	}
+	p.code = code
+	return nil
 }
 
-// readLine returns one line without its CRLF (or bare LF), counting bytes against the
-// header bound.
-func readLine(br *bufio.Reader, total *int) ([]byte, error) {
-	line, err := br.ReadSlice('\n')
-	*total += len(line)
-	if err == bufio.ErrBufferFull || *total > maxHeaderBytes {
-		return nil, fmt.Errorf("%w: reply header over %d bytes", ErrProtocol, min(maxHeaderBytes, readBufSize))
-	}
-	if err != nil {
-		return nil, err
-	}
-	line = bytes.TrimSuffix(line[:len(line)-1], []byte("\r"))
-	return line, nil
-}
+// over reports whether the head read so far, with the line not yet ended, is over
+// maxHeaderBytes.
+func (p *httpHead) over() bool { return p.total+p.line > maxHeaderBytes }

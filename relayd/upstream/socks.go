@@ -3,7 +3,6 @@ package upstream
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 )
@@ -71,39 +70,74 @@ type socksDialer struct {
 }
 
 func (d *socksDialer) Dial(ctx context.Context, t Target) (net.Conn, error) {
-	req, err := connectRequest(t)
-	if err != nil {
-		return nil, d.errorf("%w", err)
-	}
-	conn, hctx, done, err := d.connect(ctx, t)
-	if err != nil {
-		return nil, err
-	}
-	err = d.handshake(hctx, conn, req)
-	if derr := done(); err == nil && derr != nil {
-		err = d.handshakeErr(hctx, "SOCKS5 handshake", derr)
-	}
-	if err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	return conn, nil
+	return d.dial(ctx, t, d.start)
 }
 
-// connectRequest builds the CONNECT request: a domain address when the target has a
-// hostname (the upstream resolves it), an IPv4 or IPv6 address otherwise.
-func connectRequest(t Target) ([]byte, error) {
-	req := make([]byte, 0, 6+1+255+16)
+func (d *socksDialer) Handshake(t Target) (*Handshake, error) {
+	h := new(Handshake)
+	if err := d.start(h, t); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// start readies h for a negotiation with t and lays out its client side (RFC 1928): the greeting, the
+// credentials when configured, and the CONNECT request, each sent once the answer before
+// it is in.
+//
+// Pipelined, all of them go out at once and the three answers are read after: one round
+// trip instead of two or three. The greeting then offers only the method whose
+// sub-negotiation follows it (username/password when credentials are configured), so
+// the server cannot pick another. Servers that read ahead (Dante) answer the same;
+// servers that do not (microsocks) lose the request and the dial times out, which is
+// why it is opt-in.
+func (d *socksDialer) start(h *Handshake, t Target) error {
+	h.reset(&d.common)
+	h.socks, h.pipeline, h.state, h.need = true, d.pipeline, socksMethod, 2
+	var greeting []byte
+	switch {
+	case d.pipeline && d.hasUser:
+		greeting = []byte{socksVersion, 1, authUserPass}
+	case d.pipeline:
+		greeting = []byte{socksVersion, 1, authNone}
+	case d.hasUser:
+		greeting = []byte{socksVersion, 2, authNone, authUserPass}
+	default:
+		greeting = []byte{socksVersion, 1, authNone}
+	}
+	out := append(h.out, greeting...)
+	out = append(out, d.auth...)
+	h.authEnd = len(out)
+	out, err := appendRequest(out, t.hostOnly(), t.port())
+	if err != nil {
+		return d.errorf("%w", err)
+	}
+	if !t.Valid() {
+		return d.errorf("%w: target has no host or port", ErrTarget)
+	}
+	h.out, h.reqEnd = out, len(out)
+	if d.pipeline {
+		h.ready, h.sendStage = h.reqEnd, "send SOCKS5 greeting and CONNECT"
+	} else {
+		h.ready, h.sendStage = len(greeting), "send SOCKS5 greeting"
+	}
+	return nil
+}
+
+// appendRequest appends the CONNECT request to host (a target's hostOnly) and port: a
+// domain address when the host is a name (the upstream resolves it), an IPv4 or IPv6
+// address otherwise.
+func appendRequest(req []byte, host string, port uint16) ([]byte, error) {
 	req = append(req, socksVersion, cmdConnect, 0x00)
-	host := t.hostOnly()
 	if a, err := netip.ParseAddr(host); err == nil && a.Zone() == "" {
 		a = a.Unmap()
 		if a.Is4() {
-			req = append(req, atypIPv4)
+			b := a.As4()
+			req = append(append(req, atypIPv4), b[:]...)
 		} else {
-			req = append(req, atypIPv6)
+			b := a.As16()
+			req = append(append(req, atypIPv6), b[:]...)
 		}
-		req = append(req, a.AsSlice()...)
 	} else {
 		if host == "" || len(host) > 255 {
 			return nil, fmt.Errorf("%w: hostname of %d bytes (SOCKS5 allows 1 to 255)", ErrTarget, len(host))
@@ -111,120 +145,114 @@ func connectRequest(t Target) ([]byte, error) {
 		req = append(req, atypDomain, byte(len(host)))
 		req = append(req, host...)
 	}
-	p := t.port()
-	return append(req, byte(p>>8), byte(p)), nil
+	return append(req, byte(port>>8), byte(port)), nil
 }
 
-// handshake negotiates the method, authenticates if the server asks to, and sends the
-// CONNECT request, waiting for each answer before the next message (RFC 1928).
-//
-// Pipelined, it sends the greeting, the credentials and the request in one write, then
-// reads the three answers: one round trip instead of two or three. The greeting then
-// offers only the method whose sub-negotiation follows it (username/password when
-// credentials are configured), so the server cannot pick another. Servers that read
-// ahead (Dante) answer the same; servers that do not (microsocks) lose the request and
-// the dial times out, which is why it is opt-in.
-func (d *socksDialer) handshake(ctx context.Context, conn net.Conn, req []byte) error {
-	var first []byte
-	stage := "send SOCKS5 greeting"
-	switch {
-	case d.pipeline && d.hasUser:
-		first = append(append([]byte{socksVersion, 1, authUserPass}, d.auth...), req...)
-		stage = "send SOCKS5 greeting and CONNECT"
-	case d.pipeline:
-		first = append([]byte{socksVersion, 1, authNone}, req...)
-		stage = "send SOCKS5 greeting and CONNECT"
-	case d.hasUser:
-		first = []byte{socksVersion, 2, authNone, authUserPass}
-	default:
-		first = []byte{socksVersion, 1, authNone}
+// socksState is the SOCKS5 answer a Handshake is reading.
+type socksState uint8
+
+const (
+	socksMethod    socksState = iota // the server's method choice
+	socksAuth                        // the RFC 1929 status
+	socksReply                       // the CONNECT reply up to its address type
+	socksReplyName                   // the length of a domain name in the reply
+	socksReplyAddr                   // the bound address and port, skipped
+)
+
+// feedSOCKS takes the bytes of the answer being read from b and, once it is whole,
+// checks it and moves on to the next. It returns how many bytes it took.
+func (h *Handshake) feedSOCKS(b []byte) (int, error) {
+	n := min(len(b), h.need-h.got)
+	if h.got < len(h.msg) {
+		copy(h.msg[h.got:], b[:n])
 	}
-	if _, err := conn.Write(first); err != nil {
-		return d.handshakeErr(ctx, stage, err)
+	h.got += n
+	if h.got < h.need {
+		return n, nil
 	}
-	method, err := d.readMethod(ctx, conn)
-	if err != nil {
-		return err
-	}
-	switch {
-	case method == authUserPass:
-		if !d.pipeline {
-			if _, err := conn.Write(d.auth); err != nil {
-				return d.handshakeErr(ctx, "send SOCKS5 credentials", err)
-			}
+	m := h.msg
+	h.got = 0
+	switch h.state {
+	case socksMethod:
+		return n, h.method(m[0], m[1])
+	case socksAuth:
+		if m[0] != userPassVersion && m[0] != socksVersion { // some servers answer 0x05 here
+			return n, h.c.errorf("%w: bad auth reply version 0x%02x", ErrProtocol, m[0])
 		}
-		if err := d.readAuthReply(ctx, conn); err != nil {
-			return err
+		if m[1] != 0 {
+			return n, h.c.errorf("%w: username/password rejected (status 0x%02x)", ErrAuth, m[1])
 		}
-	case d.pipeline && d.hasUser:
-		return d.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, method)
-	}
-	if !d.pipeline {
-		if _, err := conn.Write(req); err != nil {
-			return d.handshakeErr(ctx, "send SOCKS5 CONNECT", err)
+		h.request()
+	case socksReply:
+		if m[0] != socksVersion {
+			return n, h.c.errorf("%w: bad SOCKS5 reply version 0x%02x", ErrProtocol, m[0])
 		}
+		if m[1] != byte(ReplySucceeded) {
+			return n, h.c.errorf("%w", &ReplyError{Code: SOCKSReply(m[1])})
+		}
+		// The bound address is skipped exactly, so no tunnel byte is consumed.
+		switch m[3] {
+		case atypIPv4:
+			h.state, h.need = socksReplyAddr, 4+2
+		case atypIPv6:
+			h.state, h.need = socksReplyAddr, 16+2
+		case atypDomain:
+			h.state, h.need = socksReplyName, 1
+		default:
+			return n, h.c.errorf("%w: bad address type 0x%02x in SOCKS5 reply", ErrProtocol, m[3])
+		}
+	case socksReplyName:
+		h.state, h.need = socksReplyAddr, int(m[0])+2
+	case socksReplyAddr:
+		h.done = true
 	}
-	return d.readReply(ctx, conn)
+	return n, nil
 }
 
-// readMethod reads the server's method choice and checks it is one we offered.
-func (d *socksDialer) readMethod(ctx context.Context, conn net.Conn) (byte, error) {
-	var b [2]byte
-	if _, err := io.ReadFull(conn, b[:]); err != nil {
-		return 0, d.handshakeErr(ctx, "read SOCKS5 method", err)
+// method checks the server's method choice is one we offered and moves on to the
+// credentials or the request.
+func (h *Handshake) method(version, method byte) error {
+	if version != socksVersion {
+		return h.c.errorf("%w: not a SOCKS5 server (version byte 0x%02x)", ErrProtocol, version)
 	}
-	if b[0] != socksVersion {
-		return 0, d.errorf("%w: not a SOCKS5 server (version byte 0x%02x)", ErrProtocol, b[0])
-	}
-	switch b[1] {
+	switch method {
 	case authNone:
+		if h.pipeline && h.c.hasUser {
+			return h.c.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, method)
+		}
+		if !h.pipeline && h.authEnd > h.ready {
+			// No credentials go out: the request moves up to follow the greeting, the
+			// only bytes released so far.
+			h.reqEnd = h.ready + copy(h.out[h.ready:], h.out[h.authEnd:h.reqEnd])
+			h.authEnd = h.ready
+		}
+		h.request()
+		return nil
 	case authUserPass:
-		if !d.hasUser {
-			return 0, d.errorf("%w: upstream chose username/password authentication, which we did not offer", ErrProtocol)
+		if !h.c.hasUser {
+			return h.c.errorf("%w: upstream chose username/password authentication, which we did not offer", ErrProtocol)
 		}
+		if !h.pipeline {
+			h.ready, h.sendStage = h.authEnd, "send SOCKS5 credentials"
+		}
+		h.state, h.need = socksAuth, 2
+		return nil
 	case authNoAcceptable:
-		if d.hasUser {
-			return 0, d.errorf("%w: upstream accepts neither no-auth nor username/password", ErrAuth)
+		if h.c.hasUser {
+			return h.c.errorf("%w: upstream accepts neither no-auth nor username/password", ErrAuth)
 		}
-		return 0, d.errorf("%w: upstream requires authentication and no credentials are configured", ErrAuth)
-	default:
-		return 0, d.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, b[1])
+		return h.c.errorf("%w: upstream requires authentication and no credentials are configured", ErrAuth)
 	}
-	return b[1], nil
+	return h.c.errorf("%w: upstream chose auth method 0x%02x, which we did not offer", ErrProtocol, method)
 }
 
-// readReply reads the CONNECT reply, skipping the bound address exactly, so no tunnel
-// byte is consumed.
-func (d *socksDialer) readReply(ctx context.Context, conn net.Conn) error {
-	var b [4]byte
-	if _, err := io.ReadFull(conn, b[:4]); err != nil {
-		return d.handshakeErr(ctx, "read SOCKS5 reply", err)
+// request moves on to the CONNECT request: released for sending (unless it went out
+// with the greeting), then its reply read.
+func (h *Handshake) request() {
+	if !h.pipeline {
+		h.ready, h.sendStage = h.reqEnd, "send SOCKS5 CONNECT"
 	}
-	if b[0] != socksVersion {
-		return d.errorf("%w: bad SOCKS5 reply version 0x%02x", ErrProtocol, b[0])
-	}
-	if b[1] != byte(ReplySucceeded) {
-		return d.errorf("%w", &ReplyError{Code: SOCKSReply(b[1])})
-	}
-	var skip int
-	switch b[3] {
-	case atypIPv4:
-		skip = 4
-	case atypIPv6:
-		skip = 16
-	case atypDomain:
-		if _, err := io.ReadFull(conn, b[:1]); err != nil {
-			return d.handshakeErr(ctx, "read SOCKS5 reply", err)
-		}
-		skip = int(b[0])
-	default:
-		return d.errorf("%w: bad address type 0x%02x in SOCKS5 reply", ErrProtocol, b[3])
-	}
-	var rest [255 + 2]byte
-	if _, err := io.ReadFull(conn, rest[:skip+2]); err != nil {
-		return d.handshakeErr(ctx, "read SOCKS5 reply", err)
-	}
-	return nil
+	h.state, h.need = socksReply, 4
 }
 
 // userPassRequest is the RFC 1929 username/password request.
@@ -234,19 +262,4 @@ func userPassRequest(user, pass string) []byte {
 	msg = append(msg, user...)
 	msg = append(msg, byte(len(pass)))
 	return append(msg, pass...)
-}
-
-// readAuthReply reads the RFC 1929 status.
-func (d *socksDialer) readAuthReply(ctx context.Context, conn net.Conn) error {
-	var b [2]byte
-	if _, err := io.ReadFull(conn, b[:]); err != nil {
-		return d.handshakeErr(ctx, "read SOCKS5 auth reply", err)
-	}
-	if b[0] != userPassVersion && b[0] != socksVersion { // some servers answer 0x05 here
-		return d.errorf("%w: bad auth reply version 0x%02x", ErrProtocol, b[0])
-	}
-	if b[1] != 0 {
-		return d.errorf("%w: username/password rejected (status 0x%02x)", ErrAuth, b[1])
-	}
-	return nil
 }

@@ -210,6 +210,12 @@ type common struct {
 
 func (c *common) String() string { return c.name }
 
+// Addr is the upstream's host:port as configured.
+func (c *common) Addr() string { return c.addr }
+
+// Timeout bounds the TCP connect plus the handshake.
+func (c *common) Timeout() time.Duration { return c.timeout }
+
 func (c *common) errorf(format string, args ...any) error {
 	return fmt.Errorf("upstream %s: "+format, append([]any{c.name}, args...)...)
 }
@@ -217,14 +223,11 @@ func (c *common) errorf(format string, args ...any) error {
 // connect dials the upstream and arms the handshake deadline: the returned cleanup must
 // be called once the handshake is done (it clears the deadline and reports whether the
 // context expired meanwhile).
-func (c *common) connect(ctx context.Context, t Target) (net.Conn, context.Context, func() error, error) {
-	if !t.Valid() {
-		return nil, nil, nil, c.errorf("%w: target has no host or port", ErrTarget)
-	}
+func (c *common) connect(ctx context.Context) (net.Conn, context.Context, func() error, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	conn, err := c.base(ctx, "tcp", c.addr)
 	if err != nil {
-		err = c.errorf("connect: %w", dialReason(ctx, c.timeout, err))
+		err = c.errorf("connect: %w", dialReason(ctx.Err(), c.timeout, err))
 		cancel()
 		return nil, nil, nil, err
 	}
@@ -244,12 +247,13 @@ func (c *common) connect(ctx context.Context, t Target) (net.Conn, context.Conte
 }
 
 // dialReason makes a connect failure say why in words, keeping the original error in the
-// chain (errors.Is still finds ECONNREFUSED or a deadline).
-func dialReason(ctx context.Context, timeout time.Duration, err error) error {
+// chain (errors.Is still finds ECONNREFUSED or a deadline). ctxErr is the error of the
+// context the connect ran under.
+func dialReason(ctxErr error, timeout time.Duration, err error) error {
 	switch {
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case errors.Is(ctxErr, context.DeadlineExceeded):
 		return &wordsError{fmt.Sprintf("timed out after %v", timeout), err}
-	case errors.Is(ctx.Err(), context.Canceled):
+	case errors.Is(ctxErr, context.Canceled):
 		return &wordsError{"cancelled", err}
 	case isRefused(err):
 		return &wordsError{"connection refused", err}
@@ -270,11 +274,12 @@ type wordsError struct {
 func (e *wordsError) Error() string { return e.words }
 func (e *wordsError) Unwrap() error { return e.err }
 
-// handshakeErr turns an I/O error during the handshake into words.
-func (c *common) handshakeErr(ctx context.Context, stage string, err error) error {
+// handshakeErr turns an I/O error during the handshake into words; ctxErr is the error
+// of the context the handshake ran under (nil while it runs on).
+func (c *common) handshakeErr(ctxErr error, stage string, err error) error {
 	var ne net.Error
-	if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
-		if errors.Is(ctx.Err(), context.Canceled) {
+	if ctxErr != nil || (errors.As(err, &ne) && ne.Timeout()) {
+		if errors.Is(ctxErr, context.Canceled) {
 			return c.errorf("%s: cancelled: %w", stage, err)
 		}
 		return c.errorf("%s: timed out after %v: %w", stage, c.timeout, err)
