@@ -35,8 +35,9 @@ var (
 //
 // A caller repeats: send all of Out, call Sent, read at most Want bytes, Feed them, until
 // Done. An error of the connection on the way (EOF, a reset, the caller's own timeout)
-// goes through IOError for the words a Dialer would use. A Handshake is for one
-// connection and one goroutine.
+// goes through IOError for the words a Dialer would use, and a failed connect through
+// ConnectError; the caller bounds connect and handshake by the Handshaker's Timeout. A
+// Handshake comes from a Handshaker and is for one connection and one goroutine.
 type Handshake struct {
 	c        *common
 	socks    bool
@@ -63,8 +64,8 @@ type Handshake struct {
 	err  error // the error Feed returned, returned again by any later Feed
 }
 
-// Out returns the bytes to send now, nil when there are none. The caller sends all of
-// them before it reads again, then calls Sent.
+// Out returns the bytes to send now, nil when there are none (or the handshake failed).
+// The caller sends all of them before it reads again, then calls Sent.
 func (h *Handshake) Out() []byte {
 	if h.sent == h.ready || h.err != nil {
 		return nil
@@ -94,7 +95,9 @@ func (h *Handshake) Want() int {
 // answer refuses the tunnel or is not valid: errors.Is finds ErrAuth, ErrRefused (with a
 // *ReplyError from a SOCKS5 upstream) or ErrProtocol in it. After an error the Handshake
 // is finished and every Feed returns that error. Bytes past the end of the answer are
-// kept for Rest (the caller copies nothing).
+// kept for Rest (Feed copies them; it keeps no reference to b). Bytes beyond Want are
+// taken in order as well: a SOCKS5 answer read ahead of a message still to send just
+// leaves that message in Out.
 func (h *Handshake) Feed(b []byte) error {
 	if h.err != nil {
 		return h.err

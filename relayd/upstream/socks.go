@@ -81,9 +81,9 @@ func (d *socksDialer) Handshake(t Target) (*Handshake, error) {
 	return h, nil
 }
 
-// start readies h for a negotiation with t and lays out its client side (RFC 1928): the greeting, the
-// credentials when configured, and the CONNECT request, each sent once the answer before
-// it is in.
+// start readies h for a negotiation with t and lays out its client side (RFC 1928): the
+// greeting, the credentials when configured, and the CONNECT request, each released for
+// sending once the answer before it is in.
 //
 // Pipelined, all of them go out at once and the three answers are read after: one round
 // trip instead of two or three. The greeting then offers only the method whose

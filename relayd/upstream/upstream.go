@@ -7,6 +7,10 @@
 // and when that upstream is down, refuses the credentials or refuses the destination, the
 // dial fails with an error saying which upstream and why. Errors never contain the
 // destination (they end up in audit records and logs, which must not hold it).
+//
+// The negotiation itself is a Handshake, which does no I/O: a Dialer drives it over a
+// blocking connection, and an event loop that carries connections without goroutines
+// gets it from the Dialer (a Handshaker) and drives it over a non-blocking socket.
 package upstream
 
 import (
