@@ -139,7 +139,7 @@ func Check(cfg *config.Config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if _, err := buildExits(cfg); err != nil {
+	if _, _, err := buildExits(cfg); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "settings ok: socket %s, state %s, redirect port %d, mark %#x, %d named exits\n",
@@ -211,7 +211,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 	d.policy.Store(p)
 	d.publishRules(p)
 	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
-	exits, err := buildExits(cfg)
+	exits, upstreams, err := buildExits(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -246,6 +246,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		Loops:          cfg.Loops,
 		Policy:         func() relay.Decider { return d.policy.Load() },
 		Exits:          exits,
+		Upstreams:      upstreams,
 		Log:            log,
 		Audit:          d.audit,
 		Metrics:        d.metrics,

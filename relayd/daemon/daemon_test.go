@@ -457,9 +457,12 @@ func TestBuildExits(t *testing.T) {
 	if err := cfg.Fill(); err != nil {
 		t.Fatal(err)
 	}
-	exits, err := buildExits(cfg)
+	exits, ups, err := buildExits(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(ups) != 2 || ups["proxy"].Addr() != "127.0.0.1:3128" || ups["egress-b"].Addr() != "127.0.0.1:1080" {
+		t.Errorf("upstreams = %v, want proxy and egress-b", ups)
 	}
 	if _, ok := exits["gateway"]; ok {
 		t.Error("gateway exit without the operator's opt-in")
@@ -468,7 +471,7 @@ func TestBuildExits(t *testing.T) {
 		t.Errorf("exits = %v", exits)
 	}
 	cfg.Gateway = true
-	exits, _ = buildExits(cfg)
+	exits, _, _ = buildExits(cfg)
 	gw := exits["gateway"]
 	if gw == nil {
 		t.Fatal("no gateway exit with KL_EGRESS_GATEWAY=1")

@@ -21,7 +21,10 @@ type nsKey struct{}
 // exit, and `gateway` when the operator opted in. The connection to an upstream is made from the workload's own netns with the
 // relay's mark, like a direct dial, so it follows the pod's network and is not captured
 // again.
-func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
+//
+// The upstreams are also returned as Handshakers: the relay's event loops carry a flow
+// to an upstream at a literal address themselves (relay.Options.Upstreams).
+func buildExits(cfg *config.Config) (map[string]relay.DialFunc, map[string]upstream.Handshaker, error) {
 	base := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if h := relay.NetnsFrom(ctx); h != nil {
 			return h.Dial(ctx, cfg.Mark, network, addr) // the netns the relay holds open
@@ -30,6 +33,7 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		return netns.Dial(ctx, ns, cfg.Mark, network, addr)
 	}
 	exits := map[string]relay.DialFunc{}
+	ups := map[string]upstream.Handshaker{}
 	add := func(name string, u config.Upstream) error {
 		var opts []upstream.Option
 		if u.Pipeline {
@@ -38,6 +42,9 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		d, err := upstream.New(u.URL, u.ConnectTimeout, base, opts...)
 		if err != nil {
 			return fmt.Errorf("exit %s (%s): %w", name, config.Redact(u.URL), err)
+		}
+		if hs, ok := d.(upstream.Handshaker); ok {
+			ups[name] = hs
 		}
 		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 			ctx = context.WithValue(ctx, nsKey{}, w.Netns)
@@ -54,7 +61,7 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 		// As for an upstream, a name is dialed only when it decided the flow.
 		node, err := netns.Open("") // the daemon's own netns: no descriptor, no setns
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		exits[rules.ExitGateway] = func(ctx context.Context, _ *api.Workload, dst relay.Dest) (net.Conn, error) {
 			return dialGateway(ctx, node, cfg.Mark, dst)
@@ -62,15 +69,15 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, error) {
 	}
 	if cfg.Proxy != nil {
 		if err := add(rules.ExitProxy, *cfg.Proxy); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	for _, name := range cfg.ExitNames() {
 		if err := add(name, cfg.Exits[name]); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return exits, nil
+	return exits, ups, nil
 }
 
 // errOnNode refuses a gateway destination on the node itself. It names no address: it

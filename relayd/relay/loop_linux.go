@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/rawsys"
+	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -56,6 +58,7 @@ type loop struct {
 	tick     time.Duration
 	next     int64           // the next timeout scan (mono)
 	now      int64           // mono at the last wake
+	buf      [4096]byte      // upstream answers are read into it
 	acks     []chan struct{} // commands run in this batch, acknowledged after flush
 	stopping bool
 	stop     chan struct{} // closed when the loop has ended
@@ -84,8 +87,9 @@ type lpod struct {
 type lstate uint8
 
 const (
-	lConnect lstate = iota // the outgoing connect is under way
-	lRelay                 // both directions spliced
+	lConnect   lstate = iota // the outgoing connect is under way
+	lHandshake               // talking to the upstream (lflow.hs)
+	lRelay                   // both directions spliced
 )
 
 // lflow is one flow on a loop.
@@ -103,6 +107,8 @@ type lflow struct {
 	last    int64          // when bytes last moved (mono)
 	h       [2]lhalf       // workload to exit (up), exit to workload (down)
 	done    func(up, down int64)
+	hs      *upstream.Handshake // an upstream exit's, until the tunnel is open
+	sent    int                 // bytes of hs.Out() written
 }
 
 // lhalf is one direction of a flow: bytes spliced from its source into the pipe and not
@@ -110,6 +116,7 @@ type lflow struct {
 type lhalf struct {
 	p     [2]int // the pipe: read end, write end (-1: none held)
 	n     int    // bytes in the pipe
+	early []byte // bytes to deliver before the pipe's (an upstream's, read with its answer)
 	moved int64  // bytes delivered
 	eof   bool   // the source ended
 	done  bool   // and all of it went on, followed by a half-close
@@ -132,7 +139,11 @@ func newLoop(r *Relay) (*loop, error) {
 	}
 	// The timeout scan runs a few times per timeout, so a flow ends at most a few tenths
 	// of its timeout late.
-	tick := min(r.o.IdleTimeout, r.o.ConnectTimeout) / 8
+	tick := min(r.o.IdleTimeout, r.o.ConnectTimeout)
+	for _, up := range r.upstreams {
+		tick = min(tick, up.hs.Timeout())
+	}
+	tick /= 8
 	tick = min(max(tick, 5*time.Millisecond), time.Second)
 	home, err := netns.Open("")
 	if err != nil {
@@ -366,26 +377,38 @@ func (l *loop) admit(lp *lpod, c int, src netip.AddrPort) {
 		return
 	}
 	d := r.decide(pol, &f, w.ID)
-	switch d.Exit {
-	case rules.ExitDeny:
+	if d.Exit == rules.ExitDeny {
 		r.deny(d, &f)
 		abort(c)
 		r.end()
 		return
-	case rules.ExitDirect:
-	default:
-		r.keepHostIfDecided(pol, &f, d)
+	}
+	lf := &lflow{lp: lp, c: c, u: -1, f: f, d: d, to: dst, started: l.now, by: l.now + int64(r.o.ConnectTimeout)}
+	if d.Exit != rules.ExitDirect {
+		r.keepHostIfDecided(pol, &lf.f, d)
 		if r.o.Exits[d.Exit] == nil {
-			r.unavailable(d, &f, w.ID)
+			r.unavailable(d, &lf.f, w.ID)
 			abort(c)
 			r.end()
 			return
 		}
-		l.handoff(lp, c, f, pol, &d)
-		return
+		up, ok := r.upstreams[d.Exit]
+		if !ok {
+			l.handoff(lp, c, lf.f, pol, &d)
+			return
+		}
+		hs, err := up.hs.Handshake(upstream.Target{Host: lf.f.Host, Addr: dst, Port: dst.Port()})
+		if err != nil {
+			r.count(d.Exit)
+			r.o.Metrics.Dialed(d.Exit, 0, err)
+			r.unreachable(d, &lf.f, w.ID, err)
+			abort(c)
+			r.end()
+			return
+		}
+		lf.hs, lf.to, lf.by = hs, up.addr, l.now+int64(up.hs.Timeout())
 	}
 	r.count(d.Exit)
-	lf := &lflow{lp: lp, c: c, u: -1, f: f, d: d, to: dst, started: l.now, by: l.now + int64(r.o.ConnectTimeout)}
 	lf.h[0].p, lf.h[1].p = [2]int{-1, -1}, [2]int{-1, -1}
 	lf.idx = len(l.flows)
 	l.flows = append(l.flows, lf)
@@ -472,6 +495,9 @@ func (l *loop) watch(fd int, lf *lflow) error {
 // dialError is a failed connect as the goroutine path's dial reports it (audit.Reason
 // takes the address out).
 func (l *loop) dialError(lf *lflow, err error) error {
+	if lf.hs != nil {
+		return lf.hs.ConnectError(err)
+	}
 	where := lf.lp.p.w.Load().Netns
 	if where == "" {
 		where = "the current netns"
@@ -498,10 +524,61 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 			l.fail(lf, l.dialError(lf, os.NewSyscallError("connect", err)))
 			return
 		}
+		if lf.hs != nil {
+			lf.state = lHandshake
+			l.handshake(lf)
+			return
+		}
 		l.connected(lf)
+	case lHandshake:
+		if fd == lf.u {
+			l.handshake(lf) // the workload's bytes wait in c until the tunnel is open
+		}
 	case lRelay:
 		l.pump(lf)
 	}
+}
+
+// handshake talks to the upstream until the tunnel is open, it refuses, or the socket
+// has nothing more to read or no room to write (its next event resumes).
+func (l *loop) handshake(lf *lflow) {
+	hs := lf.hs
+	for !hs.Done() {
+		if out := hs.Out(); len(out) > 0 {
+			n, err := rawsys.Write(lf.u, out[lf.sent:])
+			if err == unix.EAGAIN {
+				return
+			}
+			if err != nil {
+				l.fail(lf, hs.IOError(os.NewSyscallError("write", err)))
+				return
+			}
+			if lf.sent += n; lf.sent < len(out) {
+				continue
+			}
+			lf.sent = 0
+			hs.Sent()
+			continue
+		}
+		n, err := rawsys.Read(lf.u, l.buf[:min(hs.Want(), len(l.buf))])
+		switch {
+		case err == unix.EAGAIN:
+			return
+		case err != nil:
+			l.fail(lf, hs.IOError(os.NewSyscallError("read", err)))
+			return
+		case n == 0:
+			l.fail(lf, hs.IOError(io.EOF))
+			return
+		}
+		if err := hs.Feed(l.buf[:n]); err != nil {
+			l.fail(lf, err)
+			return
+		}
+	}
+	lf.h[1].early = hs.Rest()
+	lf.hs = nil
+	l.connected(lf)
 }
 
 // connected records the decision and starts relaying.
@@ -543,6 +620,18 @@ func (l *loop) pump(lf *lflow) {
 // when empty, so an EAGAIN reading src means src has nothing, never that the pipe is
 // full; an empty pipe goes back to the loop's pool, so an idle flow holds none.
 func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
+	for len(h.early) > 0 {
+		n, err := rawsys.Write(dst, h.early)
+		if err == unix.EAGAIN {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		h.early = h.early[n:]
+		h.moved += int64(n)
+		lf.last = l.now
+	}
 	for !h.done {
 		if h.n > 0 {
 			n, err := rawsys.Splice(h.p[0], dst, h.n)
@@ -662,6 +751,8 @@ func (l *loop) scan() {
 		switch {
 		case lf.state == lConnect && l.now >= lf.by:
 			l.fail(lf, l.dialError(lf, os.ErrDeadlineExceeded)) // "i/o timeout", as net's dials say
+		case lf.state == lHandshake && l.now >= lf.by:
+			l.fail(lf, lf.hs.IOError(os.ErrDeadlineExceeded))
 		case lf.state == lRelay && l.now-lf.last >= idle:
 			l.end(lf, errIdle)
 		default:

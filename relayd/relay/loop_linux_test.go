@@ -18,9 +18,19 @@ import (
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/relay"
+	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/tests/testutil"
 )
+
+// testLoops is the relay's Loops for the tests of this file: KL_TEST_NOLOOP=1 runs them
+// on the goroutine path, which must behave alike.
+func testLoops() int {
+	if os.Getenv("KL_TEST_NOLOOP") != "" {
+		return -1
+	}
+	return 1
+}
 
 // loopNet is a pod netns with kl's capture and a server netns behind a veth: 192.0.2.2
 // echoes on :80 (then writes "bye" after the client's half-close), holds connections
@@ -117,10 +127,7 @@ func (hostPolicy) NeedsHost() bool { return true }
 // and policies that hand the flow to the goroutine path, then the idle timeout, Close
 // and Shutdown's drain.
 func TestLoop(t *testing.T) {
-	loops := 1
-	if os.Getenv("KL_TEST_NOLOOP") != "" {
-		loops = -1
-	}
+	loops := testLoops()
 	n := newLoopNet(t)
 	var named atomic.Int32
 	exits := map[string]relay.DialFunc{
@@ -218,7 +225,7 @@ func TestLoopLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	newRelay := func(idle time.Duration) *relay.Relay {
-		r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: 1, IdleTimeout: idle,
+		r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(), IdleTimeout: idle,
 			Policy: func() relay.Decider { return pol }})
 		if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 			t.Fatal(err)
@@ -307,6 +314,9 @@ func TestLoopLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Both flows accepted (a connection still in the backlog is reset by the drain).
+		for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 2 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		shut := make(chan error, 1)
 		go func() { shut <- r.Shutdown(ctx) }()
@@ -335,4 +345,170 @@ func TestLoopLifecycle(t *testing.T) {
 			t.Error("held flow still open after Shutdown")
 		}
 	})
+}
+
+// fakeUpstreams serves, in the server netns, the upstream answers TestLoopUpstreams
+// needs: a SOCKS5 server (no auth) that tunnels to the echo server on :1080, one that
+// refuses every CONNECT on :1081, an HTTP proxy on :3128 that tunnels and sends tunnel
+// bytes right behind its answer, and one on :3129 that never answers.
+func fakeUpstreams(t *testing.T, n *loopNet) {
+	serve := func(addr string, handle func(c net.Conn)) {
+		ln, err := netns.Listen(n.srv.Path, "tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Serve(t, ln, handle)
+	}
+	tunnel := func(c net.Conn) {
+		e, err := netns.Dial(context.Background(), n.srv.Path, 0, "tcp", "192.0.2.2:80")
+		if err != nil {
+			return
+		}
+		defer e.Close()
+		go func() { io.Copy(e, c); e.(*net.TCPConn).CloseWrite() }()
+		io.Copy(c, e)
+	}
+	socks := func(reply byte) func(net.Conn) {
+		return func(c net.Conn) {
+			defer c.Close()
+			var greet [3]byte
+			var req [10]byte // an IPv4 CONNECT
+			if _, err := io.ReadFull(c, greet[:]); err != nil {
+				return
+			}
+			c.Write([]byte{5, 0})
+			if _, err := io.ReadFull(c, req[:]); err != nil || req[3] != 1 {
+				return
+			}
+			c.Write([]byte{5, reply, 0, 1, 0, 0, 0, 0, 0, 0})
+			if reply == 0 {
+				tunnel(c)
+			}
+		}
+	}
+	serve("192.0.2.2:1080", socks(0))
+	serve("192.0.2.2:1081", socks(2))
+	serve("192.0.2.2:3128", func(c net.Conn) {
+		defer c.Close()
+		b := make([]byte, 512)
+		var head []byte
+		for !strings.Contains(string(head), "\r\n\r\n") {
+			n, err := c.Read(b)
+			if err != nil {
+				return
+			}
+			head = append(head, b[:n]...)
+		}
+		if !strings.HasPrefix(string(head), "CONNECT 192.0.2.2:") {
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			return
+		}
+		c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n>"))
+		tunnel(c)
+	})
+	serve("192.0.2.2:3129", func(c net.Conn) { io.Copy(io.Discard, c) })
+}
+
+// TestLoopUpstreams carries flows to upstream exits on the event loop: the SOCKS5 and
+// HTTP CONNECT handshakes (with the tunnel bytes an HTTP proxy sends with its answer
+// delivered first), an upstream that refuses, one that is down, one that never answers,
+// and one named by hostname (dialed on the goroutine path). Each failure resets the
+// workload's connection and is recorded with the upstream's words.
+func TestLoopUpstreams(t *testing.T) {
+	n := newLoopNet(t)
+	fakeUpstreams(t, n)
+	pol, err := rules.Parse("t", []byte(`default: direct
+rules:
+  - port: "90"
+    exit: socks
+  - port: "91"
+    exit: http
+  - port: "92"
+    exit: refusing
+  - port: "93"
+    exit: down
+  - port: "94"
+    exit: silent
+  - port: "95"
+    exit: byname
+`), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := map[string]upstream.Handshaker{}
+	exits := map[string]relay.DialFunc{}
+	var byName atomic.Int32
+	for name, url := range map[string]string{
+		"socks": "socks5://192.0.2.2:1080", "http": "http://192.0.2.2:3128", "refusing": "socks5://192.0.2.2:1081",
+		"down": "socks5://192.0.2.2:1082", "silent": "http://192.0.2.2:3129", "byname": "socks5://localhost:1080",
+	} {
+		base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if name == "byname" {
+				byName.Add(1)
+				addr = "192.0.2.2:1080"
+			}
+			return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
+		}
+		d, err := upstream.New(url, 300*time.Millisecond, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ups[name] = d.(upstream.Handshaker)
+		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
+		}
+	}
+	aud, err := audit.New("", 0, 0, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{
+		RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+		Policy: func() relay.Decider { return pol },
+		Exits:  exits, Upstreams: ups, Audit: aud,
+	})
+	defer r.Shutdown(context.Background())
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	// The upstreams share the destinations' address, which records never hold.
+	for _, tc := range []struct {
+		name, to, want, reason string // want "": reset
+	}{
+		{"socks5", "192.0.2.2:90", "xbye", ""},
+		{"http connect, bytes with the answer", "192.0.2.2:91", ">xbye", ""},
+		{"refused by the upstream", "192.0.2.2:92", "", "upstream socks5://<address>:1081: refused by upstream: SOCKS reply 0x02 (connection not allowed by ruleset)"},
+		{"upstream down", "192.0.2.2:93", "", "upstream socks5://<address>:1082: connect: connection refused"},
+		{"upstream silent", "192.0.2.2:94", "", "upstream http://<address>:3129: read CONNECT reply: timed out after 300ms"},
+		{"upstream by name", "192.0.2.2:95", "xbye", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := n.dial(t, tc.to)
+			var got string
+			if err == nil {
+				got, err = exchange(c)
+			}
+			if tc.want != "" && (got != tc.want || err != nil) {
+				t.Fatalf("got %q, %v; want %q (audit %+v)", got, err, tc.want, aud.Recent(1))
+			}
+			if tc.want == "" && !isReset(err) {
+				t.Fatalf("got %q, %v; want a reset", got, err)
+			}
+			var rec []audit.Record
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				if rec = aud.Recent(1); len(rec) == 1 && rec[0].At.After(time.Now().Add(-3*time.Second)) && rec[0].Rule > 0 {
+					break
+				}
+			}
+			if len(rec) != 1 || !strings.HasPrefix(rec[0].Reason, tc.reason) {
+				t.Errorf("audit %+v, want reason %q", rec, tc.reason)
+			}
+		})
+	}
+	if byName.Load() != 1 {
+		t.Errorf("%d dials of the upstream named by hostname, want 1 (on the goroutine path)", byName.Load())
+	}
+	if s := r.Stats(); s.ByExit["socks"] != 1 || s.ByExit["http"] != 1 || s.ByExit["down"] != 1 {
+		t.Errorf("stats %+v, want one flow per exit", s)
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/relayd/sniff"
 	"github.com/kl-egress/kl/relayd/sockowner"
+	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 )
 
@@ -88,7 +89,11 @@ type Options struct {
 	// Exits carries flows whose decision is not direct or deny, by exit name. An exit
 	// with no entry is refused (reset) with a logged reason.
 	Exits map[string]DialFunc
-	Log   *slog.Logger
+	// Upstreams are the exits of Exits that are upstream proxies. An event loop carries a
+	// flow to one at a literal address itself (connect and handshake included); other
+	// flows through them, and every flow on goroutines, go through Exits.
+	Upstreams map[string]upstream.Handshaker
+	Log       *slog.Logger
 	// Audit receives one record per decision (nil: none).
 	Audit *audit.Log
 	// Metrics counts decisions, dials, active flows and bytes (nil: none).
@@ -124,7 +129,8 @@ type Relay struct {
 	exitMu sync.Mutex
 	byExit map[string]uint64
 
-	loops []*loop // started on first use (loopFor)
+	loops     []*loop                 // started on first use (loopFor)
+	upstreams map[string]loopUpstream // Options.Upstreams the loops dial themselves
 }
 
 type pod struct {
@@ -151,6 +157,23 @@ type registered struct {
 
 func newRegistered(w api.Workload) *registered {
 	return &registered{Workload: w, labelKeys: rules.KeysOf(w.Labels)}
+}
+
+// loopUpstream is an upstream exit an event loop dials itself: its address is literal.
+type loopUpstream struct {
+	addr netip.AddrPort
+	hs   upstream.Handshaker
+}
+
+// loopUpstreams picks the upstreams of o at a literal address.
+func loopUpstreams(o *Options) map[string]loopUpstream {
+	m := map[string]loopUpstream{}
+	for name, hs := range o.Upstreams {
+		if ap, err := netip.ParseAddrPort(hs.Addr()); err == nil && o.Exits[name] != nil {
+			m[name] = loopUpstream{netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), hs}
+		}
+	}
+	return m
 }
 
 // ErrClosed is returned by Open after Shutdown.
@@ -200,7 +223,7 @@ func New(o Options) *Relay {
 	if o.Loops == 0 {
 		o.Loops = max(1, runtime.NumCPU()/2)
 	}
-	return &Relay{o: o, handles: handles, pods: map[string]*pod{}, byExit: map[string]uint64{}}
+	return &Relay{o: o, handles: handles, pods: map[string]*pod{}, byExit: map[string]uint64{}, upstreams: loopUpstreams(&o)}
 }
 
 // Open starts serving workload w. Transparent mode: a listener on the redirect port inside
