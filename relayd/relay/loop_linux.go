@@ -16,6 +16,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/rawsys"
+	"github.com/kl-egress/kl/relayd/sniff"
 	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
 )
@@ -56,9 +57,12 @@ type loop struct {
 	in       *netns.Handle // the netns the thread is in (nil: the process's)
 	home     *netns.Handle // the process's netns
 	tick     time.Duration
-	next     int64           // the next timeout scan (mono)
-	now      int64           // mono at the last wake
-	buf      [4096]byte      // upstream answers are read into it
+	next     int64      // the next idle scan (mono)
+	due      int64      // the earliest deadline (mono; 0: none)
+	paused   int        // listeners backing off
+	now      int64      // mono at the last wake
+	buf      [4096]byte // upstream answers are read into it
+	peek     [sniff.MaxPeek]byte
 	acks     []chan struct{} // commands run in this batch, acknowledged after flush
 	stopping bool
 	stop     chan struct{} // closed when the loop has ended
@@ -87,7 +91,8 @@ type lpod struct {
 type lstate uint8
 
 const (
-	lConnect   lstate = iota // the outgoing connect is under way
+	lSniff     lstate = iota // peeking for the hostname before the decision
+	lConnect                 // the outgoing connect is under way
 	lHandshake               // talking to the upstream (lflow.hs)
 	lRelay                   // both directions spliced
 )
@@ -100,6 +105,8 @@ type lflow struct {
 	state   lstate
 	dead    bool
 	f       rules.Flow     // until recorded
+	pol     Decider        // until decided
+	seen    int            // lSniff: bytes seen by the last peek
 	d       rules.Decision // until recorded
 	to      netip.AddrPort // where the outgoing connection goes
 	started int64          // when the dial started (mono)
@@ -137,14 +144,10 @@ func newLoop(r *Relay) (*loop, error) {
 		unix.Close(wake)
 		return nil, fmt.Errorf("event loop: %w", err)
 	}
-	// The timeout scan runs a few times per timeout, so a flow ends at most a few tenths
-	// of its timeout late.
-	tick := min(r.o.IdleTimeout, r.o.ConnectTimeout)
-	for _, up := range r.upstreams {
-		tick = min(tick, up.hs.Timeout())
-	}
-	tick /= 8
-	tick = min(max(tick, 5*time.Millisecond), time.Second)
+	// The idle scan runs eight times per idle timeout (at most once a second), so an idle
+	// flow ends at most an eighth of it late; deadlines (peek, connect, handshake, accept
+	// back-off) wake the loop when they are due (arm).
+	tick := min(max(r.o.IdleTimeout/8, 5*time.Millisecond), time.Second)
 	home, err := netns.Open("")
 	if err != nil {
 		unix.Close(ep)
@@ -179,9 +182,9 @@ func (l *loop) run() {
 	runtime.LockOSThread()
 	events := make([]unix.EpollEvent, loopBatch)
 	for {
-		timeout := -1
-		if len(l.flows) > 0 || l.anyPaused() {
-			timeout = int(max(time.Until(epoch.Add(time.Duration(l.next))), time.Millisecond) / time.Millisecond)
+		timeout := -1 // nothing to time
+		if at := l.wakeAt(); at != 0 {
+			timeout = int(max(at-mono()+int64(time.Millisecond)-1, 0) / int64(time.Millisecond))
 		}
 		n, err := rawsys.Wait(l.ep, events, timeout)
 		if err != nil {
@@ -205,7 +208,7 @@ func (l *loop) run() {
 				l.step(e.f, fd, ev.Events)
 			}
 		}
-		if l.now >= l.next {
+		if l.now >= l.next || l.due != 0 && l.now >= l.due {
 			l.scan()
 			l.next = l.now + int64(l.tick)
 		}
@@ -257,13 +260,24 @@ func (l *loop) close() {
 	close(l.stop)
 }
 
-func (l *loop) anyPaused() bool {
-	for _, e := range l.ents {
-		if e.ln != nil && e.ln.paused != 0 {
-			return true
-		}
+// wakeAt is when the loop must wake without events (mono; 0: never): the next idle scan
+// while there are flows, or the next deadline.
+func (l *loop) wakeAt() int64 {
+	var at int64
+	if len(l.flows) > 0 {
+		at = l.next
 	}
-	return false
+	if l.due != 0 && (at == 0 || l.due < at) {
+		at = l.due
+	}
+	return at
+}
+
+// arm makes the loop wake by t (mono) for a deadline.
+func (l *loop) arm(t int64) {
+	if l.due == 0 || t < l.due {
+		l.due = t
+	}
 }
 
 func (l *loop) set(fd int, e ent) {
@@ -291,7 +305,10 @@ func (l *loop) closeListener(lp *lpod) {
 	_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, lp.fd, nil)
 	l.closing = append(l.closing, lp.fd)
 	lp.fd = -1
-	lp.paused = 0
+	if lp.paused != 0 {
+		lp.paused = 0
+		l.paused--
+	}
 }
 
 // closeFlows ends every flow of lp (on the loop) as the goroutine path's closeConns does:
@@ -339,6 +356,8 @@ func (l *loop) accept(lp *lpod) {
 			// and try again after a back-off, keeping the listener.
 			lp.delay = min(max(2*lp.delay, 5*time.Millisecond), time.Second)
 			lp.paused = l.now + int64(lp.delay)
+			l.paused++
+			l.arm(lp.paused)
 			_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, lp.fd, &unix.EpollEvent{Fd: int32(lp.fd)})
 			l.r.o.Log.Warn("accept failed", "workload", lp.p.w.Load().ID, "err", err, "retry", lp.delay)
 			return
@@ -347,7 +366,8 @@ func (l *loop) accept(lp *lpod) {
 	}
 }
 
-// admit decides a new connection c from src and starts its outgoing connect, or hands it
+// admit takes a new connection c from src: its original destination is checked, then
+// the flow is decided (after a peek for its hostname when the policy needs it) or handed
 // to the goroutine path.
 func (l *loop) admit(lp *lpod, c int, src netip.AddrPort) {
 	r := l.r
@@ -370,48 +390,88 @@ func (l *loop) admit(lp *lpod, c int, src netip.AddrPort) {
 		r.end()
 		return
 	}
-	f := r.newFlow(w, dst, src, id)
-	pol := r.o.Policy()
-	if r.needsToLearn(pol, &f) {
-		l.handoff(lp, c, f, pol, nil)
+	lf := &lflow{lp: lp, c: c, u: -1, f: r.newFlow(w, dst, src, id), pol: r.o.Policy(), idx: len(l.flows)}
+	lf.h[0].p, lf.h[1].p = [2]int{-1, -1}, [2]int{-1, -1}
+	l.flows = append(l.flows, lf)
+	if wantsProcess(lf.pol) {
+		l.handoff(lf, nil) // sock_diag and /proc: not for the loop
 		return
 	}
-	d := r.decide(pol, &f, w.ID)
-	if d.Exit == rules.ExitDeny {
-		r.deny(d, &f)
-		abort(c)
-		r.end()
+	if r.wantsHost(lf.pol, dst.Port()) {
+		// Peek for the hostname as the client's bytes arrive, for at most SniffWait.
+		lf.state, lf.by = lSniff, l.now+int64(r.o.SniffWait)
+		l.arm(lf.by)
+		if err := l.watch(c, lf); err != nil {
+			l.refused(lf, err)
+		}
 		return
 	}
-	lf := &lflow{lp: lp, c: c, u: -1, f: f, d: d, to: dst, started: l.now, by: l.now + int64(r.o.ConnectTimeout)}
-	if d.Exit != rules.ExitDirect {
+	l.route(lf)
+}
+
+// sniff peeks at what the client sent so far; once that settles the hostname (or the
+// wait is over: scan), the flow is decided.
+func (l *loop) sniff(lf *lflow) {
+	host, done, err := sniff.Peek(lf.c, l.peek[:], &lf.seen)
+	switch {
+	case err != nil:
+		l.r.count("refused")
+		l.r.o.Log.Info("flow failed: peek for the hostname", "workload", lf.lp.p.w.Load().ID, "flow", lf.f.ID, "err", l.r.redact(err))
+		l.end(lf, errRefusedFlow)
+	case done:
+		lf.f.Host = host
+		l.route(lf)
+	}
+}
+
+// refused ends a flow that failed before its decision (the workload's connection is
+// reset).
+func (l *loop) refused(lf *lflow, err error) {
+	l.r.count("refused")
+	l.r.o.Log.Warn("flow refused", "workload", lf.lp.p.w.Load().ID, "flow", lf.f.ID, "err", err)
+	l.end(lf, errRefusedFlow)
+}
+
+// route decides lf and starts the connect to its exit: the destination (direct) or an
+// upstream at a literal address; other exits are dialed on the goroutine path.
+func (l *loop) route(lf *lflow) {
+	r := l.r
+	pol := lf.pol
+	w := lf.lp.p.w.Load()
+	d := r.decide(pol, &lf.f, w.ID)
+	lf.d, lf.started = d, l.now
+	switch d.Exit {
+	case rules.ExitDeny:
+		r.deny(d, &lf.f)
+		l.end(lf, errRefusedFlow)
+		return
+	case rules.ExitDirect:
+		lf.to, lf.by = lf.f.Dst, l.now+int64(r.o.ConnectTimeout)
+	default:
 		r.keepHostIfDecided(pol, &lf.f, d)
 		if r.o.Exits[d.Exit] == nil {
 			r.unavailable(d, &lf.f, w.ID)
-			abort(c)
-			r.end()
+			l.end(lf, errRefusedFlow)
 			return
 		}
 		up, ok := r.upstreams[d.Exit]
 		if !ok {
-			l.handoff(lp, c, lf.f, pol, &d)
+			l.handoff(lf, &d)
 			return
 		}
-		hs, err := up.hs.Handshake(upstream.Target{Host: lf.f.Host, Addr: dst, Port: dst.Port()})
+		hs, err := up.hs.Handshake(upstream.Target{Host: lf.f.Host, Addr: lf.f.Dst, Port: lf.f.Dst.Port()})
 		if err != nil {
 			r.count(d.Exit)
 			r.o.Metrics.Dialed(d.Exit, 0, err)
 			r.unreachable(d, &lf.f, w.ID, err)
-			abort(c)
-			r.end()
+			l.end(lf, errRefusedFlow)
 			return
 		}
 		lf.hs, lf.to, lf.by = hs, up.addr, l.now+int64(up.hs.Timeout())
 	}
 	r.count(d.Exit)
-	lf.h[0].p, lf.h[1].p = [2]int{-1, -1}, [2]int{-1, -1}
-	lf.idx = len(l.flows)
-	l.flows = append(l.flows, lf)
+	lf.state, lf.pol = lConnect, nil
+	l.arm(lf.by)
 	l.connect(lf)
 }
 
@@ -421,26 +481,34 @@ func abort(fd int) {
 	_ = rawsys.Close(fd)
 }
 
-// handoff gives connection c to the goroutine path: carry learns what the policy needs
-// and decides (unless d is given), and dials the exit.
-func (l *loop) handoff(lp *lpod, c int, f rules.Flow, pol Decider, d *rules.Decision) {
+// handoff gives lf's connection to the goroutine path, which learns what the policy needs
+// and decides (unless d is given), and dials the exit; lf leaves the loop.
+func (l *loop) handoff(lf *lflow, d *rules.Decision) {
 	r := l.r
-	file := os.NewFile(uintptr(c), "")
+	p := lf.lp.p
+	if lf.c < len(l.ents) && l.ents[lf.c].f == lf {
+		// The duplicate below shares the socket: the loop must not hear of it again.
+		_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_DEL, lf.c, nil)
+		l.ents[lf.c] = ent{}
+	}
+	l.unlist(lf)
+	lf.dead = true
+	file := os.NewFile(uintptr(lf.c), "")
 	nc, err := net.FileConn(file) // a duplicate, polled by the runtime
 	file.Close()
 	if err != nil {
 		r.count("refused")
-		r.o.Log.Warn("flow refused: hand-over to the goroutine path failed", "workload", lp.p.w.Load().ID, "flow", f.ID, "err", err)
+		r.o.Log.Warn("flow refused: hand-over to the goroutine path failed", "workload", p.w.Load().ID, "flow", lf.f.ID, "err", err)
 		r.end()
 		return
 	}
 	tc := nc.(*net.TCPConn)
-	if !lp.p.track(tc) {
+	if !p.track(tc) {
 		tc.Close()
 		r.end()
 		return
 	}
-	go r.carry(lp.p, tc, lp.p.w.Load(), f, pol, d)
+	go r.carry(p, tc, p.w.Load(), lf.f, lf.pol, d)
 }
 
 // connect makes lf's outgoing socket in the pod's netns and starts its connect.
@@ -484,6 +552,9 @@ func (l *loop) connect(lf *lflow) {
 }
 
 func (l *loop) watch(fd int, lf *lflow) error {
+	if fd < len(l.ents) && l.ents[fd].f == lf {
+		return nil // already (the workload's connection, since the peek)
+	}
 	l.set(fd, ent{f: lf})
 	if err := unix.EpollCtl(l.ep, unix.EPOLL_CTL_ADD, fd, &unix.EpollEvent{Events: loopET, Fd: int32(fd)}); err != nil {
 		l.ents[fd] = ent{}
@@ -512,6 +583,10 @@ func (l *loop) dialError(lf *lflow, err error) error {
 // step moves flow lf on after events ev on its socket fd.
 func (l *loop) step(lf *lflow, fd int, ev uint32) {
 	switch lf.state {
+	case lSniff:
+		if fd == lf.c {
+			l.sniff(lf)
+		}
 	case lConnect:
 		if fd != lf.u || ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
 			return
@@ -598,11 +673,12 @@ func (l *loop) fail(lf *lflow, err error) {
 	r := l.r
 	r.o.Metrics.Dialed(lf.d.Exit, time.Duration(mono()-lf.started), err)
 	r.unreachable(lf.d, &lf.f, lf.lp.p.w.Load().ID, err)
-	l.end(lf, errUnreachable)
+	l.end(lf, errRefusedFlow)
 }
 
-// errUnreachable ends a flow whose exit was not reached: the workload gets a reset.
-var errUnreachable = errors.New("exit unreachable")
+// errRefusedFlow ends a flow that is not carried (denied, refused, its exit unreachable):
+// the workload gets a reset.
+var errRefusedFlow = errors.New("flow refused")
 
 // pump moves both directions on until each would block, and ends the flow when both are
 // done or one fails.
@@ -712,7 +788,7 @@ func (l *loop) end(lf *lflow, err error) {
 		return
 	}
 	lf.dead = true
-	if isReset(err) || errors.Is(err, errIdle) || errors.Is(err, errUnreachable) {
+	if isReset(err) || errors.Is(err, errIdle) || errors.Is(err, errRefusedFlow) {
 		for _, fd := range []int{lf.c, lf.u} {
 			if fd >= 0 {
 				_ = rawsys.Abort(fd)
@@ -730,9 +806,7 @@ func (l *loop) end(lf *lflow, err error) {
 	}
 	l.putPipe(&lf.h[0])
 	l.putPipe(&lf.h[1])
-	last := l.flows[len(l.flows)-1]
-	l.flows[lf.idx], last.idx = last, lf.idx
-	l.flows = l.flows[:len(l.flows)-1]
+	l.unlist(lf)
 	if lf.done != nil {
 		lf.done(lf.h[0].moved, lf.h[1].moved)
 		if err != nil && l.r.o.Debug {
@@ -742,26 +816,54 @@ func (l *loop) end(lf *lflow, err error) {
 	l.r.end()
 }
 
-// scan ends flows past their connect deadline or idle for the idle timeout, and resumes
-// listeners whose accept back-off is over.
+// unlist takes lf out of the loop's flows.
+func (l *loop) unlist(lf *lflow) {
+	last := l.flows[len(l.flows)-1]
+	l.flows[lf.idx], last.idx = last, lf.idx
+	l.flows = l.flows[:len(l.flows)-1]
+}
+
+// scan ends flows past their deadline or idle for the idle timeout, resumes listeners
+// whose accept back-off is over, and finds the next deadline.
 func (l *loop) scan() {
 	idle := int64(l.r.o.IdleTimeout)
+	l.due = 0
 	for i := 0; i < len(l.flows); {
 		lf := l.flows[i]
 		switch {
-		case lf.state == lConnect && l.now >= lf.by:
+		case lf.state == lRelay:
+			if l.now-lf.last >= idle {
+				l.end(lf, errIdle)
+				continue
+			}
+		case l.now < lf.by:
+			l.arm(lf.by)
+		case lf.state == lSniff:
+			l.route(lf) // no name within the wait: decided without it
+			if i < len(l.flows) && l.flows[i] != lf {
+				continue // lf ended or left the loop: another flow is at i
+			}
+			l.arm(lf.by)
+		case lf.state == lConnect:
 			l.fail(lf, l.dialError(lf, os.ErrDeadlineExceeded)) // "i/o timeout", as net's dials say
-		case lf.state == lHandshake && l.now >= lf.by:
+			continue
+		case lf.state == lHandshake:
 			l.fail(lf, lf.hs.IOError(os.ErrDeadlineExceeded))
-		case lf.state == lRelay && l.now-lf.last >= idle:
-			l.end(lf, errIdle)
-		default:
-			i++
+			continue
 		}
+		i++
+	}
+	if l.paused == 0 {
+		return
 	}
 	for _, e := range l.ents {
-		if lp := e.ln; lp != nil && lp.paused != 0 && l.now >= lp.paused {
+		if lp := e.ln; lp != nil && lp.paused != 0 {
+			if l.now < lp.paused {
+				l.arm(lp.paused)
+				continue
+			}
 			lp.paused = 0
+			l.paused--
 			_ = unix.EpollCtl(l.ep, unix.EPOLL_CTL_MOD, lp.fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(lp.fd)})
 		}
 	}

@@ -112,8 +112,10 @@ func exchange(c net.Conn) (string, error) {
 	return string(got), err
 }
 
+// isReset reports an error a reset from the relay causes: at a write or read, or at a
+// half-close that comes after it (the socket is then no longer connected).
 func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ENOTCONN)
 }
 
 // hostPolicy needs hostnames (so its flows are peeked on the goroutine path).
@@ -284,6 +286,9 @@ func TestLoopLifecycle(t *testing.T) {
 		}
 		if _, err := c.Read(make([]byte, 1)); err == nil {
 			t.Error("flow still open after Close")
+		}
+		// (The goroutine path counts a flow out once its copies have returned.)
+		for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		}
 		if r.Stats().Active != 0 {
 			t.Errorf("stats %+v after Close, want none active", r.Stats())
@@ -510,5 +515,75 @@ rules:
 	}
 	if s := r.Stats(); s.ByExit["socks"] != 1 || s.ByExit["http"] != 1 || s.ByExit["down"] != 1 {
 		t.Errorf("stats %+v, want one flow per exit", s)
+	}
+}
+
+// TestLoopSniff decides flows by the hostname the client sends (HTTP Host here; the
+// parsers have their own tests) with the peek on the event loop: nothing of the request
+// is consumed, a denied name is reset, and a client that waits for the server first is
+// decided without a name once the wait is over.
+func TestLoopSniff(t *testing.T) {
+	n := newLoopNet(t)
+	pol, err := rules.Parse("t", []byte("default: direct\nrules:\n  - domain: blocked.example\n    action: deny\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aud, err := audit.New("", 0, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+		SniffWait: 100 * time.Millisecond, Policy: func() relay.Decider { return pol }, Audit: aud})
+	defer r.Shutdown(context.Background())
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		name      string
+		pause     time.Duration // before the client's first byte
+		send      string
+		carried   bool
+		dimension string
+	}{
+		{"allowed name", 0, "GET / HTTP/1.1\r\nHost: ok.example\r\n\r\n", true, "default"},
+		{"denied name", 0, "GET / HTTP/1.1\r\nHost: blocked.example\r\n\r\n", false, "domain"},
+		{"request in pieces", 0, "GET / HTTP/1.1\r\nHo", false, "domain"},
+		{"server first", 300 * time.Millisecond, "GET / HTTP/1.1\r\nHost: blocked.example\r\n\r\n", true, "default"},
+	} {
+
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := n.dial(t, "192.0.2.2:80")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			time.Sleep(tc.pause)
+			_, err = io.WriteString(c, tc.send)
+			if err == nil && tc.name == "request in pieces" {
+				time.Sleep(20 * time.Millisecond)
+				_, err = io.WriteString(c, "st: blocked.example\r\n\r\n")
+				tc.send += "st: blocked.example\r\n\r\n"
+			}
+			if err == nil {
+				err = c.(*net.TCPConn).CloseWrite()
+			}
+			var got []byte
+			if err == nil {
+				got, err = io.ReadAll(c)
+			}
+			if tc.carried && (string(got) != tc.send+"bye" || err != nil) {
+				t.Errorf("got %q, %v; want the request echoed intact", got, err)
+			}
+			if !tc.carried && !isReset(err) {
+				t.Errorf("got %q, %v; want a reset", got, err)
+			}
+			var rec []audit.Record
+			for deadline := time.Now().Add(5 * time.Second); len(rec) <= i && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				rec = aud.Recent(8)
+			}
+			if len(rec) != i+1 || rec[i].Dimension != tc.dimension {
+				t.Errorf("audit %+v, want a record with dimension %s", rec, tc.dimension)
+			}
+		})
 	}
 }

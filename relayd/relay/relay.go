@@ -572,12 +572,14 @@ func (r *Relay) newFlow(w *registered, dst, src netip.AddrPort, id uint64) rules
 	return rules.Flow{Labels: w.Labels, LabelKeys: w.labelKeys, Image: w.Image, Dst: dst, Src: src.Addr(), At: time.Now(), ID: id}
 }
 
-// needsToLearn reports whether pol decides flow f only once it knows the flow's
-// hostname (peeked) or process (looked up).
-func (r *Relay) needsToLearn(pol Decider, f *rules.Flow) bool {
-	if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, f.Dst.Port()) {
-		return true
-	}
+// wantsHost reports whether pol decides a flow to port only once it knows the flow's
+// hostname (peeked); wantsProcess whether it needs its process (looked up).
+func (r *Relay) wantsHost(pol Decider, port uint16) bool {
+	hn, ok := pol.(hostNeeder)
+	return ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, port)
+}
+
+func wantsProcess(pol Decider) bool {
 	pn, ok := pol.(processNeeder)
 	return ok && pn.NeedsProcess()
 }
@@ -598,7 +600,7 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 	if decided != nil {
 		d = *decided
 	} else {
-		if hn, ok := pol.(hostNeeder); ok && hn.NeedsHost() && !slices.Contains(r.o.SniffSkipPorts, f.Dst.Port()) {
+		if r.wantsHost(pol, f.Dst.Port()) {
 			// The peek consumes nothing: the bytes still reach the destination.
 			host, err := sniff.Host(c, r.o.SniffWait)
 			if err != nil {
@@ -609,7 +611,7 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 			}
 			f.Host = host
 		}
-		if pn, ok := pol.(processNeeder); ok && pn.NeedsProcess() {
+		if wantsProcess(pol) {
 			k := sockowner.Key{Netns: w.Netns, Src: addrPort(c.RemoteAddr()), Dst: f.Dst}
 			f.Process = r.owner(k, w.ID, f.ID)
 			defer r.o.Owners.Forget(k)

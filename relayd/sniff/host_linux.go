@@ -38,32 +38,9 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 		sockErr error
 	)
 	peek := func(fd uintptr) bool {
-		n, _, err := unix.Recvfrom(int(fd), buf, unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		switch {
-		case err == unix.EINTR:
-			return false
-		case err == unix.EAGAIN:
-			return false // nothing yet: wait for readability
-		case err != nil:
-			sockErr = err
-			return true
-		case n == 0:
-			// The client closed without sending a name.
-			return true
-		case n == seen && n < len(buf):
-			// Woken without new bytes: the client may have half-closed after a partial
-			// message (no more bytes will come), or this is a spurious wakeup.
-			return peerClosed(fd)
-		}
-		seen = n
-		h, perr := Parse(buf[:n])
-		if errors.Is(perr, ErrIncomplete) && n < len(buf) {
-			return peerClosed(fd) // wait for more, unless no more can come
-		}
-		if perr == nil {
-			host = h
-		}
-		return true
+		h, done, err := Peek(int(fd), buf, &seen)
+		host, sockErr = h, err
+		return done
 	}
 
 	if wait <= 0 {
@@ -87,6 +64,40 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 		return "", fmt.Errorf("sniff: peek: %w", sockErr)
 	}
 	return host, nil
+}
+
+// Peek looks once at the bytes the client sent on socket fd so far, without consuming
+// them (recv with MSG_PEEK into buf, len(buf) bytes at most: MaxPeek). seen is the number
+// of bytes the previous look saw (0 before the first); Peek updates it. done reports that
+// the look settled the matter: host is the TLS server name or HTTP Host found, "" when
+// the client sent something else, closed, or half-closed without a name; err is a
+// failure of the socket. Not done: nothing new yet, or a message still incomplete, so
+// wait for the socket to turn readable and look again. Host is Peek with a wait; an
+// event loop that polls the socket itself calls Peek on each readiness.
+func Peek(fd int, buf []byte, seen *int) (host string, done bool, err error) {
+	n, _, err := unix.Recvfrom(fd, buf, unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	switch {
+	case err == unix.EINTR || err == unix.EAGAIN:
+		return "", false, nil // nothing yet: wait for readability
+	case err != nil:
+		return "", true, err
+	case n == 0:
+		// The client closed without sending a name.
+		return "", true, nil
+	case n == *seen && n < len(buf):
+		// Woken without new bytes: the client may have half-closed after a partial
+		// message (no more bytes will come), or this is a spurious wakeup.
+		return "", peerClosed(uintptr(fd)), nil
+	}
+	*seen = n
+	h, perr := Parse(buf[:n])
+	if errors.Is(perr, ErrIncomplete) && n < len(buf) {
+		return "", peerClosed(uintptr(fd)), nil // wait for more, unless no more can come
+	}
+	if perr == nil {
+		host = h
+	}
+	return host, true, nil
 }
 
 // peerClosed reports whether the client already sent its FIN (the socket is in
