@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"runtime"
@@ -11,7 +10,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/rawsys"
 )
 
 func init() { children["epoll-relay"] = epollRelay }
@@ -128,7 +129,7 @@ func epollRelay(args []string) error {
 		// an accept in the same batch.
 		for _, fd := range l.closing {
 			l.flows[fd] = nil
-			_ = rawClose(fd)
+			_ = rawsys.Close(fd)
 		}
 		l.closing = l.closing[:0]
 	}
@@ -151,59 +152,14 @@ func epollWait(ep int, events []unix.EpollEvent) (int, error) {
 	return 0, e
 }
 
-// raw makes a non-blocking system call without entersyscall, retrying on EINTR.
-func raw(trap, a1, a2, a3, a4, a5, a6 uintptr) (int, error) {
-	for {
-		r, _, e := unix.RawSyscall6(trap, a1, a2, a3, a4, a5, a6)
-		switch e {
-		case 0:
-			return int(r), nil
-		case unix.EINTR:
-			continue
-		}
-		return int(r), e
-	}
-}
-
-func rawClose(fd int) error { _, err := raw(unix.SYS_CLOSE, uintptr(fd), 0, 0, 0, 0, 0); return err }
-
-func rawRead(fd int, b []byte) (int, error) {
-	return raw(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0, 0, 0)
-}
-
 // rawWriteAll writes a handshake message or the few bytes after one: small, on a fresh
 // socket, so a short write is an error rather than something to wait for.
 func rawWriteAll(fd int, b []byte) error {
-	n, err := raw(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0, 0, 0)
+	n, err := rawsys.Write(fd, b)
 	if err == nil && n != len(b) {
 		err = fmt.Errorf("short write: %d of %d bytes", n, len(b))
 	}
 	return err
-}
-
-func rawSplice(from, to, n int) (int, error) {
-	return raw(unix.SYS_SPLICE, uintptr(from), 0, uintptr(to), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
-}
-
-// rawGetsockopt reads an option of n bytes at v; *n becomes the length the kernel wrote.
-func rawGetsockopt(fd, level, opt int, v unsafe.Pointer, n *uint32) error {
-	_, err := raw(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(v), uintptr(unsafe.Pointer(n)), 0)
-	return err
-}
-
-func rawSetsockoptInt(fd, level, opt int, v int32) error {
-	_, err := raw(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), 4, 0)
-	return err
-}
-
-// sockaddr4 is a struct sockaddr_in for ap.
-func sockaddr4(ap netip.AddrPort) [16]byte {
-	var sa [16]byte
-	binary.NativeEndian.PutUint16(sa[0:2], unix.AF_INET)
-	binary.BigEndian.PutUint16(sa[2:4], ap.Port())
-	a := ap.Addr().As4()
-	copy(sa[4:8], a[:])
-	return sa
 }
 
 func (l *epollLoop) track(fd int, f *eflow) error {
@@ -217,12 +173,13 @@ func (l *epollLoop) track(fd int, f *eflow) error {
 // accept takes every waiting connection and starts its outgoing connect.
 func (l *epollLoop) accept() {
 	for {
-		c, err := raw(unix.SYS_ACCEPT4, uintptr(l.ln), 0, 0, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0)
+		var peer rawsys.Sockaddr
+		c, err := rawsys.Accept4(l.ln, &peer)
 		if err != nil {
 			return // EAGAIN, or out of fds: the level-triggered listener asks again
 		}
 		if l.live >= l.max {
-			_ = rawClose(c)
+			_ = rawsys.Close(c)
 			continue
 		}
 		f := &eflow{c: c, u: -1, h: [2]half{{p: [2]int{-1, -1}}, {p: [2]int{-1, -1}}}}
@@ -233,15 +190,7 @@ func (l *epollLoop) accept() {
 		}
 		// SO_ORIGINAL_DST copies a struct sockaddr_in. A connection to the port itself
 		// (waitTCP's probe) was not redirected: its destination is the listener.
-		var sa [16]byte
-		n := uint32(len(sa))
-		if rawGetsockopt(c, unix.IPPROTO_IP, unix.SO_ORIGINAL_DST, unsafe.Pointer(&sa[0]), &n) != nil ||
-			binary.NativeEndian.Uint16(sa[0:2]) != unix.AF_INET {
-			l.close(f)
-			continue
-		}
-		f.dst = netip.AddrPortFrom(netip.AddrFrom4([4]byte(sa[4:8])), binary.BigEndian.Uint16(sa[2:4]))
-		if f.dst == l.self {
+		if f.dst, err = netns.OriginalDstFD(c, true); err != nil || f.dst == l.self {
 			l.close(f)
 			continue
 		}
@@ -249,17 +198,17 @@ func (l *epollLoop) accept() {
 		if l.proto != "" {
 			to = l.via
 		}
-		if f.u, err = raw(unix.SYS_SOCKET, unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0, 0, 0, 0); err != nil {
+		sa, family := rawsys.SockaddrOf(to)
+		if f.u, err = rawsys.Socket(family); err != nil {
 			f.u = -1
 			l.close(f)
 			continue
 		}
-		if rawSetsockoptInt(f.u, unix.SOL_SOCKET, unix.SO_MARK, int32(api.DefaultMark)) != nil {
+		if rawsys.SetsockoptInt(f.u, unix.SOL_SOCKET, unix.SO_MARK, int32(api.DefaultMark)) != nil {
 			l.close(f)
 			continue
 		}
-		sa = sockaddr4(to)
-		if _, err := raw(unix.SYS_CONNECT, uintptr(f.u), uintptr(unsafe.Pointer(&sa[0])), uintptr(len(sa)), 0, 0, 0); err != nil && err != unix.EINPROGRESS {
+		if err := rawsys.Connect(f.u, &sa); err != nil && err != unix.EINPROGRESS {
 			l.close(f)
 			continue
 		}
@@ -276,9 +225,7 @@ func (l *epollLoop) step(f *eflow, fd int, ev uint32) {
 		if fd != f.u || ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
 			return // the client's socket: its bytes wait there until the relaying starts
 		}
-		var soerr int32
-		n := uint32(4)
-		if rawGetsockopt(f.u, unix.SOL_SOCKET, unix.SO_ERROR, unsafe.Pointer(&soerr), &n) != nil || soerr != 0 {
+		if soerr, err := rawsys.GetsockoptInt(f.u, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || soerr != 0 {
 			l.close(f)
 			return
 		}
@@ -313,7 +260,7 @@ func (l *epollLoop) step(f *eflow, fd int, ev uint32) {
 			l.close(f) // an HTTP answer head longer than the buffer
 			return
 		}
-		n, err := rawRead(f.u, room)
+		n, err := rawsys.Read(f.u, room)
 		if err == unix.EAGAIN {
 			return
 		}
@@ -378,15 +325,14 @@ func (l *epollLoop) relay(f *eflow) {
 			f.h[i].p, l.pipes = l.pipes[k-1], l.pipes[:k-1]
 			continue
 		}
-		var p [2]int32
-		if _, err := raw(unix.SYS_PIPE2, uintptr(unsafe.Pointer(&p[0])), unix.O_NONBLOCK|unix.O_CLOEXEC, 0, 0, 0, 0); err != nil {
+		// A 1 MiB pipe, as Go's splice uses: a stream takes 16 times fewer splices than
+		// through the default 64 KiB. (Its pages are only taken while it holds data.)
+		p, err := rawsys.Pipe(epollPipe)
+		if err != nil {
 			l.close(f)
 			return
 		}
-		f.h[i].p = [2]int{int(p[0]), int(p[1])}
-		// A 1 MiB pipe, as Go's splice uses: a stream takes 16 times fewer splices than
-		// through the default 64 KiB. (Its pages are only taken while it holds data.)
-		_, _ = raw(unix.SYS_FCNTL, uintptr(p[0]), unix.F_SETPIPE_SZ, epollPipe, 0, 0, 0)
+		f.h[i].p = p
 	}
 	l.pump(f)
 }
@@ -408,7 +354,7 @@ func (l *epollLoop) pump(f *eflow) {
 func (l *epollLoop) move(h *half, src, dst int) error {
 	for !h.done {
 		if h.n > 0 {
-			n, err := rawSplice(h.p[0], dst, h.n)
+			n, err := rawsys.Splice(h.p[0], dst, h.n)
 			if err == unix.EAGAIN {
 				return nil
 			}
@@ -420,10 +366,9 @@ func (l *epollLoop) move(h *half, src, dst int) error {
 		}
 		if h.eof {
 			h.done = true
-			_, err := raw(unix.SYS_SHUTDOWN, uintptr(dst), unix.SHUT_WR, 0, 0, 0, 0)
-			return err
+			return rawsys.Shutdown(dst)
 		}
-		n, err := rawSplice(src, h.p[1], epollPipe)
+		n, err := rawsys.Splice(src, h.p[1], epollPipe)
 		if err == unix.EAGAIN {
 			return nil
 		}
@@ -446,7 +391,7 @@ func (l *epollLoop) close(f *eflow) {
 			if fd < len(l.flows) && l.flows[fd] == f {
 				l.closing = append(l.closing, fd)
 			} else {
-				_ = rawClose(fd) // never tracked
+				_ = rawsys.Close(fd) // never tracked
 			}
 		}
 	}
@@ -458,8 +403,8 @@ func (l *epollLoop) close(f *eflow) {
 		if h.n == 0 && len(l.pipes) < 1024 {
 			l.pipes = append(l.pipes, h.p)
 		} else {
-			_ = rawClose(h.p[0])
-			_ = rawClose(h.p[1])
+			_ = rawsys.Close(h.p[0])
+			_ = rawsys.Close(h.p[1])
 		}
 	}
 }
