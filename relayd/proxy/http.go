@@ -222,10 +222,19 @@ func authorityTarget(hostport string, defPort uint16) (upstream.Target, error) {
 	return upstream.Target{Host: h, Port: port}, nil
 }
 
-// writeError answers a refused request and closes the exchange.
-func writeError(w io.Writer, status int, msg string) {
+// answerDeadline gives one of kl's own answers on c (an error reply, a CONNECT's 200, a
+// SOCKS5 reply) a write deadline of its own: the one armed may be what ended the request
+// (a 408), or none may be (after a dial), and a client that stops reading must not hold
+// the handler.
+func (s *Server) answerDeadline(c net.Conn) {
+	_ = c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
+}
+
+// writeError answers a refused request, under answerDeadline; the exchange ends after it.
+func (s *Server) writeError(c net.Conn, status int, msg string) {
+	s.answerDeadline(c)
 	body := "kl: " + msg + "\n"
-	fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+	fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 		status, http.StatusText(status), len(body), body)
 }
 
@@ -427,10 +436,7 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 				return
 			}
 			s.log().Warn("http proxy: bad request", "why", refusal.msg, "status", refusal.status)
-			// The answer gets a deadline of its own: the wait's may be what ended
-			// the request (a 408), and a write under it would fail unsent.
-			_ = c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
-			writeError(c, refusal.status, refusal.msg)
+			s.writeError(c, refusal.status, refusal.msg)
 			if refusal.status == http.StatusRequestTimeout {
 				// The client went quiet: nothing waits unread, and a stalled client
 				// gets no more time.
@@ -469,16 +475,18 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t up
 	up, err := s.Dial(ctx, t)
 	if err != nil {
 		status, msg := dialStatus(err)
-		writeError(c, status, msg)
+		s.writeError(c, status, msg)
 		s.log().Debug("http proxy: CONNECT failed", "target", t.String(), "status", status, "err", err)
 		s.lingerClose(c) // tunnel bytes may follow the CONNECT
 		return
 	}
+	s.answerDeadline(c) // the tunnel has none: cleared below
 	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
 		_ = up.Close()
 		_ = c.Close()
 		return
 	}
+	_ = c.SetWriteDeadline(time.Time{})
 	// Bytes the client sent right behind the CONNECT (a pipelined ClientHello).
 	if n := br.Buffered(); n > 0 {
 		b, _ := br.Peek(n)
@@ -526,7 +534,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	expect := req.Header.Get("Expect")
 	if expect != "" {
 		if !strings.EqualFold(expect, "100-continue") {
-			writeError(c, http.StatusExpectationFailed, "unsupported Expect header")
+			s.writeError(c, http.StatusExpectationFailed, "unsupported Expect header")
 			return closeLinger, o
 		}
 		req.Header.Del("Expect")
@@ -536,7 +544,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 		up, err := s.Dial(ctx, t)
 		if err != nil {
 			status, msg := dialStatus(err)
-			writeError(c, status, msg)
+			s.writeError(c, status, msg)
 			s.log().Debug("http proxy: dial failed", "target", key, "status", status, "err", err)
 			return closeLinger, nil
 		}
@@ -553,7 +561,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 		req.Body = idleBody{req.Body, c, s.idleTimeout(), &bodyFailed}
 	}
 	if err := req.Write(o); err != nil {
-		writeError(cw, http.StatusBadGateway, "sending the request failed")
+		s.writeError(c, http.StatusBadGateway, "sending the request failed")
 		s.log().Debug("http proxy: write to origin failed", "target", key, "err", err)
 		o.close()
 		if bodyFailed { // the client stalled or left in the middle of the body
@@ -585,7 +593,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			} else if errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(o.until) {
 				status, msg = http.StatusGatewayTimeout, "the destination did not answer in time"
 			}
-			writeError(cw, status, msg)
+			s.writeError(c, status, msg)
 			s.log().Debug("http proxy: read from origin failed", "target", key, "err", err)
 			o.close()
 			return closeLinger, nil
@@ -611,7 +619,7 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if !upgrade {
-			writeError(cw, http.StatusBadGateway, "the destination switched protocols unasked")
+			s.writeError(c, http.StatusBadGateway, "the destination switched protocols unasked")
 			o.close()
 			return closeLinger, nil
 		}

@@ -216,10 +216,10 @@ func (s *Server) serveSOCKSConn(ctx context.Context, c net.Conn) {
 	}
 	// The handshake is read; the dial has its own timeout, and a deadline left armed
 	// across it would drop the reply to a dial that succeeded late (the flow already
-	// audited as carried). The reply gets a short one of its own.
+	// audited as carried). The reply gets one of its own.
 	_ = c.SetDeadline(time.Time{})
 	up, err := s.Dial(ctx, t)
-	_ = c.SetWriteDeadline(time.Now().Add(s.handshakeTimeout()))
+	s.answerDeadline(c)
 	if err != nil {
 		f := classify(err)
 		_, _ = c.Write(socksReply(replyFor(f), nil))

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -252,5 +253,60 @@ func TestHTTPForwardChunkedToHTTP10(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || string(body) != "hello world" {
 		t.Fatalf("body %q, %v; want %q", body, err, "hello world")
+	}
+}
+
+// TestAnswerToClientNotReading: a client that sends a request and then reads nothing
+// does not hold the handler: every answer written after a dial (an error reply, the
+// CONNECT's 200, the SOCKS5 reply) fails after a write deadline of its own and the
+// connection ends. net.Pipe stands for a client whose socket buffers are full: a write
+// to it waits until it reads. (Before, the CONNECT's error reply and 200, and a
+// forwarded request's dial-failure and Expect replies, had no deadline: the handler
+// waited as long as the client did.)
+func TestAnswerToClientNotReading(t *testing.T) {
+	w := newWorld()
+	port := w.echoOrigin(t, "echo.test")
+	socks := func(host string) []byte {
+		req := append([]byte{5, 1, 0, 5, 1, 0, 3, byte(len(host))}, host...)
+		return append(req, byte(port>>8), byte(port))
+	}
+	tests := []struct {
+		name  string
+		socks bool
+		sent  []byte
+		read  int // bytes the client reads before it stops (the SOCKS5 method selection)
+	}{
+		{"CONNECT denied", false, []byte("CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n\r\n"), 0},
+		{"CONNECT to an unknown host", false, []byte("CONNECT nxdomain.test:443 HTTP/1.1\r\nHost: nxdomain.test:443\r\n\r\n"), 0},
+		{"CONNECT established", false, []byte(fmt.Sprintf("CONNECT echo.test:%d HTTP/1.1\r\nHost: echo.test\r\n\r\n", port)), 0},
+		{"forward denied", false, []byte("GET http://denied.test/ HTTP/1.1\r\nHost: denied.test\r\n\r\n"), 0},
+		{"forward with an unsupported Expect", false, []byte("GET http://echo.test/ HTTP/1.1\r\nHost: echo.test\r\nExpect: nothing\r\n\r\n"), 0},
+		{"SOCKS5 denied", true, socks("denied.test"), 2},
+		{"SOCKS5 established", true, socks("echo.test"), 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := &Server{Dial: w.dial, Log: w.logger(), HandshakeTimeout: 200 * time.Millisecond}
+			handle := s.serveHTTPConn
+			if tt.socks {
+				handle = s.serveSOCKSConn
+			}
+			client, server := net.Pipe()
+			t.Cleanup(func() { _ = client.Close() })
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				handle(context.Background(), server)
+			}()
+			go func() { _, _ = client.Write(tt.sent) }()
+			if _, err := io.ReadFull(client, make([]byte, tt.read)); err != nil {
+				t.Fatalf("read the first %d bytes: %v", tt.read, err)
+			}
+			select { // and reads nothing more
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the handler still waits for the client to read its answer")
+			}
+		})
 	}
 }
