@@ -118,9 +118,13 @@ type Change struct {
 // contents to path.kl-backup-<UTC timestamp>. A file that does not exist is treated as empty when
 // installing and left alone when uninstalling. Unless DryRun, it holds the file's lock
 // (LockPath) from reading to writing, so concurrent installs and uninstalls of one file
-// take turns instead of overwriting each other's edits.
+// take turns instead of overwriting each other's edits. In a directory it cannot write
+// in (a read-only mount, no permission), where the lock file cannot be created either,
+// an edit that finds nothing to change reads without the lock and reports so; one that
+// must write fails with an error naming the directory.
 func Apply(path string, e Editor, o Options) (Change, error) {
 	ch := Change{Path: path}
+	var readOnly error // the directory cannot be written in: the error of a write
 	// A config that is a symlink (configuration management often links them) is edited
 	// where it points, so the link stays a link.
 	if real, err := filepath.EvalSymlinks(path); err == nil {
@@ -138,10 +142,16 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 			wait = DefaultLockWait
 		}
 		unlock, err := lockFile(LockPath(path), path, wait)
-		if err != nil {
+		switch {
+		case err == nil:
+			defer unlock()
+		case errors.Is(err, syscall.EROFS) || errors.Is(err, fs.ErrPermission):
+			// kl cannot write here, so it cannot lose another's edit: it reads
+			// without the lock (writes are atomic renames), and only a write fails.
+			readOnly = fmt.Errorf("%s: cannot write in %s: %w", path, filepath.Dir(path), err)
+		default:
 			return ch, err
 		}
-		defer unlock()
 	}
 	old, err := os.ReadFile(path)
 	missing := errors.Is(err, fs.ErrNotExist)
@@ -182,6 +192,9 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 		// The file is as it should be; a state file left by an edit that stopped half
 		// way (or by the operator's own change of the file) goes.
 		if stateChanged && !o.DryRun {
+			if readOnly != nil {
+				return ch, readOnly
+			}
 			if err := writeState(statePath, nextState); err != nil {
 				return ch, err
 			}
@@ -198,6 +211,9 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	}
 	if o.DryRun {
 		return ch, nil
+	}
+	if readOnly != nil {
+		return ch, readOnly
 	}
 	mode := fs.FileMode(0o644)
 	var st fs.FileInfo

@@ -3,6 +3,7 @@ package install
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"time"
 
@@ -22,7 +23,11 @@ const lockPoll = 20 * time.Millisecond
 func lockFile(name, config string, wait time.Duration) (unlock func(), err error) {
 	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open lock file: %w", err)
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is in the words below
+		}
+		return nil, fmt.Errorf("lock file %s: %w", name, err)
 	}
 	deadline := time.Now().Add(wait)
 	for {
