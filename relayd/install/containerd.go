@@ -821,9 +821,13 @@ func (c Containerd) restoreDefault(data []byte, st *defaultState) ([]byte, error
 	}
 	to := "runc"
 	if st != nil && st.DefaultRuntime == nil {
-		// There was none: the line install added goes.
+		// There was none: the line install added goes, and the table it added for it.
 		next := bytes.Clone(data[:d.lineStart(kv.first)])
-		return append(next, data[d.lineStart(kv.end+1):]...), nil
+		next = append(next, data[d.lineStart(kv.end+1):]...)
+		if st.AddedTable {
+			return c.dropAddedTable(next, path[:len(path)-1])
+		}
+		return next, nil
 	} else if st != nil {
 		to = *st.DefaultRuntime
 	}
@@ -848,8 +852,9 @@ func replaceTOMLString(data []byte, kv *tomlKeyval, s string) ([]byte, error) {
 
 // setDefault makes kl's runtime the CRI plugin's default_runtime_name: in place of a
 // "runc" (or empty) one, which it returns as prior, or, when there is none, as a new
-// last key of the [….containerd] table, returning an empty prior. prior is nil when
-// kl's runtime already was the default.
+// last key of the [….containerd] table, returning an empty prior; a config without
+// that table gets it (see addDefaultTable), and prior says so. prior is nil when kl's
+// runtime already was the default.
 func (c Containerd) setDefault(data []byte) ([]byte, *defaultState, error) {
 	d, err := parseTOML(data, c.Version)
 	if err != nil {
@@ -865,11 +870,13 @@ func (c Containerd) setDefault(data []byte) ([]byte, *defaultState, error) {
 	prior := &defaultState{Runtime: c.name()}
 	cur := lookup(d.value, path...)
 	switch s, ok := cur.(string); {
+	case cur == nil && d.section(table) < 0:
+		if next, err = c.addDefaultTable(d, table); err != nil {
+			return nil, nil, err
+		}
+		prior.AddedTable = true
 	case cur == nil:
 		i := d.section(table)
-		if i < 0 {
-			return nil, nil, fmt.Errorf("default_runtime_name: there is no [%s] table to set it in; add the table, with default_runtime_name = \"runc\", first", tomlKey(table, '"'))
-		}
 		quote := d.sections[i].quote
 		if quote == 0 || d.version == 1 {
 			quote = '"'
@@ -907,6 +914,61 @@ func (c Containerd) setDefault(data []byte) ([]byte, *defaultState, error) {
 		return nil, nil, err
 	}
 	return next, prior, nil
+}
+
+// addDefaultTable adds the [….containerd] table, holding default_runtime_name = kl's
+// runtime, to a config that has the table only through its sub-tables (kl's runtime's,
+// at least, which addRuntime wrote): just before the first of them, indented and quoted
+// like it.
+func (c Containerd) addDefaultTable(d *tomlDoc, table []string) ([]byte, error) {
+	for _, s := range d.sections {
+		if !hasPrefix(s.path, table) {
+			continue
+		}
+		quote := s.quote
+		if quote == 0 || d.version == 1 {
+			quote = '"'
+		}
+		text, err := tomlValue(c.name(), quote)
+		if err != nil {
+			return nil, err
+		}
+		at := d.lineStart(s.header)
+		next := bytes.Clone(d.data[:at])
+		next = fmt.Appendf(next, "%s[%s]\n%s  default_runtime_name = %s\n\n", s.indent, tomlKey(table, quote), s.indent, text)
+		next = append(next, d.data[at:]...)
+		if _, err := parseTOML(next, c.Version); err != nil {
+			// The table is defined by dotted keys, which a [header] may not define again.
+			break
+		}
+		return next, nil
+	}
+	return nil, fmt.Errorf("default_runtime_name: [%s] is not written as a table kl can add the key to (dotted keys, or an inline table): write it as a [%[1]s] table, with default_runtime_name = \"runc\", first", tomlKey(table, '"'))
+}
+
+// dropAddedTable takes out the [….containerd] table that addDefaultTable added, with
+// the blank line before it, once it holds no key of its own (its sub-tables are not in
+// it: they keep their own headers). A table followed by a comment stays.
+func (c Containerd) dropAddedTable(data []byte, table []string) ([]byte, error) {
+	d, err := parseTOML(data, c.Version)
+	if err != nil {
+		return nil, err
+	}
+	i := d.section(table)
+	if i < 0 || d.sections[i].bodyEnd != d.sections[i].header {
+		return data, nil
+	}
+	from, to := d.sections[i].header, d.sections[i].header+1
+	if to < len(d.lines) {
+		if l := bytes.TrimSpace(d.line(to)); len(l) > 0 && l[0] != '[' {
+			return data, nil
+		}
+	}
+	if from > 0 && len(bytes.TrimSpace(d.line(from-1))) == 0 {
+		from--
+	}
+	next := bytes.Clone(data[:d.lineStart(from)])
+	return append(next, data[d.lineStart(to):]...), nil
 }
 
 // checkDefault proves that setDefault made kl's runtime the default and changed nothing

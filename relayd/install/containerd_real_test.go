@@ -31,7 +31,8 @@ func TestContainerdReadsInstalledConfig(t *testing.T) {
 }
 
 // The real containerd reads a config after install --default with kl as its default
-// runtime, and after uninstall with runc again (its own default when the key was absent).
+// runtime, and after uninstall with runc again (its own default when the key was absent,
+// or the whole [….containerd] table).
 func TestContainerdReadsDefault(t *testing.T) {
 	testutil.RequireTool(t, "containerd")
 	dump := func(t *testing.T, path string) string {
@@ -46,14 +47,18 @@ func TestContainerdReadsDefault(t *testing.T) {
 		}
 		return string(m[1])
 	}
-	for _, prior := range []string{"runc", "absent"} {
-		t.Run(prior, func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []byte
+	}{
+		{"runc", read(t, "containerd-v2-default.toml")},
+		{"absent", priorDefault(t, read(t, "containerd-v2-default.toml"), "absent")},
+		{"no containerd table", read(t, "containerd-v2-minimal.toml")},
+		{"version only", []byte("version = 2\n")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "config.toml")
-			in := read(t, "containerd-v2-default.toml")
-			if prior != "runc" {
-				in = priorDefault(t, in, prior)
-			}
-			if err := os.WriteFile(path, in, 0o644); err != nil {
+			if err := os.WriteFile(path, tc.in, 0o644); err != nil {
 				t.Fatal(err)
 			}
 			steps := []struct {

@@ -85,7 +85,7 @@ func TestContainerdDefaultRefused(t *testing.T) {
 		{"v2 nvidia", "containerd-v2-default.toml", "nvidia", `default_runtime_name is "nvidia"; kl would replace it`},
 		{"v3 runsc", "containerd-v3-default.toml", "runsc", `default_runtime_name is "runsc"; kl would replace it`},
 		{"v3 kl-gpu", "containerd-v3-default.toml", "kl-gpu", `default_runtime_name is "kl-gpu"; kl would replace it`},
-		{"no containerd table", "containerd-v2-minimal.toml", "", `no [plugins."io.containerd.grpc.v1.cri".containerd] table to set it in`},
+		{"containerd table as dotted keys", "containerd-v2-dotted.toml", "", `[plugins."io.containerd.grpc.v1.cri".containerd] is not written as a table kl can add the key to`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,6 +109,59 @@ func TestContainerdDefaultRefused(t *testing.T) {
 				t.Errorf("%d files in the directory after a refused install, want only config.toml", len(ents))
 			}
 		})
+	}
+}
+
+// install --default into a config with no [….containerd] table of its own (only
+// `version = 2` or 3, or a CRI plugin table, or runtimes alone) adds the table, holding
+// default_runtime_name, before the first of its sub-tables, as it adds the runtimes
+// tables kl needs; its state file says so, and uninstall takes the table out again with
+// the key: the file is byte for byte what it was. (Before, install --default refused
+// such a config.)
+func TestContainerdDefaultNoTable(t *testing.T) {
+	const runc = "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n  runtime_type = \"io.containerd.runc.v2\"\n"
+	cases := []struct {
+		name string
+		in   string
+	}{
+		{"v2-version-only", "version = 2\n"},
+		{"v3-version-only", "version = 3\n"},
+		{"v2-minimal", string(read(t, "containerd-v2-minimal.toml"))},
+		{"v2-runtimes-only", "version = 2\n\n" + runc},
+		{"v3-single-quotes", "version = 3\n\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_selinux = false\n"},
+		{"v1-cri-only", "[plugins.cri]\n  sandbox_image = \"registry.k8s.io/pause:3.9\"\n"},
+	}
+	steps := []string{stepDefault, stepDefault, stepInstall, stepUninstall, stepUninstall}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "config.toml")
+			restoreSteps(t, path, []byte(tc.in), "containerd-state/"+tc.name+".installed", steps,
+				func(def bool) Editor { return Containerd{Default: def} })
+		})
+	}
+	// A table the operator has put keys in since stays, without kl's default.
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("version = 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(path, Containerd{Default: true}, Options{NoBackup: true}); err != nil {
+		t.Fatal(err)
+	}
+	cur := mustRead(t, path)
+	hdr := "[plugins.\"io.containerd.grpc.v1.cri\".containerd]\n"
+	if !bytes.Contains(cur, []byte(hdr)) {
+		t.Fatalf("no %s after install --default:\n%s", hdr, cur)
+	}
+	mine := bytes.Replace(cur, []byte(hdr), []byte(hdr+"  snapshotter = \"overlayfs\"\n"), 1)
+	if err := os.WriteFile(path, mine, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Apply(path, Containerd{}, Options{Uninstall: true, NoBackup: true}); err != nil {
+		t.Fatal(err)
+	}
+	want := "version = 2\n\n" + hdr + "  snapshotter = \"overlayfs\"\n"
+	if got := mustRead(t, path); string(got) != want {
+		t.Errorf("after uninstall:\n%s", UnifiedDiff("want", "got", []byte(want), got))
 	}
 }
 

@@ -10,10 +10,12 @@ import (
 // default (dockerd's "default-runtime", containerd's default_runtime_name): which
 // runtime that is, and the default before kl made it kl's (nil: the key was absent), so
 // that uninstall puts back exactly that. The format is the same for every editor:
-// {"runtime": "kl", "default-runtime": "runc"}.
+// {"runtime": "kl", "default-runtime": "runc"}. AddedTable records that there was not
+// even a table to hold the default, and install added it (containerd's [….containerd]).
 type defaultState struct {
 	Runtime        string  `json:"runtime"`
 	DefaultRuntime *string `json:"default-runtime,omitempty"`
+	AddedTable     bool    `json:"added-table,omitempty"`
 }
 
 // parseDefaultState reads a state file; nil state (no file) is a nil record. Install
