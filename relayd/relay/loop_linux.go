@@ -46,9 +46,10 @@ type loop struct {
 	ep   int
 	wake int // eventfd: commands are waiting
 
-	mu    sync.Mutex
-	cmds  []cmd
-	npods atomic.Int32 // pods placed here
+	mu      sync.Mutex
+	cmds    []cmd
+	stopped bool         // the loop has ended: do runs nothing, wake is closed
+	npods   atomic.Int32 // pods placed here
 
 	ents     []ent         // by descriptor
 	flows    []*lflow      // every flow, for the timeout scan (lflow.idx)
@@ -160,19 +161,35 @@ func newLoop(r *Relay) (*loop, error) {
 }
 
 // do runs fn on the loop's thread and returns when it has run and the sockets it closed
-// are closed (or the loop has ended). It must not be called from the loop itself.
-func (l *loop) do(fn func()) {
+// are closed. It reports false, fn not run, when the loop has ended (an Open that picked
+// the loop before a concurrent Shutdown stopped it). It must not be called from the loop
+// itself.
+func (l *loop) do(fn func()) bool {
 	done := make(chan struct{})
 	l.mu.Lock()
+	if l.stopped {
+		l.mu.Unlock()
+		return false
+	}
 	l.cmds = append(l.cmds, cmd{fn, done})
-	l.mu.Unlock()
+	// Under mu: close closes wake only once it has set stopped under mu, so the number is
+	// still the eventfd's.
 	one := [8]byte{1}
-	if _, err := unix.Write(l.wake, one[:]); err != nil && err != unix.EAGAIN {
+	_, err := unix.Write(l.wake, one[:])
+	l.mu.Unlock()
+	if err != nil && err != unix.EAGAIN {
 		panic(fmt.Sprintf("event loop: wake: %v", err)) // the eventfd is the loop's own: a bug
 	}
 	select {
 	case <-done:
+		return true
 	case <-l.stop:
+	}
+	select {
+	case <-done: // run in the loop's last batch
+		return true
+	default:
+		return false
 	}
 }
 
@@ -249,14 +266,28 @@ func (l *loop) commands() {
 	}
 }
 
-// close releases the loop's descriptors once its pods are gone, and ends it.
+// close ends the loop: flows and listeners still on it (a pod placed here while
+// Shutdown stopped the loops) are closed, then its own descriptors.
 func (l *loop) close() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+	for len(l.flows) > 0 {
+		l.end(l.flows[0], nil)
+	}
+	for _, e := range l.ents {
+		if e.ln != nil && e.ln.fd >= 0 {
+			l.closeListener(e.ln)
+		}
+	}
+	l.flush()
 	for _, p := range l.pipes {
 		_ = rawsys.Close(p[0])
 		_ = rawsys.Close(p[1])
 	}
 	_ = unix.Close(l.wake)
 	_ = unix.Close(l.ep)
+	_ = l.home.Close()
 	close(l.stop)
 }
 
@@ -912,7 +943,9 @@ func (r *Relay) openOnLoop(p *pod) (bool, error) {
 	}
 	lp := &lpod{p: p, fd: fd}
 	var aerr error
-	l.do(func() { aerr = l.addPod(lp) })
+	if !l.do(func() { aerr = l.addPod(lp) }) {
+		aerr = ErrClosed // Shutdown stopped the loop meanwhile
+	}
 	if aerr != nil {
 		_ = unix.Close(fd)
 		return false, aerr

@@ -1,0 +1,62 @@
+package relay
+
+import (
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestLoopAfterStop checks a command sent to a loop that has ended (an Open that picked
+// the loop before a concurrent Shutdown stopped it): it is not run and reported so,
+// without a write to the eventfd the loop closed (EBADF, or a descriptor that reused
+// its number), and a listener still on the loop when it ended is closed with it.
+func TestLoopAfterStop(t *testing.T) {
+	r := New(Options{})
+	l, err := newLoop(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[1])
+	lp := &lpod{p: &pod{}, fd: p[0]}
+	if !l.do(func() {
+		if err := l.addPod(lp); err != nil {
+			t.Error(err)
+		}
+	}) {
+		t.Fatal("do on a running loop reported the command not run")
+	}
+	l.do(func() { l.stopping = true })
+	<-l.stop
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_GETFD, 0); err != unix.EBADF {
+		t.Errorf("listener left open by the ended loop: fcntl = %v, want EBADF", err)
+	}
+	// The number the eventfd had may now be another descriptor's.
+	var q [2]int
+	if err := unix.Pipe2(q[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(q[0])
+	defer unix.Close(q[1])
+	ran := false
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				t.Errorf("do after the loop ended panicked: %v", v)
+			}
+		}()
+		if l.do(func() { ran = true }) {
+			t.Error("do after the loop ended reported the command run")
+		}
+	}()
+	if ran {
+		t.Error("command ran after the loop ended")
+	}
+	var b [8]byte
+	if n, err := unix.Read(q[0], b[:]); err != unix.EAGAIN {
+		t.Errorf("do wrote to a descriptor that is not the loop's: read %d bytes, err %v", n, err)
+	}
+}
