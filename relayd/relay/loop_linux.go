@@ -273,7 +273,7 @@ func (l *loop) close() {
 	l.stopped = true
 	l.mu.Unlock()
 	for len(l.flows) > 0 {
-		l.end(l.flows[0], nil)
+		l.closeFlow(l.flows[0])
 	}
 	for _, e := range l.ents {
 		if e.ln != nil && e.ln.fd >= 0 {
@@ -343,15 +343,35 @@ func (l *loop) closeListener(lp *lpod) {
 }
 
 // closeFlows ends every flow of lp (on the loop) as the goroutine path's closeConns does:
-// a plain close of both connections.
+// a plain close of both connections (closeFlow).
 func (l *loop) closeFlows(lp *lpod) {
 	for i := 0; i < len(l.flows); {
 		if f := l.flows[i]; f.lp == lp {
-			l.end(f, nil) // moves the last flow to i
+			l.closeFlow(f) // moves the last flow to i
 			continue
 		}
 		i++
 	}
+}
+
+// errCut is why a flow decided but not yet connected was not carried: its pod went away
+// or the relay shut down.
+var errCut = errors.New("closed by the relay before the exit answered")
+
+// closeFlow ends lf with a plain close. A flow decided whose exit has not answered yet is
+// recorded (one record per decision) with the cut as its reason, where the goroutine
+// path's dial would go on and be recorded.
+func (l *loop) closeFlow(lf *lflow) {
+	if lf.state == lConnect || lf.state == lHandshake {
+		err := l.dialError(lf, errCut)
+		if lf.state == lHandshake {
+			err = lf.hs.IOError(errCut)
+		}
+		r := l.r
+		r.o.Metrics.Dialed(lf.d.Exit, time.Duration(mono()-lf.started), err)
+		r.unreachable(lf.d, &lf.f, lf.lp.p.w.Load().ID, err)
+	}
+	l.end(lf, nil)
 }
 
 // goHome moves the thread back to the process's netns when a socket took it elsewhere.

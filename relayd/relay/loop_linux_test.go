@@ -587,3 +587,59 @@ func TestLoopSniff(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopCloseConnecting closes a pod (Close, or Shutdown past its context) while a
+// flow's connect is under way (its SYNs are dropped): the decision was taken, so the
+// audit has its record (one per decision) with the reason it was not carried, as on the
+// goroutine path, whose dial goes on and is recorded.
+func TestLoopCloseConnecting(t *testing.T) {
+	n := newLoopNet(t)
+	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		close func(r *relay.Relay)
+	}{
+		{"close", func(r *relay.Relay) { r.Close("w") }},
+		{"shutdown", func(r *relay.Relay) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			r.Shutdown(ctx)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			aud, err := audit.New("", 0, 0, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+				ConnectTimeout: 300 * time.Millisecond, Policy: func() relay.Decider { return pol }, Audit: aud})
+			defer r.Shutdown(context.Background())
+			if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+				t.Fatal(err)
+			}
+			c, err := n.dial(t, "192.0.2.2:83")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 1 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			}
+			tc.close(r)
+			var recs []audit.Record
+			for deadline := time.Now().Add(5 * time.Second); len(recs) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				recs = aud.Recent(8)
+			}
+			if len(recs) != 1 || recs[0].Exit != "direct" || recs[0].Reason == "" {
+				t.Errorf("audit %+v, want one record for exit direct with the reason it was not carried", recs)
+			}
+			for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			}
+			if s := r.Stats(); s.Active != 0 {
+				t.Errorf("stats %+v, want none active", s)
+			}
+		})
+	}
+}
