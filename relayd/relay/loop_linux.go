@@ -518,7 +518,9 @@ func (l *loop) route(lf *lflow) {
 			l.end(lf, errRefusedFlow)
 			return
 		}
-		lf.hs, lf.to, lf.by = hs, up.addr, l.now+int64(up.hs.Timeout())
+		// The upstream's timeout bounds its connect and handshake, and so does the
+		// relay's, as the goroutine path's dial context does: the shorter one ends it.
+		lf.hs, lf.to, lf.by = hs, up.addr, l.now+int64(min(up.hs.Timeout(), r.o.ConnectTimeout))
 	}
 	r.count(d.Exit)
 	lf.state, lf.pol = lConnect, nil

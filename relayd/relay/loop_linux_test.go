@@ -643,3 +643,46 @@ func TestLoopCloseConnecting(t *testing.T) {
 		})
 	}
 }
+
+// TestLoopUpstreamConnectTimeout: the relay's ConnectTimeout bounds an upstream exit's
+// connect and handshake too when it is the shorter bound, as the goroutine path's dial
+// context does: a silent upstream with a long timeout of its own is given up after the
+// relay's, and the workload reset.
+func TestLoopUpstreamConnectTimeout(t *testing.T) {
+	n := newLoopNet(t)
+	fakeUpstreams(t, n)
+	pol, err := rules.Parse("t", []byte("default: direct\nrules:\n  - port: \"94\"\n    exit: silent\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
+	}
+	d, err := upstream.New("http://192.0.2.2:3129", time.Minute, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{
+		RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(), ConnectTimeout: 300 * time.Millisecond,
+		Policy: func() relay.Decider { return pol },
+		Exits: map[string]relay.DialFunc{"silent": func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
+		}},
+		Upstreams: map[string]upstream.Handshaker{"silent": d.(upstream.Handshaker)},
+	})
+	defer func() { // not held for the upstream's minute when the test fails
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r.Shutdown(ctx)
+	}()
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.dial(t, "192.0.2.2:94") // the client gives up after 10 s (dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := exchange(c); !isReset(err) {
+		t.Errorf("got %q, %v; want a reset once the relay's connect timeout is over", got, err)
+	}
+}
