@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kl-egress/kl/relayd/api"
 )
 
 // TestLoopAfterStop checks a command sent to a loop that has ended (an Open that picked
@@ -58,5 +60,37 @@ func TestLoopAfterStop(t *testing.T) {
 	var b [8]byte
 	if n, err := unix.Read(q[0], b[:]); err != unix.EAGAIN {
 		t.Errorf("do wrote to a descriptor that is not the loop's: read %d bytes, err %v", n, err)
+	}
+}
+
+// TestLoopAcceptClosedListener: a listener's event that comes in the same batch as the
+// command closing it (Close while a connection arrives) accepts nothing: no accept on
+// the closed descriptor, so no back-off counted for a listener that is gone (the loop
+// would scan for it on every tick from then on).
+func TestLoopAcceptClosedListener(t *testing.T) {
+	r := New(Options{})
+	l, err := newLoop(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.do(func() { l.stopping = true })
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[1])
+	lp := &lpod{p: &pod{}, fd: p[0]}
+	lp.p.w.Store(newRegistered(api.Workload{ID: "w"}))
+	var paused int
+	l.do(func() {
+		if err := l.addPod(lp); err != nil {
+			t.Error(err)
+		}
+		l.closeListener(lp)
+		l.accept(lp) // the event already in the batch
+		paused = l.paused
+	})
+	if paused != 0 || lp.paused != 0 {
+		t.Errorf("loop paused %d, listener paused until %d after an event of a closed listener; want no back-off", paused, lp.paused)
 	}
 }

@@ -390,8 +390,12 @@ func (l *loop) goHome() {
 	l.in = nil
 }
 
-// accept takes waiting connections from lp's listener.
+// accept takes waiting connections from lp's listener. A listener closed earlier in
+// this batch (its event was already in it) takes none.
 func (l *loop) accept(lp *lpod) {
+	if lp.fd < 0 {
+		return
+	}
 	for range loopAcceptMany {
 		var peer rawsys.Sockaddr
 		c, err := rawsys.Accept4(lp.fd, &peer)
