@@ -57,6 +57,7 @@ type loop struct {
 	closing  []int         // sockets to close once this batch of events is handled
 	in       *netns.Handle // the netns the thread is in (nil: the process's)
 	home     *netns.Handle // the process's netns
+	first    bool          // the thread is the process's first (its id is the pid)
 	tick     time.Duration
 	next     int64      // the next idle scan (mono)
 	due      int64      // the earliest deadline (mono; 0: none)
@@ -194,9 +195,10 @@ func (l *loop) do(fn func()) bool {
 }
 
 func (l *loop) run() {
-	// Never unlocked: the thread enters pods' netns for their sockets and stays in the
-	// last one; the runtime ends it with this goroutine.
+	// Never unlocked: the thread enters pods' netns for their sockets and may stay in the
+	// last one (goHome); the runtime ends it with this goroutine.
 	runtime.LockOSThread()
+	l.first = unix.Gettid() == unix.Getpid()
 	events := make([]unix.EpollEvent, loopBatch)
 	for {
 		timeout := -1 // nothing to time
@@ -230,7 +232,9 @@ func (l *loop) run() {
 			l.next = l.now + int64(l.tick)
 		}
 		l.flush()
-		l.goHome()
+		if l.first {
+			l.goHome()
+		}
 		for _, done := range l.acks {
 			close(done)
 		}
@@ -287,6 +291,7 @@ func (l *loop) close() {
 	}
 	_ = unix.Close(l.wake)
 	_ = unix.Close(l.ep)
+	l.goHome() // the thread ends with the goroutine, unless it is the first one
 	_ = l.home.Close()
 	close(l.stop)
 }
@@ -352,6 +357,9 @@ func (l *loop) closeFlows(lp *lpod) {
 		}
 		i++
 	}
+	if l.in == lp.p.ns {
+		l.goHome()
+	}
 }
 
 // errCut is why a flow decided but not yet connected was not carried: its pod went away
@@ -374,11 +382,12 @@ func (l *loop) closeFlow(lf *lflow) {
 	l.end(lf, nil)
 }
 
-// goHome moves the thread back to the process's netns when a socket took it elsewhere.
-// It does so before every wait: a thread in a pod's netns keeps that netns alive after
-// the pod is gone, and when the thread is the process's first one (the runtime runs
-// goroutines there too) the whole process would look to be in the pod (ip netns pids,
-// nsenter -t).
+// goHome moves the thread back to the process's netns when a socket took it elsewhere:
+// when the netns's pod goes away (a thread in a netns keeps it alive) and, when the
+// thread is the process's first one (the runtime may run the loop there), before every
+// wait, since the whole process would then look to be in the pod (ip netns pids, nsenter
+// -t). A loop on any other thread stays where its last socket was made: consecutive
+// flows of one pod cost no setns.
 func (l *loop) goHome() {
 	if l.in == nil {
 		return

@@ -2,10 +2,12 @@
 // listener opened inside the workload's network namespace on the redirect port, and for
 // every captured connection it recovers the original destination, asks the live policy
 // for one decision and carries the bytes to the chosen exit (or resets the connection).
+// Transparent flows are carried by event-loop threads (loop_linux.go); the rest, and the
+// flows a loop hands over, by goroutines (carry, pipe.go).
 //
-// It is not the registration API or its persistence (package daemon, package registry),
-// and it never enters a namespace itself: sockets in pod namespaces come from package
-// netns.
+// It is not the registration API or its persistence (package daemon, package registry).
+// Sockets in pod namespaces come from package netns, which also moves an event loop's
+// thread into a pod's netns (Handle.EnterLocked).
 package relay
 
 import (
@@ -81,11 +83,11 @@ type Options struct {
 	ConnectTimeout time.Duration // default 10s
 	Debug          bool          // log destinations (SPEC §5: never by default)
 	SniffWait      time.Duration // bound on peeking a transparent flow's hostname (default 200ms)
+	SniffSkipPorts []uint16      // destination ports never peeked
 	// Loops is the number of event-loop threads that carry transparent flows (0: one per
 	// two CPUs, at least one; below 0: none, every flow on goroutines).
-	Loops          int
-	SniffSkipPorts []uint16 // destination ports never peeked
-	Policy         func() Decider
+	Loops  int
+	Policy func() Decider
 	// Exits carries flows whose decision is not direct or deny, by exit name. An exit
 	// with no entry is refused (reset) with a logged reason.
 	Exits map[string]DialFunc
