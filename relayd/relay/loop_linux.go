@@ -126,9 +126,12 @@ type lhalf struct {
 	p     [2]int // the pipe: read end, write end (-1: none held)
 	n     int    // bytes in the pipe
 	early []byte // bytes to deliver before the pipe's (an upstream's, read with its answer)
-	moved int64  // bytes delivered
-	eof   bool   // the source ended
-	done  bool   // and all of it went on, followed by a half-close
+	// blocked: the direction waits for its destination to take bytes (else for its
+	// source to send some).
+	blocked bool
+	moved   int64 // bytes delivered
+	eof     bool  // the source ended
+	done    bool  // and all of it went on, followed by a half-close
 }
 
 func newLoop(r *Relay) (*loop, error) {
@@ -676,7 +679,7 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 			l.handshake(lf) // the workload's bytes wait in c until the tunnel is open
 		}
 	case lRelay:
-		l.pump(lf)
+		l.pumpFor(lf, fd, ev)
 	}
 }
 
@@ -749,8 +752,33 @@ var errRefusedFlow = errors.New("flow refused")
 // pump moves both directions on until each would block, and ends the flow when both are
 // done or one fails.
 func (l *loop) pump(lf *lflow) {
-	err := l.move(lf, &lf.h[0], lf.c, lf.u)
-	if err == nil {
+	l.pumpHalves(lf, true, true)
+}
+
+// pumpFor is pump after events ev on socket fd: only the directions that wait for them
+// move. Edge-triggered, a socket reports every segment that arrives; while a direction's
+// pipe waits for its destination to take bytes, the source's arrivals change nothing
+// for it, and trying would cost two splices that move nothing. An error or hang-up
+// moves both, so that the failure is found.
+func (l *loop) pumpFor(lf *lflow, fd int, ev uint32) {
+	if ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+		l.pumpHalves(lf, true, true)
+		return
+	}
+	readable := ev&(unix.EPOLLIN|unix.EPOLLRDHUP) != 0
+	writable := ev&unix.EPOLLOUT != 0
+	up, down := &lf.h[0], &lf.h[1] // up reads c and writes u
+	l.pumpHalves(lf,
+		fd == lf.c && readable && !up.blocked || fd == lf.u && writable && up.blocked,
+		fd == lf.u && readable && !down.blocked || fd == lf.c && writable && down.blocked)
+}
+
+func (l *loop) pumpHalves(lf *lflow, up, down bool) {
+	var err error
+	if up {
+		err = l.move(lf, &lf.h[0], lf.c, lf.u)
+	}
+	if err == nil && down {
 		err = l.move(lf, &lf.h[1], lf.u, lf.c)
 	}
 	if err != nil || lf.h[0].done && lf.h[1].done {
@@ -765,6 +793,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 	for len(h.early) > 0 {
 		n, err := rawsys.Write(dst, h.early)
 		if err == unix.EAGAIN {
+			h.blocked = true
 			return nil
 		}
 		if err != nil {
@@ -778,6 +807,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		if h.n > 0 {
 			n, err := rawsys.Splice(h.p[0], dst, h.n)
 			if err == unix.EAGAIN {
+				h.blocked = true
 				return nil
 			}
 			if err != nil {
@@ -805,6 +835,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		}
 		n, err := rawsys.Splice(src, h.p[1], loopPipeSize)
 		if err == unix.EAGAIN {
+			h.blocked = false
 			l.putPipe(h)
 			return nil
 		}
