@@ -24,14 +24,16 @@ import (
 // The event loops carry transparent flows without a goroutine per connection: a
 // goroutine locked to its thread waits on an epoll set of its pods' listeners and flows'
 // sockets, which are made with raw system calls (the netpoller never sees them), and
-// does everything a flow needs between two waits: accept, original destination,
-// decision, audit and metrics, a non-blocking connect from the pod's netns, then splice
-// both ways through pipes, half-closes, idle and connect timeouts. On a small machine
-// the scheduler's hand-offs between goroutines cost more than the flow's own work (the
-// conn/s rows of make bench: a bare Go relay against a bare epoll relay doing the same
-// job). A flow that has to wait on something before its decision (a hostname peek, a
-// process lookup) or whose exit dials in Go code (an upstream named by hostname, attach,
-// gateway) is handed to the goroutine path (carry) as a *net.TCPConn.
+// does everything a flow needs between two waits: accept, original destination, a peek
+// for the hostname when the policy needs one, decision, a non-blocking connect from the
+// pod's netns (to the destination, or to an upstream at a literal address and through
+// its handshake), audit and metrics, then splice both ways through pipes, half-closes,
+// and the peek, connect, handshake and idle timeouts. On a small machine the scheduler's
+// hand-offs between goroutines cost more than the flow's own work (the conn/s rows of
+// make bench: a bare Go relay against a bare epoll relay doing the same job). A flow
+// whose policy needs its process (sock_diag and /proc lookups block) or whose exit dials
+// in Go code (attach, gateway, an upstream named by hostname) is handed to the goroutine
+// path (carry) as a *net.TCPConn, with its decision when it has one.
 const (
 	loopBatch      = 256
 	loopPipeSize   = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
