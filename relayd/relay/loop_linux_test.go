@@ -686,3 +686,49 @@ func TestLoopUpstreamConnectTimeout(t *testing.T) {
 		t.Errorf("got %q, %v; want a reset once the relay's connect timeout is over", got, err)
 	}
 }
+
+// scriptPolicy decides by the hostname as a script would (the name sends the flow to
+// the named exit) and counts its runs.
+type scriptPolicy struct{ runs atomic.Int32 }
+
+func (p *scriptPolicy) NeedsHost() bool { return true }
+
+func (p *scriptPolicy) Decide(f *rules.Flow) rules.Decision {
+	p.runs.Add(1)
+	if f.Host != "" {
+		return rules.Decision{Exit: "named", Dimension: rules.DimScript}
+	}
+	return rules.Decision{Exit: rules.ExitDirect, Dimension: rules.DimScript}
+}
+
+// TestLoopHandoffDecidesOnce: a flow the loop decides and hands to the goroutine path
+// for its exit is not decided again there: the script runs twice (the decision, and
+// once without the name to learn that the name decided it), not three times.
+func TestLoopHandoffDecidesOnce(t *testing.T) {
+	n := newLoopNet(t)
+	pol := &scriptPolicy{}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+		Policy: func() relay.Decider { return pol },
+		Exits: map[string]relay.DialFunc{"named": func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			return relay.NetnsFrom(ctx).DialAddrPort(ctx, loopMark, netip.MustParseAddrPort("192.0.2.2:80"))
+		}}})
+	defer r.Shutdown(context.Background())
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.dial(t, "192.0.2.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := "GET / HTTP/1.1\r\nHost: ok.example\r\n\r\n"
+	io.WriteString(c, req)
+	c.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(c)
+	c.Close()
+	if string(got) != req+"bye" || err != nil {
+		t.Fatalf("got %q, %v; want the request echoed through the named exit", got, err)
+	}
+	if runs := pol.runs.Load(); runs != 2 {
+		t.Errorf("the policy ran %d times for one flow, want 2", runs)
+	}
+}

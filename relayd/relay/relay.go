@@ -632,7 +632,9 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 			return r.dialAddrIn(ctx, p, w.Netns, dst.Addr)
 		}
 	default:
-		r.keepHostIfDecided(pol, &f, d)
+		if decided == nil {
+			r.keepHostIfDecided(pol, &f, d) // (a loop that decided has done so)
+		}
 		if dial = r.o.Exits[d.Exit]; dial == nil {
 			r.unavailable(d, &f, w.ID)
 			reset(c)
