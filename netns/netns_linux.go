@@ -142,6 +142,9 @@ func Open(nsPath string) (*Handle, error) {
 	return h, nil
 }
 
+// Name names the netns in errors and logs: its path, or "the current netns".
+func (h *Handle) Name() string { return where(h.path) }
+
 // Path is the path the handle was opened with.
 func (h *Handle) Path() string { return h.path }
 

@@ -30,6 +30,7 @@ type Handle struct{ path string }
 
 func Open(nsPath string) (*Handle, error)  { return nil, errors.ErrUnsupported }
 func (h *Handle) Path() string             { return h.path }
+func (h *Handle) Name() string             { return h.path }
 func (h *Handle) Close() error             { return nil }
 func (h *Handle) Do(fn func() error) error { return errors.ErrUnsupported }
 func (h *Handle) Listen(network, addr string) (net.Listener, error) {

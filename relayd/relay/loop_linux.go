@@ -137,6 +137,10 @@ type lhalf struct {
 }
 
 func newLoop(r *Relay) (*loop, error) {
+	home, err := netns.Open("") // the process's netns: no descriptor
+	if err != nil {
+		return nil, fmt.Errorf("event loop: %w", err)
+	}
 	ep, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("event loop: %w", err)
@@ -155,12 +159,6 @@ func newLoop(r *Relay) (*loop, error) {
 	// flow ends at most an eighth of it late; deadlines (peek, connect, handshake, accept
 	// back-off) wake the loop when they are due (arm).
 	tick := min(max(r.o.IdleTimeout/8, 5*time.Millisecond), time.Second)
-	home, err := netns.Open("")
-	if err != nil {
-		unix.Close(ep)
-		unix.Close(wake)
-		return nil, fmt.Errorf("event loop: %w", err)
-	}
 	l := &loop{r: r, ep: ep, wake: wake, home: home, tick: tick, stop: make(chan struct{})}
 	go l.run()
 	return l, nil
@@ -376,13 +374,7 @@ var errCut = errors.New("closed by the relay before the exit answered")
 // path's dial would go on and be recorded.
 func (l *loop) closeFlow(lf *lflow) {
 	if lf.state == lConnect || lf.state == lHandshake {
-		err := l.dialError(lf, errCut)
-		if lf.state == lHandshake {
-			err = lf.hs.IOError(errCut)
-		}
-		r := l.r
-		r.o.Metrics.Dialed(lf.d.Exit, time.Duration(mono()-lf.started), err)
-		r.unreachable(lf.d, &lf.f, lf.lp.p.w.Load().ID, err)
+		l.unreached(lf, l.exitError(lf, errCut))
 	}
 	l.end(lf, nil)
 }
@@ -484,8 +476,7 @@ func (l *loop) sniff(lf *lflow) {
 	host, done, err := sniff.Peek(lf.c, l.peek[:], &lf.seen)
 	switch {
 	case err != nil:
-		l.r.count("refused")
-		l.r.o.Log.Info("flow failed: peek for the hostname", "workload", lf.lp.p.w.Load().ID, "flow", lf.f.ID, "err", l.r.redact(err))
+		l.r.peekFailed(lf.lp.p.w.Load().ID, lf.f.ID, err)
 		l.end(lf, errRefusedFlow)
 	case done:
 		lf.f.Host = host
@@ -531,9 +522,7 @@ func (l *loop) route(lf *lflow) {
 		hs, err := up.hs.Handshake(upstream.Target{Host: lf.f.Host, Addr: lf.f.Dst, Port: lf.f.Dst.Port()})
 		if err != nil {
 			r.count(d.Exit)
-			r.o.Metrics.Dialed(d.Exit, 0, err)
-			r.unreachable(d, &lf.f, w.ID, err)
-			l.end(lf, errRefusedFlow)
+			l.fail(lf, err)
 			return
 		}
 		// The upstream's timeout bounds its connect and handshake, and so does the
@@ -640,15 +629,11 @@ func (l *loop) dialError(lf *lflow, err error) error {
 	if lf.hs != nil {
 		return lf.hs.ConnectError(err)
 	}
-	where := lf.lp.p.w.Load().Netns
-	if where == "" {
-		where = "the current netns"
-	}
 	network := "tcp6"
 	if lf.to.Addr().Is4() {
 		network = "tcp4"
 	}
-	return fmt.Errorf("dial in %s: %w", where, &net.OpError{Op: "dial", Net: network, Addr: net.TCPAddrFromAddrPort(lf.to), Err: err})
+	return fmt.Errorf("dial in %s: %w", lf.lp.p.ns.Name(), &net.OpError{Op: "dial", Net: network, Addr: net.TCPAddrFromAddrPort(lf.to), Err: err})
 }
 
 // step moves flow lf on after events ev on its socket fd.
@@ -741,10 +726,23 @@ func (l *loop) connected(lf *lflow) {
 // fail ends a flow whose exit could not be reached: recorded with the reason, and the
 // workload's connection reset.
 func (l *loop) fail(lf *lflow, err error) {
-	r := l.r
-	r.o.Metrics.Dialed(lf.d.Exit, time.Duration(mono()-lf.started), err)
-	r.unreachable(lf.d, &lf.f, lf.lp.p.w.Load().ID, err)
+	l.unreached(lf, err)
 	l.end(lf, errRefusedFlow)
+}
+
+// unreached counts and records a decided flow that did not reach its exit.
+func (l *loop) unreached(lf *lflow, err error) {
+	l.r.o.Metrics.Dialed(lf.d.Exit, time.Duration(mono()-lf.started), err)
+	l.r.unreachable(lf.d, &lf.f, lf.lp.p.w.Load().ID, err)
+}
+
+// exitError words err, met while connecting (lConnect) or talking to an upstream
+// (lHandshake), as the goroutine path's dial would.
+func (l *loop) exitError(lf *lflow, err error) error {
+	if lf.state == lHandshake {
+		return lf.hs.IOError(err)
+	}
+	return l.dialError(lf, err)
 }
 
 // errRefusedFlow ends a flow that is not carried (denied, refused, its exit unreachable):
@@ -943,11 +941,8 @@ func (l *loop) scan() {
 				continue // lf ended or left the loop: another flow is at i
 			}
 			l.arm(lf.by)
-		case lf.state == lConnect:
-			l.fail(lf, l.dialError(lf, os.ErrDeadlineExceeded)) // "i/o timeout", as net's dials say
-			continue
-		case lf.state == lHandshake:
-			l.fail(lf, lf.hs.IOError(os.ErrDeadlineExceeded))
+		default: // lConnect, lHandshake
+			l.fail(lf, l.exitError(lf, os.ErrDeadlineExceeded)) // "i/o timeout", as net's dials say
 			continue
 		}
 		i++

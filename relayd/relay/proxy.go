@@ -196,8 +196,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		var dial DialFunc
 		switch d.Exit {
 		case rules.ExitDeny:
-			r.count(rules.ExitDeny)
-			r.record(d, &f, "")
+			r.deny(d, &f)
 			return nil, denied
 		case rules.ExitDirect:
 			dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {

@@ -606,8 +606,7 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 			// The peek consumes nothing: the bytes still reach the destination.
 			host, err := sniff.Host(c, r.o.SniffWait)
 			if err != nil {
-				r.count("refused")
-				log.Info("flow failed: peek for the hostname", "workload", w.ID, "flow", f.ID, "err", r.redact(err))
+				r.peekFailed(w.ID, f.ID, err)
 				reset(c)
 				return
 			}
@@ -690,6 +689,13 @@ func (r *Relay) keepHostIfDecided(pol Decider, f *rules.Flow, d rules.Decision) 
 	if !NameDecided(pol, f, d) {
 		f.Host = ""
 	}
+}
+
+// peekFailed counts and logs a flow whose socket failed while its hostname was peeked
+// (the caller resets it).
+func (r *Relay) peekFailed(wid string, id uint64, err error) {
+	r.count("refused")
+	r.o.Log.Info("flow failed: peek for the hostname", "workload", wid, "flow", id, "err", r.redact(err))
 }
 
 // deny counts and records a denied flow (the caller resets it).
