@@ -23,6 +23,13 @@ import (
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
+// eventually polls cond for up to 5 s (the test's assertions follow it).
+func eventually(cond func() bool) {
+	for deadline := time.Now().Add(5 * time.Second); !cond() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // testLoops is the relay's Loops for the tests of this file: KL_TEST_NOLOOP=1 runs them
 // on the goroutine path, which must behave alike.
 func testLoops() int {
@@ -199,17 +206,14 @@ rules:
 				t.Fatalf("got %q, %v; want a reset", got, err)
 			}
 			var recs []audit.Record
-			for deadline := time.Now().Add(5 * time.Second); len(recs) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-				recs = aud.Recent(8)
-			}
+			eventually(func() bool { recs = aud.Recent(8); return len(recs) > 0 })
 			if len(recs) != 1 || recs[0].Exit != tc.exit || !strings.Contains(recs[0].Reason, tc.reason) {
 				t.Errorf("audit %+v, want one record for exit %s with reason %q", recs, tc.exit, tc.reason)
 			}
 			if h := named.Load() - before; h != tc.handoffs {
 				t.Errorf("%d dials through the named exit, want %d", h, tc.handoffs)
 			}
-			for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			}
+			eventually(func() bool { return r.Stats().Active == 0 })
 			if s := r.Stats(); s.Active != 0 || s.Total != 1 {
 				t.Errorf("stats %+v, want 1 flow, none active", s)
 			}
@@ -288,8 +292,7 @@ func TestLoopLifecycle(t *testing.T) {
 			t.Error("flow still open after Close")
 		}
 		// (The goroutine path counts a flow out once its copies have returned.)
-		for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		}
+		eventually(func() bool { return r.Stats().Active == 0 })
 		if r.Stats().Active != 0 {
 			t.Errorf("stats %+v after Close, want none active", r.Stats())
 		}
@@ -320,8 +323,7 @@ func TestLoopLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Both flows accepted (a connection still in the backlog is reset by the drain).
-		for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 2 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		}
+		eventually(func() bool { return r.Stats().Active == 2 })
 		ctx, cancel := context.WithCancel(context.Background())
 		shut := make(chan error, 1)
 		go func() { shut <- r.Shutdown(ctx) }()
@@ -500,11 +502,10 @@ rules:
 				t.Fatalf("got %q, %v; want a reset", got, err)
 			}
 			var rec []audit.Record
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-				if rec = aud.Recent(1); len(rec) == 1 && rec[0].At.After(time.Now().Add(-3*time.Second)) && rec[0].Rule > 0 {
-					break
-				}
-			}
+			eventually(func() bool {
+				rec = aud.Recent(1)
+				return len(rec) == 1 && rec[0].At.After(time.Now().Add(-3*time.Second)) && rec[0].Rule > 0
+			})
 			if len(rec) != 1 || !strings.HasPrefix(rec[0].Reason, tc.reason) {
 				t.Errorf("audit %+v, want reason %q", rec, tc.reason)
 			}
@@ -578,9 +579,7 @@ func TestLoopSniff(t *testing.T) {
 				t.Errorf("got %q, %v; want a reset", got, err)
 			}
 			var rec []audit.Record
-			for deadline := time.Now().Add(5 * time.Second); len(rec) <= i && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-				rec = aud.Recent(8)
-			}
+			eventually(func() bool { rec = aud.Recent(8); return len(rec) > i })
 			if len(rec) != i+1 || rec[i].Dimension != tc.dimension {
 				t.Errorf("audit %+v, want a record with dimension %s", rec, tc.dimension)
 			}
@@ -625,18 +624,14 @@ func TestLoopCloseConnecting(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 1 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			}
+			eventually(func() bool { return r.Stats().Active == 1 })
 			tc.close(r)
 			var recs []audit.Record
-			for deadline := time.Now().Add(5 * time.Second); len(recs) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-				recs = aud.Recent(8)
-			}
+			eventually(func() bool { recs = aud.Recent(8); return len(recs) > 0 })
 			if len(recs) != 1 || recs[0].Exit != "direct" || recs[0].Reason == "" {
 				t.Errorf("audit %+v, want one record for exit direct with the reason it was not carried", recs)
 			}
-			for deadline := time.Now().Add(5 * time.Second); r.Stats().Active != 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			}
+			eventually(func() bool { return r.Stats().Active == 0 })
 			if s := r.Stats(); s.Active != 0 {
 				t.Errorf("stats %+v, want none active", s)
 			}
