@@ -4,8 +4,9 @@
 // never lets sysmon hand the loop's P to another thread, which would wake one: on a
 // small machine such hand-offs, not the calls, are most of what a connection costs.
 //
-// Every call here must be non-blocking (sockets and pipes opened O_NONBLOCK); the one
-// that sleeps is Wait, which enters the scheduler as any blocking call does.
+// Every call here must be non-blocking (sockets and pipes opened O_NONBLOCK); the ones
+// that sleep are Wait, which enters the scheduler as any blocking call does, and
+// WaitHeld, which does not and is bounded.
 package rawsys
 
 import (
@@ -37,6 +38,24 @@ func call(trap, a1, a2, a3, a4, a5, a6 uintptr) (int, error) {
 func Wait(ep int, events []unix.EpollEvent, msec int) (int, error) {
 	// epoll_pwait with no signal mask is epoll_wait, and exists on every architecture.
 	n, _, e := unix.Syscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	return waited(n, e)
+}
+
+// WaitHeld is Wait without entering the scheduler: the thread sleeps holding its P, so
+// neither the sleep nor the wake hands the P to another thread and back (sysmon retakes
+// a P from a thread in a system call, and the thread must then find one again). For a
+// loop that is busy, waits between events are short and most of what a wake-up through
+// the scheduler costs is such hand-offs. It must be bounded (msec >= 0, a few
+// milliseconds): the runtime cannot use the P meanwhile, and a stop-the-world waits for
+// the preemption signal to interrupt the sleep.
+//
+//go:noinline
+func WaitHeld(ep int, events []unix.EpollEvent, msec int) (int, error) {
+	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(ep), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), uintptr(msec), 0, 0)
+	return waited(n, e)
+}
+
+func waited(n uintptr, e unix.Errno) (int, error) {
 	switch e {
 	case 0:
 		return int(n), nil

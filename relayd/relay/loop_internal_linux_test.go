@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"runtime"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -92,5 +93,34 @@ func TestLoopAcceptClosedListener(t *testing.T) {
 	})
 	if paused != 0 || lp.paused != 0 {
 		t.Errorf("loop paused %d, listener paused until %d after an event of a closed listener; want no back-off", paused, lp.paused)
+	}
+}
+
+// TestLoopAddsP: a loop waits holding its P while busy (rawsys.WaitHeld), so each loop
+// adds one to GOMAXPROCS while it runs, and gives it back when it ends.
+func TestLoopAddsP(t *testing.T) {
+	before := runtime.GOMAXPROCS(0)
+	r := New(Options{})
+	var ls []*loop
+	for range 2 {
+		l, err := newLoop(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	if got := runtime.GOMAXPROCS(0); got != before+2 {
+		t.Errorf("GOMAXPROCS with two loops = %d, want %d", got, before+2)
+	}
+	// Busy: every command is an event, so the next waits hold the P.
+	for range 100 {
+		ls[0].do(func() {})
+	}
+	for _, l := range ls {
+		l.do(func() { l.stopping = true })
+		<-l.stop
+	}
+	if got := runtime.GOMAXPROCS(0); got != before {
+		t.Errorf("GOMAXPROCS after the loops ended = %d, want %d", got, before)
 	}
 }

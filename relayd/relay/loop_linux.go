@@ -39,6 +39,7 @@ const (
 	loopPipeSize   = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
 	loopPipesKept  = 256     // empty pipes kept for the next flows
 	loopAcceptMany = 64      // connections taken per listener event before others' events
+	loopHeldWait   = 4       // ms a busy loop waits for its next event holding its P (rawsys.WaitHeld)
 	loopET         = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 )
 
@@ -160,6 +161,7 @@ func newLoop(r *Relay) (*loop, error) {
 	// back-off) wake the loop when they are due (arm).
 	tick := min(max(r.o.IdleTimeout/8, 5*time.Millisecond), time.Second)
 	l := &loop{r: r, ep: ep, wake: wake, home: home, tick: tick, stop: make(chan struct{})}
+	addPs(1)
 	go l.run()
 	return l, nil
 }
@@ -203,17 +205,29 @@ func (l *loop) run() {
 	runtime.LockOSThread()
 	l.first = unix.Gettid() == unix.Getpid()
 	events := make([]unix.EpollEvent, loopBatch)
+	busy := false // the last wait returned events
 	for {
 		timeout := -1 // nothing to time
 		if at := l.wakeAt(); at != 0 {
 			timeout = int(max(at-mono()+int64(time.Millisecond)-1, 0) / int64(time.Millisecond))
 		}
-		n, err := rawsys.Wait(l.ep, events, timeout)
+		// While events keep coming, the loop waits holding its P (WaitHeld), for at most
+		// loopHeldWait; once that passes without one, it waits in the scheduler, so an
+		// idle loop costs the process neither a P nor wake-ups.
+		wait := rawsys.Wait
+		if busy {
+			wait = rawsys.WaitHeld
+			if timeout < 0 || timeout > loopHeldWait {
+				timeout = loopHeldWait
+			}
+		}
+		n, err := wait(l.ep, events, timeout)
 		if err != nil {
 			l.r.o.Log.Error("event loop: epoll_wait failed", "err", err)
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
+		busy = n > 0
 		l.now = mono()
 		for _, ev := range events[:n] {
 			fd := int(ev.Fd)
@@ -296,7 +310,18 @@ func (l *loop) close() {
 	_ = unix.Close(l.ep)
 	l.goHome() // the thread ends with the goroutine, unless it is the first one
 	_ = l.home.Close()
+	addPs(-1)
 	close(l.stop)
+}
+
+// psMu serialises addPs: a busy loop waits holding its P (rawsys.WaitHeld), so each loop
+// running in the process adds one to GOMAXPROCS, which the rest of the daemon keeps.
+var psMu sync.Mutex
+
+func addPs(n int) {
+	psMu.Lock()
+	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + n)
+	psMu.Unlock()
 }
 
 // wakeAt is when the loop must wake without events (mono; 0: never): the next idle scan
