@@ -153,8 +153,9 @@ func (s *Spec) Marshal() ([]byte, error) {
 }
 
 // Save writes the spec to bundle/config.json atomically: a temporary file in the same
-// directory, synced, then renamed over the old one with the old file's permissions. A
-// failure leaves the old file as it was.
+// directory, synced, then renamed over the old one with the old file's owner and
+// permissions. A symlink is written through: the file it resolves to is replaced, in
+// that file's directory, and the link stays. A failure leaves the old file as it was.
 func (s *Spec) Save(bundle string) error { return s.SaveFile(filepath.Join(bundle, ConfigName)) }
 
 // SaveFile writes the spec to path atomically, like Save.
@@ -163,30 +164,44 @@ func (s *Spec) SaveFile(p string) error {
 	if err != nil {
 		return err
 	}
+	if fi, err := os.Lstat(p); err == nil && fi.Mode().Type() == os.ModeSymlink {
+		target, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			return fmt.Errorf("write OCI spec %s: resolve symlink: %w", p, err)
+		}
+		p = target
+	}
 	dir, base := filepath.Split(p)
 	if dir == "" {
 		dir = "."
 	}
 	mode := os.FileMode(0o644)
-	if fi, err := os.Stat(p); err == nil {
-		mode = fi.Mode().Perm()
+	old, err := os.Stat(p)
+	if err == nil {
+		mode = old.Mode().Perm()
 	}
 	tmp, err := os.CreateTemp(dir, "."+base+".kl-*")
 	if err != nil {
 		return fmt.Errorf("write OCI spec: %w", err)
 	}
 	defer os.Remove(tmp.Name()) // a no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
+	fail := func(err error) error {
 		tmp.Close()
 		return fmt.Errorf("write OCI spec %s: %w", tmp.Name(), err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return fail(err)
 	}
 	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write OCI spec %s: %w", tmp.Name(), err)
+		return fail(err)
+	}
+	if old != nil {
+		if err := keepOwner(tmp, old); err != nil {
+			return fail(err)
+		}
 	}
 	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write OCI spec %s: %w", tmp.Name(), err)
+		return fail(err)
 	}
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("write OCI spec %s: %w", tmp.Name(), err)
