@@ -164,13 +164,14 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 // the process already sets is kept unless forced), and writes FILE back atomically with
 // every other field as it was. The container's bundle comes from the real runtime's
 // state; its config.json says which container it is and, in kl's hook, which mode kl
-// chose at create. A container the real runtime does not know is left to the real
-// runtime to refuse; an exempt one, or one in a mode without variables, is left alone.
+// chose at create. When the real runtime cannot give the container's state, kl cannot
+// tell the process's variables: that is an error (Run starts the process without them
+// only under failOpen). An exempt container, or one in a mode without variables, is left
+// alone.
 func PrepareExec(ctx context.Context, cfg *config.Config, real string, inv Invocation, environ []string, log *slog.Logger) error {
 	bundle, err := containerState(ctx, real, inv)
 	if err != nil {
-		log.Debug("exec: no state for the container; passing through", "id", inv.ContainerID, "err", err)
-		return nil
+		return fmt.Errorf("exec in container %s: find its bundle: %w", inv.ContainerID, err)
 	}
 	spec, err := oci.Load(bundle)
 	if err != nil {

@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -310,6 +311,49 @@ func TestRunExec(t *testing.T) {
 	}
 }
 
+// When the real runtime cannot say which container an exec is for, kl cannot give the
+// process its variables: without failOpen the exec fails, naming the container and the
+// cause; with failOpen the process starts without them, and the log says so.
+func TestRunExecNoState(t *testing.T) {
+	tests := []struct {
+		failOpen bool
+		wantErr  string // "" : the real runtime is exec'd
+		wantLog  string
+	}{
+		{failOpen: false, wantErr: "exec in container c1: find its bundle: runc state c1: state dir gone", wantLog: "process not started"},
+		{failOpen: true, wantLog: "failOpen: starting the process without kl's variables"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("failOpen=%v", tt.failOpen), func(t *testing.T) {
+			logFile := filepath.Join(t.TempDir(), "kl.log")
+			cfg := testConfig(t, fmt.Sprintf("runtime: /bin/true\nmode: proxy\nfailOpen: %v\nlogFile: %s\n", tt.failOpen, logFile))
+			t.Setenv(config.EnvPath, cfg.Path())
+			dockerFrom = func(*config.Config) workload.Lookup { return nil }
+			execed := false
+			execve = func(string, []string, []string) error { execed = true; return nil }
+			t.Cleanup(func() { execve = nil })
+			containerState = func(_ context.Context, _ string, inv Invocation) (string, error) {
+				return "", fmt.Errorf("runc state %s: state dir gone", inv.ContainerID)
+			}
+			t.Cleanup(func() { containerState = runtimeState })
+			pf := filepath.Join(t.TempDir(), "runc-process")
+			os.WriteFile(pf, []byte(`{"args":["sh"],"env":["PATH=/bin"]}`), 0o600)
+			err := Run(context.Background(), []string{"kl-runtime", "exec", "--process", pf, "c1"})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || execed {
+					t.Errorf("Run = %v, exec'd %v; want %q and no exec", err, execed, tt.wantErr)
+				}
+			} else if err != nil || !execed {
+				t.Errorf("Run = %v, exec'd %v; want the real runtime exec'd", err, execed)
+			}
+			logged, _ := os.ReadFile(logFile)
+			if !strings.Contains(string(logged), tt.wantLog) || !strings.Contains(string(logged), "state dir gone") {
+				t.Errorf("log = %s; want %q with the cause", logged, tt.wantLog)
+			}
+		})
+	}
+}
+
 func TestNoProxy(t *testing.T) {
 	got := NoProxy([]string{"localhost", "127.0.0.1"}, []string{" .Corp.Example ", "*.svc.", "[::1]", "10.1.2.3/8", "localhost", "", "api.example.com:8443"})
 	want := "localhost,127.0.0.1,corp.example,svc,::1,10.0.0.0/8,api.example.com:8443"
@@ -344,7 +388,7 @@ func TestPrepareExec(t *testing.T) {
 		{name: "transparent: nothing", cfg: "mode: transparent\n", spec: specWith(""), wantSame: true},
 		{name: "host network proxy: nothing", cfg: "mode: proxy\n", spec: `{"process":{"env":[]},"linux":{"namespaces":[{"type":"pid"}]}}`, wantSame: true},
 		{name: "exempt: nothing", cfg: "mode: proxy\nexempt:\n  namespaces: [kube-system]\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.sandbox-namespace":"kube-system"}`), wantSame: true},
-		{name: "unknown container: passed through", cfg: "mode: proxy\n", spec: specWith(""), noState: true, wantSame: true},
+		{name: "no state: fails", cfg: "mode: proxy\n", spec: specWith(""), noState: true, wantErr: "exec in container c1: find its bundle: container does not exist"},
 		{name: "bad process file", cfg: "mode: proxy\n", spec: specWith(""), procEnv: `,1`, wantErr: "malformed OCI spec"},
 	}
 	for _, tt := range tests {
@@ -371,6 +415,9 @@ func TestPrepareExec(t *testing.T) {
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("PrepareExec = %v, want an error containing %q", err, tt.wantErr)
+				}
+				if after, _ := os.ReadFile(pf); string(after) != before {
+					t.Errorf("process file changed on failure:\n%s", after)
 				}
 				return
 			}
