@@ -5,7 +5,9 @@
 // (kl-cni's for a Kubernetes pod, another container's sharing the netns) already covers
 // that netns, it registers the container and, in transparent mode, installs the nftables
 // capture through netns/. A registration in another mode than the container's fails the
-// start (ErrModeMismatch). At poststop (`kl-hook delete`) it removes its own registration.
+// start (ErrModeMismatch). At poststop (`kl-hook delete`) it removes its own registration,
+// unless other containers still use its netns (share.go): then the registration stays,
+// served through one of them, and the last one's poststop removes it.
 // Host-network containers are left alone, with a log line. Any failure fails container
 // creation (fail closed) unless the operator set failOpen.
 //
@@ -21,7 +23,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
+	"slices"
+	"strings"
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
@@ -88,7 +91,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	h := &Hook{Config: cfg, Relay: newRelay(cfg), Log: log.With("id", st.ID, "stage", fs.Arg(0))}
+	h := &Hook{Config: cfg, Relay: newRelay(cfg), Log: log.With("id", st.ID, "stage", fs.Arg(0)), Shares: SharesDir(cfg)}
 	if fs.Arg(0) == "create" {
 		err = h.Create(ctx, st, *mode)
 	} else {
@@ -116,6 +119,9 @@ type Hook struct {
 	Config *config.Config
 	Relay  Relay
 	Log    *slog.Logger
+	// Shares is the directory of share records (SharesDir); "" keeps none, and the
+	// registrant's poststop then deregisters a netns other containers still use.
+	Shares string
 }
 
 // Create covers the container's netns, if no registration does yet.
@@ -138,7 +144,7 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 		h.Log.Debug("env mode: nothing to set up")
 		return nil
 	}
-	nsPath := procRoot + "/" + strconv.Itoa(st.Pid) + "/ns/net"
+	nsPath := nsPathOf(st.Pid)
 	host, err := sameNs(nsPath, hostNet)
 	if err != nil {
 		return fmt.Errorf("container %s: network namespace of pid %d: %w", st.ID, st.Pid, err)
@@ -146,6 +152,15 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 	if host {
 		h.Log.Warn("host network: container shares the node's network namespace; not captured", "mode", mode)
 		return nil
+	}
+	if h.Shares != "" {
+		// From the lookup to the record: a poststop must not deregister the netns
+		// between this container finding the registration and joining it.
+		unlock, err := lockShares(h.Shares)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", st.ID, err)
+		}
+		defer unlock()
 	}
 	regs, err := h.Relay.List(ctx)
 	if err != nil {
@@ -178,6 +193,13 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 				"on containerd this means the runtime does not pass the pod annotation %s to the container (pod_annotations; re-run kl-ctl install containerd and restart containerd)",
 				ErrModeMismatch, st.ID, r.Workload.Source, r.Workload.ID, r.Workload.Mode, mode, from, api.LabelMode)
 		}
+		if r.Workload.Source == "hook" && r.Workload.ID != st.ID && h.Shares != "" {
+			if err := h.join(r, st); err != nil {
+				return fmt.Errorf("container %s: record that it shares the network namespace of %s: %w", st.ID, r.Workload.ID, err)
+			}
+			h.Log.Info("netns already registered by another container; shared", "registered_id", r.Workload.ID, "mode", mode)
+			return nil
+		}
 		h.Log.Info("netns already registered; left as it is", "registered_id", r.Workload.ID, "source", r.Workload.Source, "mode", mode)
 		return nil
 	}
@@ -207,25 +229,118 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 	return nil
 }
 
-// Delete removes the registration this hook made for the container, if any. A
-// registration made by kl-cni (same id, other source) belongs to kl-cni's DEL.
+// Delete removes the registration this hook made for the container, if any, once no
+// other container uses its netns. A registration made by kl-cni (same id, other source)
+// belongs to kl-cni's DEL.
 func (h *Hook) Delete(ctx context.Context, st State) error {
-	reg, found, err := h.Relay.Get(ctx, st.ID)
+	if h.Shares != "" {
+		unlock, err := lockShares(h.Shares)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", st.ID, err)
+		}
+		defer unlock()
+		regID, s, ok, err := findShare(h.Shares, st.ID, h.Log)
+		if err != nil {
+			return fmt.Errorf("container %s: %w", st.ID, err)
+		}
+		if ok {
+			return h.leave(ctx, st, regID, s)
+		}
+	}
+	return h.deregister(ctx, st.ID, st.ID)
+}
+
+// deregister removes registration regID if the hook made it; container id is the one
+// whose poststop this is.
+func (h *Hook) deregister(ctx context.Context, id, regID string) error {
+	reg, found, err := h.Relay.Get(ctx, regID)
 	if err != nil {
-		return fmt.Errorf("container %s: look up registration: %w", st.ID, err)
+		return fmt.Errorf("container %s: look up registration %s: %w", id, regID, err)
 	}
 	if !found {
-		h.Log.Debug("not registered")
+		h.Log.Debug("not registered", "registered_id", regID)
 		return nil
 	}
 	if reg.Workload.Source != "hook" {
-		h.Log.Info("registration belongs to another source; left as it is", "source", reg.Workload.Source)
+		h.Log.Info("registration belongs to another source; left as it is", "registered_id", regID, "source", reg.Workload.Source)
 		return nil
 	}
-	if err := h.Relay.Deregister(ctx, st.ID); err != nil {
-		return fmt.Errorf("container %s: deregister: %w", st.ID, err)
+	if err := h.Relay.Deregister(ctx, regID); err != nil {
+		return fmt.Errorf("container %s: deregister %s: %w", id, regID, err)
 	}
-	h.Log.Info("deregistered")
+	h.Log.Info("deregistered", "registered_id", regID)
+	return nil
+}
+
+// join adds container st to the share record of registration r, starting the record
+// (with r's own container, when its netns path names a pid) if there is none.
+func (h *Hook) join(r api.Registration, st State) error {
+	regID := r.Workload.ID
+	s, found, err := loadShare(h.Shares, regID)
+	if err != nil {
+		return err
+	}
+	if !found {
+		s.Workload = r.Workload
+		if pid := pidOf(r.Workload.Netns); pid > 0 {
+			if m, err := memberOf(regID, pid); err == nil {
+				s.Members = append(s.Members, m)
+			}
+		}
+	}
+	m, err := memberOf(st.ID, st.Pid)
+	if err != nil {
+		return err
+	}
+	s.Members = slices.DeleteFunc(s.Members, func(o member) bool { return o.ID == st.ID })
+	s.Members = append(s.Members, m)
+	return saveShare(h.Shares, regID, s)
+}
+
+// leave takes container st out of the share record of registration regID. The last one
+// out deregisters; otherwise the registration stays, re-registered through a container
+// still running when the netns path it names is gone (or kl-relayd already dropped it).
+// Members whose process is gone without a poststop are dropped on the way.
+func (h *Hook) leave(ctx context.Context, st State, regID string, s share) error {
+	var left []member
+	var ids []string
+	for _, m := range s.Members {
+		if m.ID != st.ID && m.alive() {
+			left = append(left, m)
+			ids = append(ids, m.ID)
+		}
+	}
+	if len(left) == 0 {
+		if err := h.deregister(ctx, st.ID, regID); err != nil {
+			return err
+		}
+		return removeShare(h.Shares, regID)
+	}
+	reg, found, err := h.Relay.Get(ctx, regID)
+	if err != nil {
+		return fmt.Errorf("container %s: look up registration %s: %w", st.ID, regID, err)
+	}
+	if found && reg.Workload.Source != "hook" {
+		h.Log.Info("registration belongs to another source; left as it is", "registered_id", regID, "source", reg.Workload.Source)
+		return removeShare(h.Shares, regID)
+	}
+	if found {
+		s.Workload = reg.Workload
+	}
+	served := found && slices.ContainsFunc(left, func(m member) bool { return nsPathOf(m.Pid) == reg.Workload.Netns })
+	if !served {
+		w := s.Workload
+		w.Netns = nsPathOf(left[0].Pid)
+		if _, err := h.Relay.Register(ctx, w); err != nil {
+			return fmt.Errorf("container %s: keep registration %s for %s, which share its network namespace: %w", st.ID, regID, strings.Join(ids, ", "), err)
+		}
+		s.Workload = w
+	}
+	s.Members = left
+	if err := saveShare(h.Shares, regID, s); err != nil {
+		return fmt.Errorf("container %s: %w", st.ID, err)
+	}
+	h.Log.Info("netns still used by other containers; registration kept", "registered_id", regID, "users", ids, "netns", s.Workload.Netns)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package hook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -16,15 +17,16 @@ import (
 )
 
 type fakeRelay struct {
-	regs  map[string]api.Registration
-	calls []string
-	err   error
+	regs   map[string]api.Registration
+	calls  []string
+	err    error
+	regErr error // Register alone fails
 }
 
 func (f *fakeRelay) Register(_ context.Context, w api.Workload) (api.Registration, error) {
 	f.calls = append(f.calls, "register "+w.ID)
-	if f.err != nil {
-		return api.Registration{}, f.err
+	if err := cmp.Or(f.err, f.regErr); err != nil {
+		return api.Registration{}, err
 	}
 	r := api.Registration{Workload: w, Listeners: api.Listeners{Redirect: 16001}}
 	f.regs[w.ID] = r
@@ -66,13 +68,13 @@ func setup(t *testing.T) (*Hook, *fakeRelay, *netns.Fake) {
 	}
 	lookup = func(*config.Config) workloadLookup { return nil }
 	t.Cleanup(func() {
-		backend, procRoot, hostNet = nil, "/proc", "/proc/self/ns/net"
+		backend, procRoot, hostNet, sameNs = nil, "/proc", "/proc/self/ns/net", netns.SameNetns
 	})
 	cfg := &config.Config{Hook: "/x/kl-hook", Rules: "-"}
 	if err := cfg.Default(); err != nil {
 		t.Fatal(err)
 	}
-	return &Hook{Config: cfg, Relay: fr, Log: config.Discard()}, fr, fb
+	return &Hook{Config: cfg, Relay: fr, Log: config.Discard(), Shares: t.TempDir()}, fr, fb
 }
 
 func TestCreate(t *testing.T) {
