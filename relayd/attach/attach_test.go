@@ -38,8 +38,10 @@ type fixture struct {
 	srv    *Server
 	addr   string
 	policy atomic.Pointer[rules.Policy]
-	log    *testutil.Buffer
-	audit  *audit.Log
+	// policyHook, when set, is the server's live policy instead of policy.
+	policyHook atomic.Pointer[func() *rules.Policy]
+	log        *testutil.Buffer
+	audit      *audit.Log
 }
 
 func mustPolicy(t testing.TB, src string) *rules.Policy {
@@ -64,9 +66,14 @@ func newFixture(t *testing.T, policy string, creds ...Credential) *fixture {
 	}
 	f.srv, err = NewServer(ServerOptions{
 		Settings: &Settings{Listen: "127.0.0.1:0", Cert: f.pki.Cert, Key: f.pki.Key, ClientCA: f.pki.CAFile, Credentials: creds},
-		Policy:   f.policy.Load,
-		Log:      slog.New(slog.NewTextHandler(f.log, nil)),
-		Audit:    f.audit,
+		Policy: func() *rules.Policy {
+			if h := f.policyHook.Load(); h != nil {
+				return (*h)()
+			}
+			return f.policy.Load()
+		},
+		Log:   slog.New(slog.NewTextHandler(f.log, nil)),
+		Audit: f.audit,
 	})
 	if err != nil {
 		t.Fatal(err)

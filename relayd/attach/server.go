@@ -101,6 +101,7 @@ type Server struct {
 	seq      atomic.Uint64
 	closed   bool
 	wg       sync.WaitGroup
+	observed atomic.Pointer[observed] // the live policy as last read (policy)
 }
 
 type session struct {
@@ -112,11 +113,24 @@ type session struct {
 	mux     *yamux.Session
 	started time.Time
 
-	ctrlMu sync.Mutex // one write at a time on ctrl
+	log *slog.Logger
+
+	ctrlMu sync.Mutex // one write at a time on ctrl: the handshake's, then the writer's
 	ctrl   net.Conn
-	// sent is the hash of the policy the session holds, written under ctrlMu; status
+	// sent is the hash of the policy the session holds, written by the writer; status
 	// reads it without waiting behind a write to a slow peer.
 	sent atomic.Pointer[string]
+
+	// What the writer (writeLoop) has to send on ctrl, so no flow, reload or Close waits
+	// behind a write to a slow peer. Policies go in the order of their generation: one
+	// older than the newest queued is never queued, so it never replaces a newer one.
+	qMu      sync.Mutex
+	pending  []queuedPolicy // oldest first, at most maxPendingPolicies
+	aborts   []uint64
+	newest   queuedPolicy  // the newest policy queued or sent
+	sentGen  uint64        // the generation of the last policy written
+	progress chan struct{} // closed and replaced when sentGen advances
+	wake     chan struct{} // capacity 1: something was queued
 
 	flows   atomic.Uint64
 	refused atomic.Uint64
@@ -367,16 +381,27 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 	}
 	c.SetDeadline(time.Time{})
 	done()
-	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), ctrl: ctrl, live: map[uint64]*flowConn{}}
+	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), log: log,
+		ctrl: ctrl, live: map[uint64]*flowConn{}, progress: make(chan struct{}), wake: make(chan struct{}, 1)}
 	if err := writeFrame(ctrl, Welcome{Version: Version, Session: se.id, Credential: cred.Name, Scope: sc.String()}); err != nil {
 		return
 	}
-	if err := se.sendPolicy(s.o.Policy()); err != nil {
+	p, gen := s.policy()
+	first := queuedPolicy{p: p, gen: gen, by: time.Now().Add(policySendTimeout)}
+	if err := se.write(Control{Policy: &PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}}, first.by); err != nil {
 		log.Warn("attach: sending the policy failed", "err", err)
 		return
 	}
+	se.newest = first
+	se.sentPolicy(first)
+	go se.writeLoop()
 	if !s.add(se) {
 		return
+	}
+	// A reload between reading the policy above and the session's joining the registry
+	// did not see the session, but it moved the generation on.
+	if o := s.observed.Load(); o.gen > first.gen {
+		se.want(o.p, o.gen, time.Now().Add(policySendTimeout))
 	}
 	log.Info("attach session started", "session", se.id, "credential", cred.Name, "auth", how, "client", h.Client, "scope", sc.String())
 	// The attach side sends nothing more on the control stream: EOF or an error there,
@@ -460,30 +485,178 @@ func (s *Server) remove(se *session) {
 	s.mu.Unlock()
 }
 
-// policySendTimeout bounds one write of the policy to a session (at session start, before
-// a flow, after a reload); a session whose peer does not take it in that time is ended.
+// policySendTimeout bounds the delivery of a policy to a session (at session start,
+// after a reload, or when a flow finds the session without the live policy); a session
+// whose peer has not taken it in that time is ended.
 var policySendTimeout = 10 * time.Second
 
-func (se *session) sendPolicy(p *rules.Policy) error {
-	return se.sendPolicyBy(p, time.Now().Add(policySendTimeout))
+// abortSendTimeout bounds the write of one flow's abort on the control stream.
+const abortSendTimeout = 5 * time.Second
+
+// maxPendingPolicies bounds the policies queued for a session and not yet written: the
+// attach side keeps the last four it was sent, so an older one would be of no use there.
+const maxPendingPolicies = 4
+
+// queuedPolicy is a policy with its generation (Server.policy), and the time by which
+// it must have been written.
+type queuedPolicy struct {
+	p   *rules.Policy
+	gen uint64
+	by  time.Time
 }
 
-// sendPolicyBy sends p unless the session holds it already. The write must be done by
-// deadline, however long the control stream was busy before it.
-func (se *session) sendPolicyBy(p *rules.Policy, deadline time.Time) error {
+// observed is the live policy as the server last read it, with its generation: the
+// number of different policies read before it, plus one.
+type observed struct {
+	p   *rules.Policy
+	gen uint64
+}
+
+// policy reads the live policy and its generation. Generations follow the order in
+// which the daemon loaded the policies (its live policy only ever moves to a newer
+// one): a read is taken only if no other was taken between its look at the last
+// observation and its read of the policy, else it reads again.
+func (s *Server) policy() (*rules.Policy, uint64) {
+	for {
+		last := s.observed.Load()
+		p := s.o.Policy()
+		if last != nil && last.p.Hash() == p.Hash() {
+			return last.p, last.gen
+		}
+		next := &observed{p: p, gen: 1}
+		if last != nil {
+			next.gen = last.gen + 1
+		}
+		if s.observed.CompareAndSwap(last, next) {
+			return p, next.gen
+		}
+	}
+}
+
+// want queues p, of generation gen, for the session unless the session was queued that
+// generation or a newer one already; the write must be done by by. It returns the
+// newest policy the session was queued or sent, the one a flow's header should name.
+func (se *session) want(p *rules.Policy, gen uint64, by time.Time) *rules.Policy {
+	se.qMu.Lock()
+	defer se.qMu.Unlock()
+	if gen <= se.newest.gen {
+		return se.newest.p
+	}
+	se.newest = queuedPolicy{p: p, gen: gen, by: by}
+	if len(se.pending) == maxPendingPolicies {
+		se.pending = se.pending[1:]
+	}
+	se.pending = append(se.pending, se.newest)
+	se.poke()
+	return p
+}
+
+// abort tells the attach side to drop a flow; the write is the writer's, so Close does
+// not block on a slow session.
+func (se *session) abort(id uint64) {
+	if se.mux.IsClosed() {
+		return
+	}
+	se.qMu.Lock()
+	se.aborts = append(se.aborts, id)
+	se.poke()
+	se.qMu.Unlock()
+}
+
+// poke wakes the writer.
+func (se *session) poke() {
+	select {
+	case se.wake <- struct{}{}:
+	default:
+	}
+}
+
+// writeLoop writes what is queued for the control stream until the session ends. A
+// write that fails (its peer did not take it in time) ends the session.
+func (se *session) writeLoop() {
+	for {
+		select {
+		case <-se.wake:
+		case <-se.mux.CloseChan():
+			return
+		}
+		for {
+			se.qMu.Lock()
+			var m Control
+			var by time.Time
+			var q queuedPolicy
+			switch {
+			case len(se.aborts) > 0:
+				m.Abort, by = se.aborts[0], time.Now().Add(abortSendTimeout)
+				se.aborts = se.aborts[1:]
+			case len(se.pending) > 0:
+				q = se.pending[0]
+				se.pending = se.pending[1:]
+				m.Policy = &PolicyMsg{Name: q.p.Name(), Hash: q.p.Hash(), Source: q.p.Source()}
+				by = q.by
+			}
+			se.qMu.Unlock()
+			if m.Abort == 0 && m.Policy == nil {
+				break
+			}
+			if err := se.write(m, by); err != nil {
+				if !se.mux.IsClosed() {
+					se.log.Warn("attach: a write on the control stream failed; ending the session", "session", se.id, "err", err)
+				}
+				se.mux.Close()
+				return
+			}
+			if m.Policy != nil {
+				se.sentPolicy(q)
+			}
+		}
+	}
+}
+
+// write writes m on the control stream, by the given time however long the stream was
+// busy before.
+func (se *session) write(m Control, by time.Time) error {
 	se.ctrlMu.Lock()
 	defer se.ctrlMu.Unlock()
-	if se.sentHash() == p.Hash() {
-		return nil
-	}
-	se.ctrl.SetWriteDeadline(deadline)
+	se.ctrl.SetWriteDeadline(by)
 	defer se.ctrl.SetWriteDeadline(time.Time{})
-	if err := writeFrame(se.ctrl, Control{Policy: &PolicyMsg{Name: p.Name(), Hash: p.Hash(), Source: p.Source()}}); err != nil {
-		return err
-	}
-	h := p.Hash()
+	return writeFrame(se.ctrl, m)
+}
+
+// sentPolicy records that q was written.
+func (se *session) sentPolicy(q queuedPolicy) {
+	h := q.p.Hash()
 	se.sent.Store(&h)
-	return nil
+	se.qMu.Lock()
+	se.sentGen = q.gen
+	close(se.progress)
+	se.progress = make(chan struct{})
+	se.qMu.Unlock()
+}
+
+// errNotTaken is a policy a session's peer did not take in time.
+var errNotTaken = errors.New("the session did not take the policy in time")
+
+// waitSent waits until the session was sent generation gen or a newer one, the session
+// ended, or the time by passed.
+func (se *session) waitSent(gen uint64, by time.Time) error {
+	timer := time.NewTimer(time.Until(by))
+	defer timer.Stop()
+	for {
+		se.qMu.Lock()
+		sent, progress := se.sentGen, se.progress
+		se.qMu.Unlock()
+		if sent >= gen {
+			return nil
+		}
+		select {
+		case <-progress:
+		case <-se.mux.CloseChan():
+			return errors.New("the session ended")
+		case <-timer.C:
+			return errNotTaken
+		}
+	}
 }
 
 // sentHash is the hash of the policy the session holds ("" before the first).
@@ -494,64 +667,32 @@ func (se *session) sentHash() string {
 	return ""
 }
 
-// abort tells the attach side to drop a flow (off the caller's path: Close must not
-// block on a slow session).
-func (se *session) abort(id uint64) {
-	go func() {
-		se.ctrlMu.Lock()
-		defer se.ctrlMu.Unlock()
-		se.ctrl.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		defer se.ctrl.SetWriteDeadline(time.Time{})
-		if err := writeFrame(se.ctrl, Control{Abort: id}); err != nil {
-			se.mux.Close()
-		}
-	}()
-}
-
-// Reload sends the live policy to every session that does not hold it yet, to all of
-// them at once: a session whose peer stopped reading delays no other. A session that
-// has not taken the policy within policySendTimeout (its write failed, or its control
-// stream stayed busy) is ended, and Reload returns by then whatever the number of such
-// sessions. The daemon calls it after a successful reload.
+// Reload queues the live policy for every session that was not queued it yet; each
+// session's writer sends it, so a session whose peer stopped reading delays no other.
+// A session that has not taken the policy within policySendTimeout (its write failed, or
+// its control stream stayed busy) is ended, and Reload returns by then whatever the
+// number of such sessions. Reloads running at once deliver their policies in the order
+// the daemon loaded them: an older one never replaces a newer one. The daemon calls it
+// after a successful reload.
 func (s *Server) Reload() {
-	p := s.o.Policy()
+	p, gen := s.policy()
 	ss := s.live()
-	if len(ss) == 0 {
-		return
-	}
-	type result struct {
-		se  *session
-		err error
-	}
 	deadline := time.Now().Add(policySendTimeout)
-	done := make(chan result, len(ss)) // buffered: a send still waiting when Reload returns does not leak
 	for _, se := range ss {
-		go func() { done <- result{se, se.sendPolicyBy(p, deadline)} }()
+		se.want(p, gen, deadline)
 	}
 	// The writes end at the deadline; a little more lets their errors arrive. A send
 	// still waiting then is one stuck behind another write on the control stream.
-	timer := time.NewTimer(time.Until(deadline) + 100*time.Millisecond)
-	defer timer.Stop()
-	pending := make(map[*session]bool, len(ss))
+	by := deadline.Add(100 * time.Millisecond)
 	for _, se := range ss {
-		pending[se] = true
-	}
-	for len(pending) > 0 {
-		select {
-		case r := <-done:
-			delete(pending, r.se)
-			if r.err != nil {
-				s.o.Log.Warn("attach: sending the reloaded policy failed; ending the session", "session", r.se.id, "err", r.err)
-				r.se.mux.Close()
-			}
-		case <-timer.C:
-			for se := range pending {
-				s.o.Log.Warn("attach: the session did not take the reloaded policy in time; ending it", "session", se.id, "timeout", policySendTimeout)
-				// Closing the session fails the write the send waits behind, so the
-				// send's goroutine ends too.
-				se.mux.Close()
-			}
-			return
+		switch err := se.waitSent(gen, by); {
+		case err == nil:
+		case errors.Is(err, errNotTaken):
+			s.o.Log.Warn("attach: the session did not take the reloaded policy in time; ending it", "session", se.id, "timeout", policySendTimeout)
+			// Closing the session fails the write the writer waits in.
+			se.mux.Close()
+		default:
+			s.o.Log.Warn("attach: the session ended before it took the reloaded policy", "session", se.id, "err", err)
 		}
 	}
 }
@@ -599,7 +740,15 @@ func (s *Server) Sessions() []SessionInfo {
 // a workload with no live session, or a refusal by the attach side is an error: the
 // caller resets the workload's connection and never tries another exit.
 func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rules.Decision) (net.Conn, error) {
-	p := s.o.Policy()
+	p, gen := s.policy()
+	se := s.pick(w)
+	if se != nil {
+		// The session is queued the live policy if a reload has not queued it yet, and
+		// the header names the newest policy the session was given (p, unless a reload
+		// queued a newer one since p was read). The flow does not wait for the write: the
+		// attach side waits a moment for a policy a header names that it does not hold.
+		p = se.want(p, gen, time.Now().Add(policySendTimeout))
+	}
 	if f.At.IsZero() {
 		f.At = time.Now()
 	}
@@ -621,13 +770,8 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	if d.Exit != rules.ExitClient {
 		return fail(ErrNotClient)
 	}
-	se := s.pick(w)
 	if se == nil {
 		return fail(ErrNoSession)
-	}
-	if err := se.sendPolicy(p); err != nil {
-		se.mux.Close()
-		return fail(fmt.Errorf("%w (the session failed: %v)", ErrNoSession, err))
 	}
 	if !se.reserve(f.ID) {
 		return fail(fmt.Errorf("%w (flow %d)", ErrDuplicateFlow, f.ID))
