@@ -223,7 +223,7 @@ func authorityTarget(hostport string, defPort uint16) (upstream.Target, error) {
 }
 
 // answerDeadline gives one of kl's own answers on c (an error reply, a CONNECT's 200, a
-// SOCKS5 reply) a write deadline of its own: the one armed may be what ended the request
+// SOCKS5 reply, the bytes read ahead of a tunnel) a write deadline of its own: the one armed may be what ended the request
 // (a 408), or none may be (after a dial), and a client that stops reading must not hold
 // the handler.
 func (s *Server) answerDeadline(c net.Conn) {
@@ -488,13 +488,10 @@ func (s *Server) connect(ctx context.Context, c net.Conn, br *bufio.Reader, t up
 	}
 	_ = c.SetWriteDeadline(time.Time{})
 	// Bytes the client sent right behind the CONNECT (a pipelined ClientHello).
-	if n := br.Buffered(); n > 0 {
-		b, _ := br.Peek(n)
-		if _, err := up.Write(b); err != nil {
-			_ = up.Close()
-			_ = c.Close()
-			return
-		}
+	if err := s.writeEarly(up, br); err != nil {
+		_ = up.Close()
+		_ = c.Close()
+		return
 	}
 	s.pipe(c, up)
 }
@@ -664,21 +661,30 @@ func (s *Server) tunnelAfterUpgrade(c net.Conn, cbr *bufio.Reader, o *origin) {
 	// The tunnel has its own idle handling (pipe): no deadline of the exchange stays.
 	_ = c.SetDeadline(time.Time{})
 	_ = o.conn.SetDeadline(time.Time{})
-	if n := cbr.Buffered(); n > 0 {
-		b, _ := cbr.Peek(n)
-		if _, err := o.conn.Write(b); err != nil {
-			o.close()
-			return
-		}
-	}
-	if n := o.br.Buffered(); n > 0 {
-		b, _ := o.br.Peek(n)
-		if _, err := c.Write(b); err != nil {
-			o.close()
-			return
-		}
+	if s.writeEarly(o.conn, cbr) != nil || s.writeEarly(c, o.br) != nil {
+		o.close()
+		return
 	}
 	s.pipe(c, o.conn)
+}
+
+// writeEarly writes what br read ahead from one side of a tunnel before the tunnel
+// started (the client's bytes behind its CONNECT or upgrade request, the origin's
+// behind its 101) to the other side, first and under answerDeadline: the tunnel's copy
+// reads the connections themselves, and a side that does not read must not hold the
+// handler before it starts.
+func (s *Server) writeEarly(to net.Conn, br *bufio.Reader) error {
+	n := br.Buffered()
+	if n == 0 {
+		return nil
+	}
+	b, _ := br.Peek(n)
+	s.answerDeadline(to)
+	if _, err := to.Write(b); err != nil {
+		return err
+	}
+	_, _ = br.Discard(n)
+	return to.SetWriteDeadline(time.Time{})
 }
 
 func removeHopHeaders(h http.Header) {
