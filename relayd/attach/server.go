@@ -685,14 +685,11 @@ func (s *Server) Reload() {
 	// still waiting then is one stuck behind another write on the control stream.
 	by := deadline.Add(100 * time.Millisecond)
 	for _, se := range ss {
-		switch err := se.waitSent(gen, by); {
-		case err == nil:
-		case errors.Is(err, errNotTaken):
+		// A session that ended instead (its write failed) was logged by its writer.
+		if err := se.waitSent(gen, by); errors.Is(err, errNotTaken) {
 			s.o.Log.Warn("attach: the session did not take the reloaded policy in time; ending it", "session", se.id, "timeout", policySendTimeout)
 			// Closing the session fails the write the writer waits in.
 			se.mux.Close()
-		default:
-			s.o.Log.Warn("attach: the session ended before it took the reloaded policy", "session", se.id, "err", err)
 		}
 	}
 }
