@@ -8,7 +8,7 @@
 package audit
 
 import (
-	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,34 +49,55 @@ type hitKey struct {
 	dim  string
 }
 
-// flushInterval is how often buffered records reach the file (a var so tests can
+// flushInterval is how often pending records reach the file (a var so tests can
 // shorten it).
 var flushInterval = time.Second
 
+const (
+	// wakeAt is how many pending bytes wake the writer before the next tick.
+	wakeAt = 32 << 10
+	// pendingCap bounds the pending bytes when the file does not keep up (a slow, stalled
+	// or full disk): records beyond it are dropped rather than kept or waited for.
+	pendingCap = 4 << 20
+	// spareCap is the largest pending buffer kept for reuse once written.
+	spareCap = 256 << 10
+)
+
+var newline = []byte{'\n'}
+
 // Log is a goroutine-safe decision log.
+//
+// Add, called on the relay's event loops, never touches the file and never waits for it:
+// under mu it counts the record and appends its line to pend. One writer goroutine (or
+// Flush and Close) takes pend whole and does all file work holding only wmu, so a slow
+// or stalled disk delays the file, never a flow.
 type Log struct {
 	mu      sync.Mutex
 	ring    []Record
 	next    int // ring slot for the next record
 	count   uint64
 	hits    map[hitKey]uint64
-	line    []byte // reused encoding buffer
-	path    string
-	max     int64
-	keep    int
-	f       *os.File
-	w       *bufio.Writer
-	size    int64  // the file's size once the buffer is written
-	synced  int64  // the file's size after the last successful write: whole records only
-	pending uint64 // records written to the buffer since synced
+	pend    []byte // encoded lines not yet taken by the writer
+	spare   []byte // the buffer pend becomes when the writer takes it
+	shed    uint64 // records dropped at pendingCap since the writer last took pend
+	dropped uint64
 	err     error  // the first error of a failure that has not ended yet
 	lostAt  uint64 // dropped when err began
-	torn    bool   // the file ends in part of a record that could not be cut off
-	dropped uint64
 	log     *slog.Logger
 	closed  bool
+	wake    chan struct{}
 	stop    chan struct{}
 	done    chan struct{}
+
+	// The file, owned by whoever holds wmu (the writer, Flush or Close).
+	wmu      sync.Mutex
+	path     string
+	max      int64
+	keep     int
+	f        *os.File
+	size     int64  // the file's size: whole records only, unless torn
+	torn     bool   // the file ends in part of a record that could not be cut off
+	shedding uint64 // records dropped at pendingCap since the writer last kept up
 }
 
 // New opens (appending to) the JSON-lines file at path, rotating it when it would grow
@@ -92,7 +113,6 @@ func New(path string, maxBytes int64, keep int, ring int) (*Log, error) {
 		path: path,
 		max:  maxBytes,
 		keep: keep,
-		line: make([]byte, 0, 256),
 	}
 	if path == "" {
 		return l, nil
@@ -103,8 +123,9 @@ func New(path string, maxBytes int64, keep int, ring int) (*Log, error) {
 	if err := l.open(); err != nil {
 		return nil, err
 	}
-	l.stop, l.done = make(chan struct{}), make(chan struct{})
-	go l.flusher()
+	l.pend, l.spare = make([]byte, 0, 2*wakeAt), make([]byte, 0, 2*wakeAt)
+	l.wake, l.stop, l.done = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go l.writer()
 	return l, nil
 }
 
@@ -118,16 +139,13 @@ func (l *Log) open() error {
 		_ = f.Close()
 		return fmt.Errorf("audit: stat %s: %w", l.path, err)
 	}
-	l.f, l.size, l.synced, l.pending = f, st.Size(), st.Size(), 0
-	if l.w == nil {
-		l.w = bufio.NewWriterSize(f, 32<<10)
-	} else {
-		l.w.Reset(f)
-	}
+	l.f, l.size = f, st.Size()
 	return nil
 }
 
-func (l *Log) flusher() {
+// writer writes pending records every flushInterval, or sooner when Add says enough are
+// pending.
+func (l *Log) writer() {
 	defer close(l.done)
 	t := time.NewTicker(flushInterval)
 	defer t.Stop()
@@ -136,76 +154,182 @@ func (l *Log) flusher() {
 		case <-l.stop:
 			return
 		case <-t.C:
-			l.mu.Lock()
-			l.flushLocked()
-			l.mu.Unlock()
+		case <-l.wake:
 		}
+		l.wmu.Lock()
+		l.writePending()
+		l.wmu.Unlock()
 	}
 }
 
 // SetLogger makes the log report, once each, when writing to its file starts failing and
-// when it works again. Without it failures show only in WriteErr.
+// when it works again, and when records start and stop being dropped because the file
+// does not keep up. Without it failures show only in WriteErr.
 func (l *Log) SetLogger(log *slog.Logger) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.log = log
 }
 
-func (l *Log) flushLocked() {
-	if l.w == nil || l.w.Buffered() == 0 {
-		return
+func (l *Log) logger() *slog.Logger {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.log
+}
+
+// writePending takes everything Add has appended and writes it to the file. wmu is held.
+func (l *Log) writePending() {
+	l.mu.Lock()
+	b := l.pend
+	l.pend, l.spare = l.spare, nil
+	shed := l.shed
+	l.shed = 0
+	l.mu.Unlock()
+
+	l.reportShed(shed)
+	if len(b) > 0 {
+		l.writeBatch(b)
 	}
-	if err := l.w.Flush(); err != nil {
-		l.writeFailed(err)
-		return
+
+	if cap(b) > spareCap {
+		b = make([]byte, 0, 2*wakeAt) // let a burst's buffer go
+	}
+	l.mu.Lock()
+	l.spare = b[:0]
+	l.mu.Unlock()
+}
+
+// reportShed logs once when records start being dropped at pendingCap and once when the
+// writer has caught up again. wmu is held.
+func (l *Log) reportShed(shed uint64) {
+	switch {
+	case shed > 0:
+		if l.shedding == 0 {
+			if log := l.logger(); log != nil {
+				log.Warn("audit file does not keep up; records are dropped until it does", "path", l.path, "pending", pendingCap)
+			}
+		}
+		l.shedding += shed
+	case l.shedding > 0:
+		if log := l.logger(); log != nil {
+			log.Info("audit file keeps up again", "path", l.path, "dropped", l.shedding)
+		}
+		l.shedding = 0
+	}
+}
+
+// writeBatch writes whole records from b, rotating the file by size between records so
+// that a record never straddles two files. A failed write or rotation drops the rest of
+// the batch (counted in dropped); the next batch tries again. wmu is held.
+func (l *Log) writeBatch(b []byte) {
+	for len(b) > 0 {
+		first := bytes.IndexByte(b, '\n') + 1 // every line ends with '\n'
+		if first == 0 {
+			first = len(b)
+		}
+		if l.f == nil || (l.size > 0 && l.size+int64(first) > l.max) {
+			// (No file: a rotation failed after closing it, and is tried again.)
+			if err := l.rotate(); err != nil {
+				l.lose(b, err)
+				return
+			}
+		}
+		n := l.fits(b, first)
+		if err := l.write(b[:n]); err != nil {
+			l.lose(b, err)
+			return
+		}
+		b = b[n:]
 	}
 	l.wrote()
 }
 
-// wrote notes that everything given to the buffer is in the file, which ends a failure.
-func (l *Log) wrote() {
-	l.synced, l.pending = l.size, 0
-	if l.err == nil {
-		return
+// fits returns how many bytes of whole records from b fit in the file, at least the
+// first record (first bytes long).
+func (l *Log) fits(b []byte, first int) int {
+	room := l.max - l.size
+	if int64(len(b)) <= room {
+		return len(b)
 	}
-	if l.log != nil {
-		l.log.Info("audit file written again", "path", l.path, "dropped", l.dropped-l.lostAt)
+	n := first
+	for n < len(b) {
+		i := bytes.IndexByte(b[n:], '\n') + 1
+		if i == 0 {
+			i = len(b) - n
+		}
+		if int64(n+i) > room {
+			break
+		}
+		n += i
 	}
-	l.err = nil
+	return n
 }
 
-// writeFailed recovers from a failed write (a disk full for a moment): the buffer's error
-// is sticky, so it starts a fresh buffer, and the file, which may end in part of a record,
-// is cut back to the last successful write. The records buffered since count as dropped;
-// the next flush tries again.
-func (l *Log) writeFailed(err error) {
-	l.fail(err)
-	l.dropped += l.pending
-	l.pending = 0
-	l.w.Reset(l.f)
-	l.size = l.synced
-	if st, serr := l.f.Stat(); serr == nil && st.Size() > l.synced {
-		if terr := l.f.Truncate(l.synced); terr != nil {
-			// The file keeps a partial line; the next record starts on a line of its own.
+// write appends p to the file. A failed write may leave part of a record in the file:
+// it is cut back to the last whole record, or, when that fails too, the next record
+// starts on a line of its own.
+func (l *Log) write(p []byte) error {
+	if l.torn {
+		if _, err := l.f.Write(newline); err != nil {
+			return l.cutBack(err)
+		}
+		l.size++
+		l.torn = false
+	}
+	if _, err := l.f.Write(p); err != nil {
+		return l.cutBack(err)
+	}
+	l.size += int64(len(p))
+	return nil
+}
+
+func (l *Log) cutBack(err error) error {
+	if st, serr := l.f.Stat(); serr == nil && st.Size() > l.size {
+		if terr := l.f.Truncate(l.size); terr != nil {
 			l.size = st.Size()
 			l.torn = true
 		}
 	}
+	return err
+}
+
+// lose counts the records in b as dropped because of err (after fail, so that the
+// failure's count includes them).
+func (l *Log) lose(b []byte, err error) {
+	l.fail(err)
+	l.mu.Lock()
+	l.dropped += uint64(bytes.Count(b, newline))
+	l.mu.Unlock()
+}
+
+// wrote notes that a batch reached the file, which ends a failure.
+func (l *Log) wrote() {
+	l.mu.Lock()
+	err, log, dropped := l.err, l.log, l.dropped-l.lostAt
+	l.err = nil
+	l.mu.Unlock()
+	if err != nil && log != nil {
+		log.Info("audit file written again", "path", l.path, "dropped", dropped)
+	}
 }
 
 func (l *Log) fail(err error) {
-	if l.err != nil {
-		return
+	l.mu.Lock()
+	first, log := l.err == nil, l.log
+	if first {
+		l.err, l.lostAt = err, l.dropped
 	}
-	l.err, l.lostAt = err, l.dropped
-	if l.log != nil {
-		l.log.Warn("audit file write failed; records are dropped until a write succeeds", "path", l.path, "err", err)
+	l.mu.Unlock()
+	if first && log != nil {
+		log.Warn("audit file write failed; records are dropped until a write succeeds", "path", l.path, "err", err)
 	}
 }
 
-// Add records one decision. It never blocks on disk: the line goes to a buffer that is
-// flushed every second, or sooner when it is full. A failed write drops the records it
-// held (WriteErr counts them; they still count in the hits) and the next one tries again.
+// Add records one decision. It never touches the file and never waits for it: the line
+// is appended to memory that a writer goroutine writes every second, or sooner when
+// 32 KiB are pending. Records that find 4 MiB pending (the disk does not keep up) and
+// records whose write fails are dropped: WriteErr counts them; they still count in the
+// ring, Total and the hits.
 func (l *Log) Add(r Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -219,47 +343,34 @@ func (l *Log) Add(r Record) {
 		l.ring[l.next] = r
 		l.next = (l.next + 1) % len(l.ring)
 	}
-	if l.w == nil || l.closed {
+	if l.wake == nil || l.closed {
 		return
 	}
-	l.line = appendJSON(l.line[:0], &r)
-	if l.f == nil || (l.size+int64(len(l.line)) > l.max && l.size > 0) {
-		// (No file: a rotation failed after closing it, and is tried again.)
-		if err := l.rotateLocked(); err != nil {
-			l.fail(err)
-			l.dropped++
-			return
+	n := len(l.pend)
+	l.pend = appendJSON(l.pend, &r)
+	switch {
+	case len(l.pend) > pendingCap:
+		l.pend = l.pend[:n]
+		l.dropped++
+		l.shed++
+	case n < wakeAt && len(l.pend) >= wakeAt:
+		select {
+		case l.wake <- struct{}{}:
+		default: // already woken
 		}
-	}
-	if len(l.line) >= l.w.Available() {
-		// Flush before the buffer fills, so that every write to the file ends with a
-		// whole record and a failed one can be cut back to one.
-		l.flushLocked()
-	}
-	if l.torn {
-		// The file ends in part of a record: this one starts on a line of its own.
-		l.line = appendJSON(append(l.line[:0], '\n'), &r)
-		l.torn = false
-	}
-	l.pending++
-	l.size += int64(len(l.line))
-	if _, err := l.w.Write(l.line); err != nil {
-		l.writeFailed(err) // a line longer than the buffer goes to the file directly
-	} else if l.w.Buffered() == 0 {
-		l.wrote()
 	}
 }
 
-// rotateLocked moves path to path.1 (path.1 to path.2 …), drops the oldest and reopens.
+// rotate moves path to path.1 (path.1 to path.2 …), drops the oldest and reopens. wmu
+// is held.
 //
-// A rotation that fails part way is tried again by the next record, so it must be safe
+// A rotation that fails part way is tried again by the next batch, so it must be safe
 // to repeat: when path is already gone (moved, then the reopen failed) nothing is
 // shifted again, and the shift stops at the first free slot (one a failed rename left),
 // so a retry never pushes the rotated files one step further and drops the oldest that
 // keep allows.
-func (l *Log) rotateLocked() error {
+func (l *Log) rotate() error {
 	if l.f != nil {
-		l.flushLocked()
 		if err := l.f.Close(); err != nil {
 			l.fail(err)
 		}
@@ -347,27 +458,34 @@ func (l *Log) Total() uint64 {
 	return l.count
 }
 
-// WriteErr reports how many records did not reach the file because of errors since New,
-// and the first error of a failure still going on (nil once a write succeeds again).
+// WriteErr reports how many records did not reach the file since New, because a write
+// failed or because the file did not keep up (pendingCap), and the first error of a
+// failure still going on (nil once a write succeeds again).
 func (l *Log) WriteErr() (dropped uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.dropped, l.err
 }
 
-// Flush writes buffered records to the file now.
+// Flush writes pending records to the file now, waiting for the disk, and returns the
+// error of a failure still going on.
 func (l *Log) Flush() error {
+	if l.wake == nil {
+		return nil
+	}
+	l.wmu.Lock()
+	l.writePending()
+	l.wmu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.flushLocked()
 	return l.err
 }
 
-// Close flushes and closes the file. Records added afterwards still reach the ring and
-// the hit counts.
+// Close writes every pending record and closes the file. Records added afterwards still
+// reach the ring and the hit counts.
 func (l *Log) Close() error {
 	l.mu.Lock()
-	if l.closed || l.w == nil {
+	if l.closed || l.wake == nil {
 		l.closed = true
 		l.mu.Unlock()
 		return nil
@@ -376,14 +494,17 @@ func (l *Log) Close() error {
 	l.mu.Unlock()
 	close(l.stop)
 	<-l.done
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.flushLocked()
+	l.wmu.Lock()
+	l.writePending()
 	if l.f != nil {
 		if err := l.f.Close(); err != nil {
 			l.fail(err)
 		}
+		l.f = nil
 	}
+	l.wmu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	return l.err
 }
 

@@ -3,12 +3,15 @@ package audit
 import (
 	"bytes"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -85,7 +88,12 @@ func TestWriteRecoversAfterDiskFull(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, "page")); err != nil {
 		t.Fatal(err)
 	}
-	add(full, "full") // more than two buffers: two writes fail, then the flush
+	// The writer is held off so that the records come as one batch, far more than the free
+	// page: its write fails part way. (Smaller batches taken as the records come could fit
+	// in the page and end the failure early.)
+	l.wmu.Lock()
+	add(full, "full")
+	l.wmu.Unlock()
 
 	if err := l.Flush(); err == nil {
 		t.Fatal("Flush on a full disk = nil")
@@ -116,6 +124,8 @@ func TestWriteRecoversAfterDiskFull(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "audit file written again"); n != 1 {
 		t.Errorf("%d recovery messages, want 1:\n%s", n, logs.String())
+	} else if want := "dropped=" + strconv.FormatUint(dropped, 10) + "\n"; !strings.Contains(logs.String(), want) {
+		t.Errorf("the recovery message does not say %q (every record dropped during the failure):\n%s", want, logs.String())
 	}
 }
 
@@ -144,8 +154,8 @@ func TestRotationRetryKeepsRotatedFiles(t *testing.T) {
 	add := func(note string) { l.Add(Record{At: t0, Dimension: "default", Exit: "direct", Note: note}) }
 	add("A") // the current file, rotated by the next record
 	add("lost")
-	if _, err := l.WriteErr(); err == nil {
-		t.Fatal("WriteErr() = nil after a rotation that could not reopen the file")
+	if err := l.Flush(); err == nil {
+		t.Fatal("Flush() = nil after a rotation that could not reopen the file")
 	}
 	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
 		t.Fatal(err)
@@ -164,5 +174,191 @@ func TestRotationRetryKeepsRotatedFiles(t *testing.T) {
 		if len(recs) != 1 || recs[0].Note != note {
 			t.Errorf("%s holds %+v, want the one record %s", filepath.Base(p), recs, note)
 		}
+	}
+}
+
+// stalledFIFO makes path a FIFO whose pipe is full, so that the log's writes to it block
+// until the test reads. The test's end is opened read-write, so that neither it nor the
+// log's open blocks; filler is how many bytes the test put in the pipe.
+func stalledFIFO(t *testing.T, path string) (rw *os.File, filler int) {
+	t.Helper()
+	if err := unix.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rw, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rw.Close() })
+	raw, err := rw.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var werr error
+	cerr := raw.Control(func(fd uintptr) {
+		if werr = unix.SetNonblock(int(fd), true); werr != nil {
+			return
+		}
+		// Pages first, then single bytes for what is left of the last page. A pipe holds
+		// at most 1 MiB unless the administrator raised pipe-max-size.
+		for _, chunk := range []int{4096, 1} {
+			buf := bytes.Repeat([]byte{'#'}, chunk)
+			for i := 0; ; i++ {
+				if i == 1<<20 {
+					werr = errors.New("the pipe never filled")
+					return
+				}
+				n, err := unix.Write(int(fd), buf)
+				filler += max(n, 0)
+				if errors.Is(err, unix.EAGAIN) {
+					break
+				}
+				if err != nil {
+					werr = err
+					return
+				}
+			}
+		}
+	})
+	if cerr != nil || werr != nil {
+		t.Fatalf("fill the pipe of %s: %v %v", path, cerr, werr)
+	}
+	return rw, filler
+}
+
+// readFIFO reads n bytes from the test's end of a FIFO in the background.
+func readFIFO(t *testing.T, rw *os.File, n int) <-chan []byte {
+	t.Helper()
+	if err := rw.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, n)
+		k, err := io.ReadFull(rw, b)
+		if err != nil {
+			t.Errorf("read %d bytes from the audit FIFO: got %d: %v", n, k, err)
+		}
+		out <- b[:k]
+	}()
+	return out
+}
+
+// waitAdded waits (bounded) for a goroutine adding records; if they do not return, it
+// drains the FIFO so that the stalled log can finish, and fails.
+func waitAdded(t *testing.T, added <-chan struct{}, rw *os.File) {
+	t.Helper()
+	select {
+	case <-added:
+	case <-time.After(30 * time.Second):
+		go func() { _, _ = io.Copy(io.Discard, rw) }()
+		t.Fatal("Add blocked while the write to the audit file was stalled")
+	}
+}
+
+// The relay's event loops call Add for every flow: a write to the file that does not
+// return (a stalled disk, NFS) must not hold them. Here the file is a FIFO nobody reads
+// yet, so the writer blocks for real; every Add still returns, and once the reader reads,
+// every record arrives, whole and in order.
+func TestAddNeverWaitsForTheFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.fifo")
+	rw, filler := stalledFIFO(t, path)
+	l, err := New(path, 1<<30, 1, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3000 // about 250 KiB: several wakes of the writer, more than the pipe holds
+	var want []byte
+	recs := make([]Record, n)
+	for i := range recs {
+		recs[i] = Record{At: t0, Rule: 1, Priority: 500, Dimension: "cidr", Exit: "direct", Note: strconv.Itoa(i), Path: "relay"}
+		want = appendJSON(want, &recs[i])
+	}
+	added := make(chan struct{})
+	go func() {
+		defer close(added)
+		for _, r := range recs {
+			l.Add(r)
+		}
+	}()
+	waitAdded(t, added, rw)
+	// Nothing has read the pipe, which holds far less than the records: the writer is
+	// still blocked in a write.
+	if got := l.Total(); got != n {
+		t.Fatalf("Total() = %d, want %d", got, n)
+	}
+	if got := l.Recent(1); len(got) != 1 || got[0].Note != strconv.Itoa(n-1) {
+		t.Fatalf("Recent(1) = %+v, want record %d", got, n-1)
+	}
+
+	read := readFIFO(t, rw, filler+len(want))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := <-read
+	if len(got) < filler || !bytes.Equal(got[filler:], want) {
+		t.Fatalf("the FIFO got %d bytes after the filler, want the %d records in order (%d bytes)", len(got)-filler, n, len(want))
+	}
+	if d, err := l.WriteErr(); d != 0 || err != nil {
+		t.Fatalf("WriteErr() = %d, %v; want 0, nil", d, err)
+	}
+}
+
+// A disk that does not keep up does not make the pending records grow without bound:
+// past pendingCap records are dropped and counted, still counted in Total, and the log
+// says so once.
+func TestPendingCapDropsAndCounts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.fifo")
+	rw, filler := stalledFIFO(t, path)
+	l, err := New(path, 1<<30, 1, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer // written by the writer, read after Close
+	l.SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+	long := strings.Repeat("x", 1000)
+	n := 2 * pendingCap / len(long) // twice what the cap holds
+	added := make(chan struct{})
+	go func() {
+		defer close(added)
+		for i := range n {
+			l.Add(Record{At: t0, Dimension: "default", Exit: "direct", Note: strconv.Itoa(i) + long})
+		}
+	}()
+	waitAdded(t, added, rw)
+	l.mu.Lock()
+	pending := len(l.pend)
+	l.mu.Unlock()
+	if pending > pendingCap {
+		t.Errorf("%d bytes pending, over the cap of %d", pending, pendingCap)
+	}
+	dropped, werr := l.WriteErr()
+	if dropped == 0 || dropped >= uint64(n) || werr != nil {
+		t.Fatalf("WriteErr() with the file stalled = %d, %v; want some of the %d records dropped, no error", dropped, werr, n)
+	}
+	if got := l.Total(); got != uint64(n) {
+		t.Errorf("Total() = %d, want %d (dropped records count too)", got, n)
+	}
+
+	// The writer was stalled all along: the file gets the records before the cap was
+	// reached, all of them, and none after.
+	kept := n - int(dropped)
+	var want []byte
+	for i := range kept {
+		want = appendJSON(want, &Record{At: t0, Dimension: "default", Exit: "direct", Note: strconv.Itoa(i) + long})
+	}
+	read := readFIFO(t, rw, filler+len(want))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got := <-read
+	if len(got) < filler || !bytes.Equal(got[filler:], want) {
+		t.Fatalf("the FIFO got %d bytes after the filler, want the first %d records (%d bytes)", len(got)-filler, kept, len(want))
+	}
+	if d, _ := l.WriteErr(); d != dropped {
+		t.Errorf("WriteErr() after Close = %d dropped, want still %d", d, dropped)
+	}
+	if c := strings.Count(logs.String(), "does not keep up"); c != 1 {
+		t.Errorf("%d messages about records dropped at the cap, want 1:\n%s", c, logs.String())
 	}
 }

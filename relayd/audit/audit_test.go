@@ -317,3 +317,63 @@ func TestRecordsNeverHoldDestination(t *testing.T) {
 		t.Fatalf("Record fields = %q, want %q (records must never hold a destination, payload or identity)", got, want)
 	}
 }
+
+// The writer gets many records at once; rotation still goes by record, as when each
+// record was written on its own: no record straddles two files, no file passes maxBytes,
+// and a file is rotated only when the next record would not fit.
+func TestRotationSplitsABatch(t *testing.T) {
+	old := flushInterval
+	flushInterval = time.Hour // one batch: the Flush below
+	defer func() { flushInterval = old }()
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	const maxBytes, n = 1000, 60
+	l, err := New(path, maxBytes, 50, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines [][]byte
+	for i := range n {
+		r := Record{At: t0, Rule: i, Dimension: "cidr", Exit: "direct", Note: strings.Repeat("n", i%7*9)}
+		lines = append(lines, appendJSON(nil, &r))
+		l.Add(r)
+	}
+	if err := l.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var files []string // oldest first
+	for i := 50; i >= 1; i-- {
+		if _, err := os.Stat(fmt.Sprintf("%s.%d", path, i)); err == nil {
+			files = append(files, fmt.Sprintf("%s.%d", path, i))
+		}
+	}
+	files = append(files, path)
+	if len(files) < 3 {
+		t.Fatalf("%d files, want the batch split over several", len(files))
+	}
+	next := 0 // the first line the next file must start with
+	for i, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(b) > maxBytes {
+			t.Errorf("%s is %d bytes, over %d", filepath.Base(p), len(b), maxBytes)
+		}
+		for len(b) > 0 && next < n && bytes.HasPrefix(b, lines[next]) {
+			b = b[len(lines[next]):]
+			next++
+		}
+		if len(b) > 0 {
+			t.Fatalf("%s: after record %d comes %q, want record %d whole", filepath.Base(p), next-1, b, next)
+		}
+		if fi, _ := os.Stat(p); i < len(files)-1 && next < n && fi.Size()+int64(len(lines[next])) <= maxBytes {
+			t.Errorf("%s was rotated with room for record %d", filepath.Base(p), next)
+		}
+	}
+	if next != n {
+		t.Fatalf("the files hold records 0..%d, want all %d", next-1, n)
+	}
+}
