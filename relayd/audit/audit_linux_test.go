@@ -177,11 +177,12 @@ func TestRotationRetryKeepsRotatedFiles(t *testing.T) {
 	}
 }
 
-// stalledFIFO makes path a FIFO whose pipe is full, so that the log's writes to it block
-// until the test reads. The test's end is opened read-write, so that neither it nor the
-// log's open blocks; filler is how many bytes the test put in the pipe.
-func stalledFIFO(t *testing.T, path string) (rw *os.File, filler int) {
+// stalledLog returns a log whose file is a FIFO with a full pipe, so that the log's
+// writes block until the test reads. The test's end is opened read-write, so that
+// neither it nor the log's open blocks; filler is how many bytes the test put in the pipe.
+func stalledLog(t *testing.T, ring int) (l *Log, rw *os.File, filler int) {
 	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.fifo")
 	if err := unix.Mkfifo(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -223,25 +224,34 @@ func stalledFIFO(t *testing.T, path string) (rw *os.File, filler int) {
 	if cerr != nil || werr != nil {
 		t.Fatalf("fill the pipe of %s: %v %v", path, cerr, werr)
 	}
-	return rw, filler
+	if l, err = New(path, 1<<30, 1, ring); err != nil {
+		t.Fatal(err)
+	}
+	return l, rw, filler
 }
 
-// readFIFO reads n bytes from the test's end of a FIFO in the background.
-func readFIFO(t *testing.T, rw *os.File, n int) <-chan []byte {
+// closeAndRead lets the test's end of a stalled FIFO read while l is closed, and checks
+// that after the filler the log wrote exactly want: every record, whole and in order.
+func closeAndRead(t *testing.T, l *Log, rw *os.File, filler int, want []byte) {
 	t.Helper()
 	if err := rw.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	out := make(chan []byte, 1)
+	read := make(chan []byte, 1)
 	go func() {
-		b := make([]byte, n)
-		k, err := io.ReadFull(rw, b)
+		b := make([]byte, filler+len(want))
+		n, err := io.ReadFull(rw, b)
 		if err != nil {
-			t.Errorf("read %d bytes from the audit FIFO: got %d: %v", n, k, err)
+			t.Errorf("read %d bytes from the audit FIFO: got %d: %v", len(b), n, err)
 		}
-		out <- b[:k]
+		read <- b[:n]
 	}()
-	return out
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-read; len(got) < filler || !bytes.Equal(got[filler:], want) {
+		t.Fatalf("the FIFO got %d bytes after the filler, want %d records in order (%d bytes)", len(got)-filler, bytes.Count(want, newline), len(want))
+	}
 }
 
 // waitAdded waits (bounded) for a goroutine adding records; if they do not return, it
@@ -261,12 +271,7 @@ func waitAdded(t *testing.T, added <-chan struct{}, rw *os.File) {
 // yet, so the writer blocks for real; every Add still returns, and once the reader reads,
 // every record arrives, whole and in order.
 func TestAddNeverWaitsForTheFile(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "audit.fifo")
-	rw, filler := stalledFIFO(t, path)
-	l, err := New(path, 1<<30, 1, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, rw, filler := stalledLog(t, 16)
 	const n = 3000 // about 250 KiB: several wakes of the writer, more than the pipe holds
 	var want []byte
 	recs := make([]Record, n)
@@ -291,14 +296,7 @@ func TestAddNeverWaitsForTheFile(t *testing.T) {
 		t.Fatalf("Recent(1) = %+v, want record %d", got, n-1)
 	}
 
-	read := readFIFO(t, rw, filler+len(want))
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	got := <-read
-	if len(got) < filler || !bytes.Equal(got[filler:], want) {
-		t.Fatalf("the FIFO got %d bytes after the filler, want the %d records in order (%d bytes)", len(got)-filler, n, len(want))
-	}
+	closeAndRead(t, l, rw, filler, want)
 	if d, err := l.WriteErr(); d != 0 || err != nil {
 		t.Fatalf("WriteErr() = %d, %v; want 0, nil", d, err)
 	}
@@ -308,12 +306,7 @@ func TestAddNeverWaitsForTheFile(t *testing.T) {
 // past pendingCap records are dropped and counted, still counted in Total, and the log
 // says so once.
 func TestPendingCapDropsAndCounts(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "audit.fifo")
-	rw, filler := stalledFIFO(t, path)
-	l, err := New(path, 1<<30, 1, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, rw, filler := stalledLog(t, 4)
 	var logs bytes.Buffer // written by the writer, read after Close
 	l.SetLogger(slog.New(slog.NewTextHandler(&logs, nil)))
 	long := strings.Repeat("x", 1000)
@@ -347,14 +340,7 @@ func TestPendingCapDropsAndCounts(t *testing.T) {
 	for i := range kept {
 		want = appendJSON(want, &Record{At: t0, Dimension: "default", Exit: "direct", Note: strconv.Itoa(i) + long})
 	}
-	read := readFIFO(t, rw, filler+len(want))
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
-	got := <-read
-	if len(got) < filler || !bytes.Equal(got[filler:], want) {
-		t.Fatalf("the FIFO got %d bytes after the filler, want the first %d records (%d bytes)", len(got)-filler, kept, len(want))
-	}
+	closeAndRead(t, l, rw, filler, want)
 	if d, _ := l.WriteErr(); d != dropped {
 		t.Errorf("WriteErr() after Close = %d dropped, want still %d", d, dropped)
 	}
