@@ -394,14 +394,26 @@ func (l *loop) closeFlows(lp *lpod) {
 // or the relay shut down.
 var errCut = errors.New("closed by the relay before the exit answered")
 
-// closeFlow ends lf with a plain close. A flow decided whose exit has not answered yet is
+// errCutPeeking: the same, for a flow whose hostname had not arrived; errCutFlow for any
+// flow the relay ends (its pod closed, Shutdown's drain over): both ends are reset, as
+// the goroutine path resets the connections it tracks, so a cut never looks like a
+// clean end of stream.
+var (
+	errCutPeeking = errors.New("closed by the relay before the hostname arrived")
+	errCutFlow    = errors.New("closed by the relay")
+)
+
+// closeFlow cuts lf (both ends reset). A flow decided whose exit has not answered yet is
 // recorded (one record per decision) with the cut as its reason, where the goroutine
-// path's dial would go on and be recorded.
+// path's dial would go on and be recorded; one still peeking counts as refused.
 func (l *loop) closeFlow(lf *lflow) {
-	if lf.state == lConnect || lf.state == lHandshake {
+	switch lf.state {
+	case lSniff: // as on the goroutine path, whose peek fails when the connection closes
+		l.r.peekFailed(lf.lp.p.w.Load().ID, lf.f.ID, errCutPeeking)
+	case lConnect, lHandshake:
 		l.unreached(lf, l.exitError(lf, errCut))
 	}
-	l.end(lf, nil)
+	l.end(lf, errCutFlow)
 }
 
 // goHome moves the thread back to the process's netns when a socket took it elsewhere:
@@ -580,13 +592,15 @@ func (l *loop) handoff(lf *lflow, d *rules.Decision) {
 	lf.dead = true
 	file := os.NewFile(uintptr(lf.c), "")
 	nc, err := net.FileConn(file) // a duplicate, polled by the runtime
-	file.Close()
-	if err != nil {
+	if err != nil {               // out of descriptors
+		_ = rawsys.Abort(lf.c) // closed with file: a refusal, not an end of stream
+		file.Close()
 		r.count("refused")
 		r.o.Log.Warn("flow refused: hand-over to the goroutine path failed", "workload", p.w.Load().ID, "flow", lf.f.ID, "err", err)
 		r.end()
 		return
 	}
+	file.Close()
 	tc := nc.(*net.TCPConn)
 	if !p.track(tc) {
 		tc.Close()
@@ -910,7 +924,9 @@ func (l *loop) end(lf *lflow, err error) {
 		return
 	}
 	lf.dead = true
-	if isReset(err) || errors.Is(err, errIdle) || errors.Is(err, errRefusedFlow) {
+	if err != nil {
+		// A reset, the idle timeout, a refusal, or a failure of the relay's own (no pipe
+		// for lack of descriptors): both ends see a reset, never a clean end of stream.
 		for _, fd := range []int{lf.c, lf.u} {
 			if fd >= 0 {
 				_ = rawsys.Abort(fd)

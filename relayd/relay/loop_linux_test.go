@@ -288,8 +288,8 @@ func TestLoopLifecycle(t *testing.T) {
 		if !r.Close("w") {
 			t.Fatal("Close: not open")
 		}
-		if _, err := c.Read(make([]byte, 1)); err == nil {
-			t.Error("flow still open after Close")
+		if _, err := c.Read(make([]byte, 1)); !isReset(err) {
+			t.Errorf("read after Close: %v, want a reset (cut, not a clean end of stream)", err)
 		}
 		// (The goroutine path counts a flow out once its copies have returned.)
 		eventually(func() bool { return r.Stats().Active == 0 })
@@ -584,6 +584,37 @@ func TestLoopSniff(t *testing.T) {
 				t.Errorf("audit %+v, want a record with dimension %s", rec, tc.dimension)
 			}
 		})
+	}
+}
+
+// TestLoopClosePeeking: a flow still waiting for its hostname when its pod closes is
+// refused (a reset, and counted), as on the goroutine path, whose peek fails when the
+// connection closes.
+func TestLoopClosePeeking(t *testing.T) {
+	n := newLoopNet(t)
+	pol, err := rules.Parse("t", []byte("default: direct\nrules:\n  - domain: blocked.example\n    action: deny\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+		SniffWait: time.Minute, Policy: func() relay.Decider { return pol }})
+	defer r.Shutdown(context.Background())
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.dial(t, "192.0.2.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	eventually(func() bool { return r.Stats().Active == 1 })
+	r.Close("w")
+	if _, err := c.Read(make([]byte, 1)); !isReset(err) {
+		t.Errorf("read: %v, want a reset", err)
+	}
+	eventually(func() bool { s := r.Stats(); return s.ByExit["refused"] == 1 && s.Active == 0 })
+	if s := r.Stats(); s.ByExit["refused"] != 1 || s.Active != 0 {
+		t.Errorf("stats %+v, want one refused flow and none active", s)
 	}
 }
 

@@ -486,6 +486,7 @@ func (p *pod) closeConns() {
 	p.conns = map[net.Conn]struct{}{}
 	p.mu.Unlock()
 	for c := range conns {
+		setLinger0(c) // cut: the workload sees a reset, not a clean end of stream
 		c.Close()
 	}
 	p.closeLoopFlows()
