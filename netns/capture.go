@@ -31,8 +31,8 @@ const (
 // What it does, for packets the pod sends (hook output):
 //   - exempt (never redirected or rejected): sockets marked Mark (the relay's own dials),
 //     anything leaving through lo, 127.0.0.0/8, ::1, 169.254.0.0/16 (link-local and cloud
-//     metadata), fe80::/10, ExcludeCIDRs, and destination ports in ExcludePorts (TCP and
-//     UDP);
+//     metadata), fe80::/10, fd00:ec2::254 (the IPv6 cloud metadata address: Metadata),
+//     ExcludeCIDRs, and destination ports in ExcludePorts (TCP and UDP);
 //   - other IPv4 TCP (and IPv6 TCP when IPv6) is redirected to RedirectPort on the pod's
 //     loopback, where the relay listens. When the relay is not listening the redirected SYN
 //     gets a reset: capture fails closed;
@@ -107,8 +107,8 @@ func (c Capture) Program() *Table { return c.build(extension{}) }
 type extension struct {
 	sets      []Set
 	decisions []Rule
-	guard     *Rule // in the nat chain only, just before the 169.254.0.0/16 exemption
-	final     *Rule // replaces the catch-all redirect (a pod whose every flow is decided)
+	guard     uint32 // not 0: TCP to Metadata gets this conntrack mark, in the nat chain only, just before each metadata exemption
+	final     *Rule  // replaces the catch-all redirect (a pod whose every flow is decided)
 }
 
 // build lays the nat chain out in three parts: exemptions, decisions, redirect.
@@ -153,8 +153,8 @@ func (c Capture) build(ext extension) *Table {
 
 	nat := Chain{Name: NATChain, Type: ChainNAT, Priority: NATPriority}
 	for _, r := range literal {
-		if ext.guard != nil && r.String() == guardExemption {
-			nat.Rules = append(nat.Rules, *ext.guard)
+		if pf, ok := metadataExemption(r); ok && ext.guard != 0 {
+			nat.Rules = append(nat.Rules, Rule{Match: []Match{MatchL4Proto{ProtoTCP}, MatchDaddr{pf}}, Action: SetMark{ext.guard, Return}})
 		}
 		nat.Rules = append(nat.Rules, r)
 	}
@@ -207,8 +207,25 @@ func (c Capture) redirect() Rule {
 	return r
 }
 
-// guardExemption is how the metadata exemption renders.
-const guardExemption = "ip daddr 169.254.0.0/16 return"
+// Metadata are the cloud instance metadata destinations, one per family: 169.254.0.0/16
+// (IPv4 link-local, where 169.254.169.254 serves metadata) and fd00:ec2::254 (AWS's IPv6
+// metadata address). They are exempt from capture like loopback (SPEC §4.4, the metadata
+// guard), whatever the pod's IPv6 setting: an IPv6 metadata flow goes direct, as an IPv4
+// one does, rather than to the relay or a reset.
+var Metadata = []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fd00:ec2::254/128")}
+
+// metadataExemption says whether r is the exemption of one of the Metadata prefixes, and
+// which.
+func metadataExemption(r Rule) (netip.Prefix, bool) {
+	if len(r.Match) != 1 || r.Action != Return {
+		return netip.Prefix{}, false
+	}
+	m, ok := r.Match[0].(MatchDaddr)
+	if !ok || !slices.Contains(Metadata, m.Prefix) {
+		return netip.Prefix{}, false
+	}
+	return m.Prefix, true
+}
 
 // liveRule drops a new TCP flow that the table's sets cannot decide yet. A table is
 // replaced in one transaction, yet while the kernel commits it there is a moment (tens of
@@ -236,9 +253,10 @@ func (c Capture) literalExemptions() []Rule {
 		exemption(MatchMark{c.Mark}),
 		exemption(MatchOif{Index: 1, Name: "lo"}),
 		exemption(MatchDaddr{netip.MustParsePrefix("127.0.0.0/8")}),
-		exemption(MatchDaddr{netip.MustParsePrefix("169.254.0.0/16")}),
+		exemption(MatchDaddr{Metadata[0]}),
 		exemption(MatchDaddr{netip.MustParsePrefix("::1/128")}),
 		exemption(MatchDaddr{netip.MustParsePrefix("fe80::/10")}),
+		exemption(MatchDaddr{Metadata[1]}),
 	}
 }
 

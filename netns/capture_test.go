@@ -238,11 +238,11 @@ func TestFakeInstallVerifyRemove(t *testing.T) {
 		{"redirect port", func(t *Table) {
 			r := &t.Chains[0].Rules[len(t.Chains[0].Rules)-1]
 			r.Action = Redirect{9999}
-		}, "chain nat_output has unexpected rule 11: meta l4proto tcp redirect to :9999\n" +
-			"chain nat_output is missing rule 11: meta l4proto tcp redirect to :15001"},
+		}, "chain nat_output has unexpected rule 12: meta l4proto tcp redirect to :9999\n" +
+			"chain nat_output is missing rule 12: meta l4proto tcp redirect to :15001"},
 		{"live check deleted", func(t *Table) {
 			t.Chains[0].Rules = slices.DeleteFunc(t.Chains[0].Rules, func(r Rule) bool { return r.String() == liveRule.String() })
-		}, "chain nat_output is missing rule 7: tcp dport != @live drop"},
+		}, "chain nat_output is missing rule 8: tcp dport != @live drop"},
 		{"chain deleted", func(t *Table) { t.Chains = t.Chains[:1] }, "chain filter_output is missing"},
 		{"chain moved", func(t *Table) { t.Chains[0].Priority = 0 }, "chain nat_output is type nat priority 0, want type nat priority -100"},
 		{"element deleted", func(t *Table) { t.Sets[2].Ports = t.Sets[2].Ports[1:] }, "set exclude_ports is missing element 22"},

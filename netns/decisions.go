@@ -15,8 +15,8 @@ import (
 // and before the catch-all redirect. The package knows nothing of policies: a caller
 // turns its own decision list into this neutral form.
 type Decisions struct {
-	// Guard, when not 0, is the conntrack mark given to TCP flows to 169.254.0.0/16 (the
-	// metadata range is exempt from capture anyway; the mark lets them be audited).
+	// Guard, when not 0, is the conntrack mark given to TCP flows to Metadata (exempt from
+	// capture anyway; the mark lets them be audited).
 	Guard uint32
 	// List is tried in order; the first entry whose Prefixes and Ports both match decides.
 	// Flows no entry matches are redirected to the relay.
@@ -83,9 +83,7 @@ func (c Capture) compile(d Decisions) extension {
 	if !c.IPv6 {
 		tcp = []Match{MatchNFProto{4}, MatchL4Proto{ProtoTCP}}
 	}
-	if d.Guard != 0 {
-		ext.guard = &Rule{Match: []Match{MatchL4Proto{ProtoTCP}, MatchDaddr{netip.MustParsePrefix("169.254.0.0/16")}}, Action: SetMark{d.Guard, Return}}
-	}
+	ext.guard = d.Guard
 	redirect := Redirect{c.RedirectPort}
 	stage := 0
 	name := func(kind string) string { return fmt.Sprintf("%s%d_%s", DecisionSetPrefix, stage, kind) }

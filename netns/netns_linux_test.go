@@ -274,9 +274,10 @@ func newTopology(t *testing.T) *topology {
 	pod := testutil.NewNetns(t, "klpod")
 	srv := testutil.NewNetns(t, "klsrv")
 	podIf, srvIf := testutil.Link(t, pod, []string{"192.0.2.1/24", "fd00::1/64"},
-		srv, []string{"192.0.2.2/24", "fd00::2/64", "169.254.169.254/32", "198.51.100.2/32", "fd00:1::2/128"})
+		srv, []string{"192.0.2.2/24", "fd00::2/64", "169.254.169.254/32", "198.51.100.2/32", "fd00:1::2/128", "fd00:ec2::254/128"})
 	_ = srvIf
 	pod.Exec(t, "ip", "route", "add", "169.254.169.254/32", "dev", podIf)
+	pod.Exec(t, "ip", "-6", "route", "add", "fd00:ec2::254/128", "dev", podIf)
 	pod.Exec(t, "ip", "route", "add", "198.51.100.0/24", "dev", podIf)
 	pod.Exec(t, "ip", "-6", "route", "add", "fd00:1::/64", "dev", podIf)
 	for _, port := range []string{"8080", "2222"} {
@@ -371,6 +372,7 @@ func testCaptureRedirects(t *testing.T, dualStack bool) {
 		{"marked ipv6 socket not captured", 0x539, "[fd00::2]:8080", "server [fd00::1]:"},
 		{"other mark captured", 0x538, "192.0.2.2:8080", "relay 192.0.2.2:8080"},
 		{"metadata address not captured", 0, "169.254.169.254:8080", "server 192.0.2.1:"},
+		{"ipv6 metadata address not captured", 0, "[fd00:ec2::254]:8080", "server [fd00::1]:"},
 		{"excluded cidr not captured", 0, "198.51.100.2:8080", "server 192.0.2.1:"},
 		{"excluded ipv6 cidr not captured", 0, "[fd00:1::2]:8080", "server [fd00::1]:"},
 		{"excluded port not captured", 0, "192.0.2.2:2222", "server 192.0.2.1:"},
@@ -394,8 +396,10 @@ func testCaptureRedirects(t *testing.T, dualStack bool) {
 			t.Errorf("relay down: connect(%s) = %q, %v; want connection refused", addr, got, err)
 		}
 	}
-	if got, err := tp.connect(0, "169.254.169.254:8080"); err != nil || !strings.HasPrefix(got, "server ") {
-		t.Errorf("relay down: metadata address = %q, %v; want the server", got, err)
+	for _, addr := range []string{"169.254.169.254:8080", "[fd00:ec2::254]:8080"} {
+		if got, err := tp.connect(0, addr); err != nil || !strings.HasPrefix(got, "server ") {
+			t.Errorf("relay down: metadata address %s = %q, %v; want the server", addr, got, err)
+		}
 	}
 }
 
@@ -420,7 +424,7 @@ func TestCaptureFailsClosed(t *testing.T) {
 		t.Errorf("IPv6 TCP with IPv6 capture off failed with %v after %v, want an immediate refusal", err, time.Since(start))
 	}
 	// ...except what is exempt anyway.
-	for _, addr := range []string{"[fd00:1::2]:8080"} {
+	for _, addr := range []string{"[fd00:1::2]:8080", "[fd00:ec2::254]:8080"} {
 		if got, err := tp.connect(0, addr); err != nil || !strings.HasPrefix(got, "server ") {
 			t.Errorf("exempt IPv6 %s = %q, %v; want the server", addr, got, err)
 		}

@@ -110,6 +110,9 @@ rules:
 		{"label lowest index", Flow{Labels: map[string]string{"kl.special": "x", "kl.route": "proxy"}}, "proxy", 7, DimLabel},
 		{"guard beats label", Flow{Labels: map[string]string{"kl.route": "proxy"}, Dst: ap("169.254.169.254:80")}, "direct", 0, DimGuard},
 		{"guard by host literal", Flow{Host: "169.254.169.254"}, "direct", 0, DimGuard},
+		{"ipv6 guard beats label", Flow{Labels: map[string]string{"kl.route": "proxy"}, Dst: ap("[fd00:ec2::254]:80")}, "direct", 0, DimGuard},
+		{"ipv6 guard by host literal", Flow{Host: "[fd00:ec2::254]"}, "direct", 0, DimGuard},
+		{"ipv6 guard is one address", Flow{Labels: map[string]string{"kl.route": "proxy"}, Dst: ap("[fd00:ec2::253]:80")}, "proxy", 7, DimLabel},
 		{"domain star needs a host", Flow{Dst: ap("198.51.100.1:80")}, "deny", 0, DimDefault},
 		{"domain star", Flow{Host: "anything.test"}, "egress-b", 11, DimDomain},
 	})
@@ -145,6 +148,7 @@ rules:
 		{"any host port", Flow{Dst: ap("198.51.100.1:22")}, "deny", 6, DimPattern},
 		{"any", Flow{Dst: ap("198.51.100.1:80")}, "proxy", 7, DimPattern},
 		{"guard", Flow{Dst: ap("169.254.169.254:80")}, "direct", 0, DimGuard},
+		{"ipv6 guard", Flow{Dst: ap("[fd00:ec2::254]:80")}, "direct", 0, DimGuard},
 	})
 }
 

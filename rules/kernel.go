@@ -3,6 +3,7 @@ package rules
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 )
 
@@ -184,7 +185,7 @@ func (k *KernelPlan) AllRelay() bool {
 func (p *Policy) Plan(labels map[string]string, image string) *KernelPlan {
 	k := &KernelPlan{}
 	k.Entries = append(k.Entries, KernelEntry{
-		Prefixes: []netip.Prefix{metadata},
+		Prefixes: slices.Clone(metadata),
 		Decision: guardDecision,
 		Known:    true,
 		Why:      "metadata guard",

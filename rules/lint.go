@@ -2,6 +2,8 @@ package rules
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/gaissmai/bart"
@@ -14,7 +16,7 @@ import (
 const (
 	WarnShadowed       = "W_SHADOWED"        // a rule that can never win
 	WarnOrder          = "W_ORDER"           // file order disagrees with the tier order
-	WarnMetadata       = "W_METADATA"        // a rule tries to send 169.254.0.0/16 elsewhere than direct
+	WarnMetadata       = "W_METADATA"        // a rule tries to send a metadata address elsewhere than direct
 	WarnClientDetached = "W_CLIENT_DETACHED" // client in a policy for detached use
 	WarnScriptRules    = "W_SCRIPT_RULES"    // rules next to a script, which replaces them
 	WarnScriptHandoff  = "W_SCRIPT_HANDOFF"  // the script cannot run inline (slower, still exact)
@@ -84,7 +86,7 @@ func Lint(p *Policy, o LintOptions) []Warning {
 			add(WarnClientDetached, r, "client needs a live attach session; a detached policy cannot use it")
 		}
 		if r.exit != ExitDirect && touchesMetadata(r) {
-			add(WarnMetadata, r, "sends addresses in 169.254.0.0/16 to %s, but the metadata guard always sends them direct", r.exit)
+			add(WarnMetadata, r, "sends addresses in %s to %s, but the metadata guard always sends them direct", metadataNames, r.exit)
 		}
 		if p.pattern {
 			key := r.m.String()
@@ -128,15 +130,20 @@ func Lint(p *Policy, o LintOptions) []Warning {
 func touchesMetadata(r *rule) bool {
 	switch m := r.m.(type) {
 	case *cidrMatcher:
-		for _, pf := range m.prefixes {
-			if pf.Overlaps(metadata) {
-				return true
-			}
-		}
+		return slices.ContainsFunc(m.prefixes, overlapsMetadata)
 	case *patternMatcher:
-		return m.prefix.IsValid() && m.prefix.Overlaps(metadata)
+		return m.prefix.IsValid() && overlapsMetadata(m.prefix)
 	}
 	return false
+}
+
+func overlapsMetadata(pf netip.Prefix) bool {
+	return slices.ContainsFunc(metadata, pf.Overlaps)
+}
+
+// inMetadata says whether every address of pf is a destination of the metadata guard.
+func inMetadata(pf netip.Prefix) bool {
+	return slices.ContainsFunc(metadata, func(m netip.Prefix) bool { return m.Bits() <= pf.Bits() && m.Contains(pf.Addr()) })
 }
 
 // shadowCheck holds the rules seen so far, per tier, in forms that answer "is this new
@@ -259,15 +266,15 @@ func (s *shadowCheck) check(r *rule) (by int, why string) {
 	case *cidrMatcher:
 		last, inGuard := 0, true
 		for _, pf := range m.prefixes {
-			if !(metadata.Bits() <= pf.Bits() && metadata.Contains(pf.Addr())) {
+			if !inMetadata(pf) {
 				inGuard = false
 			}
 		}
 		if inGuard {
 			if r.exit == ExitDirect {
-				return 0, "all its addresses are in 169.254.0.0/16, which the metadata guard sends direct before any rule (harmless: so would this rule)"
+				return 0, "all its addresses are in " + metadataNames + ", which the metadata guard sends direct before any rule (harmless: so would this rule)"
 			}
-			return 0, "all its addresses are in 169.254.0.0/16, which the metadata guard always sends direct"
+			return 0, "all its addresses are in " + metadataNames + ", which the metadata guard always sends direct"
 		}
 		for _, pf := range m.prefixes {
 			_, i, ok := s.cidrs.LookupPrefixLPM(pf)

@@ -60,8 +60,23 @@ type ruleOut struct {
 	dim        Dimension
 }
 
-// metadata is the cloud instance metadata range of the guard (SPEC §4.4).
-var metadata = netip.MustParsePrefix("169.254.0.0/16")
+// metadata are the cloud instance metadata destinations of the guard (SPEC §4.4), one per
+// family: 169.254.0.0/16 and fd00:ec2::254 (AWS's IPv6 metadata address). The kernel
+// exempts the same ones from capture (netns.Metadata).
+var metadata = []netip.Prefix{netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("fd00:ec2::254/128")}
+
+// metadataNames is how messages name the metadata destinations.
+const metadataNames = "169.254.0.0/16 and fd00:ec2::254"
+
+// isMetadata says whether addr is a destination of the metadata guard.
+func isMetadata(addr netip.Addr) bool {
+	for _, pf := range metadata {
+		if pf.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
 
 func tierPriority(d Dimension) int {
 	switch d {
@@ -168,7 +183,7 @@ func (p *Policy) Decide(f *Flow) Decision {
 
 func (p *Policy) decide(f *Flow, host string, lit netip.Addr) Decision {
 	addr := flowAddr(f, lit)
-	if addr.IsValid() && metadata.Contains(addr) {
+	if isMetadata(addr) {
 		return guardDecision
 	}
 	if p.script != nil {
@@ -222,7 +237,7 @@ func (p *Policy) tierDecision(idx int32, prio int) Decision {
 	return Decision{Exit: o.exit, Rule: int(idx), Priority: prio, Dimension: o.dim, Note: o.note}
 }
 
-var guardDecision = Decision{Exit: ExitDirect, Dimension: DimGuard, Note: "metadata guard: 169.254.0.0/16 always goes direct"}
+var guardDecision = Decision{Exit: ExitDirect, Dimension: DimGuard, Note: "metadata guard: " + metadataNames + " always go direct"}
 
 func (p *Policy) ruleDecision(idx int32) Decision {
 	r := &p.rules[idx-1]
@@ -268,7 +283,7 @@ func (p *Policy) walk(f *Flow) Decision {
 	var ib [maxImageLen]byte
 	host, lit := normHost(f.Host, &hb)
 	addr := flowAddr(f, lit)
-	if addr.IsValid() && metadata.Contains(addr) {
+	if isMetadata(addr) {
 		return guardDecision
 	}
 	if p.script != nil {

@@ -24,8 +24,8 @@
 // refused: a pod can never run with its egress silently uncaptured, even under a runtime
 // that ignored the error.
 //
-// What is captured: TCP over IPv4 and IPv6 to anything but loopback, 169.254.0.0/16,
-// fe80::/10 and the configured exclusions. Not captured: UDP (DNS passes as before); UDP
+// What is captured: TCP over IPv4 and IPv6 to anything but loopback, the cloud metadata
+// addresses (169.254.0.0/16, fd00:ec2::254), fe80::/10 and the configured exclusions. Not captured: UDP (DNS passes as before); UDP
 // to port 443 (QUIC) is rejected by default so clients fall back to TCP; other protocols
 // (ICMP, SCTP) pass untouched.
 //

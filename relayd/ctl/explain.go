@@ -201,7 +201,7 @@ func explainWords(w io.Writer, p *rules.Policy, f *rules.Flow, d rules.Decision,
 	fmt.Fprintf(w, "exit:   %s\n\n", d.Exit)
 	switch d.Dimension {
 	case rules.DimGuard:
-		fmt.Fprintln(w, "Decided by the metadata guard: destinations in 169.254.0.0/16 always go direct,")
+		fmt.Fprintln(w, "Decided by the metadata guard: destinations in 169.254.0.0/16 and fd00:ec2::254 always go direct,")
 		fmt.Fprintln(w, "before any rule, label or script is consulted.")
 	case rules.DimScript:
 		switch {
