@@ -22,7 +22,10 @@
 // place. Until the runtime tears the sandbox down (it calls DEL after a failed ADD) every
 // TCP connection the pod attempts is redirected to a port where nothing listens and is
 // refused: a pod can never run with its egress silently uncaptured, even under a runtime
-// that ignored the error.
+// that ignored the error. A registration that times out here is not made later behind
+// the plugin's back: kl-relayd abandons a registration whose client has gone by the
+// time it gets to it, so the DEL that follows the failed ADD leaves nothing behind,
+// whichever of the two the relay handles first.
 //
 // What is captured: TCP over IPv4 and IPv6 to anything but loopback, the cloud metadata
 // addresses (169.254.0.0/16, fd00:ec2::254), fe80::/10 and the configured exclusions. Not captured: UDP (DNS passes as before); UDP

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"runtime"
 	"sort"
@@ -41,13 +43,18 @@ var errConflict = errors.New("conflict")
 
 func (d *Daemon) handleRegister(w http.ResponseWriter, r *http.Request) {
 	var wl api.Workload
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20))
-	if err := dec.Decode(&wl); err != nil {
+	body := http.MaxBytesReader(w, r.Body, 1<<20)
+	if err := json.NewDecoder(body).Decode(&wl); err != nil {
 		writeError(w, http.StatusBadRequest, fmt.Errorf("decode workload: %w", err))
 		return
 	}
-	reg, err := d.Register(wl)
+	// Read to the end: from then on the server watches the connection and cancels
+	// r.Context() when the client goes away, which register checks.
+	_, _ = io.Copy(io.Discard, body)
+	reg, err := d.register(r.Context(), wl)
 	switch {
+	case errors.Is(err, errAbandoned):
+		writeError(w, http.StatusServiceUnavailable, err)
 	case errors.Is(err, errConflict):
 		writeError(w, http.StatusConflict, err)
 	case errors.Is(err, errInvalid):
@@ -70,8 +77,28 @@ func validate(wl api.Workload) error {
 	return nil
 }
 
+// errAbandoned marks a registration not made because its client had gone away.
+var errAbandoned = errors.New("registration abandoned")
+
 // Register adds or refreshes a workload and returns once its listeners accept.
 func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
+	return d.register(context.Background(), wl)
+}
+
+// register is Register for a client that may go away, ctx ending when it does. A
+// registration whose client has gone by the time it holds d.mu is not made, nor is a
+// refresh: nothing of it is installed or opened, and what is registered stays as it is.
+// Its client — kl-cni ADD whose timeout ran out, or that the runtime killed, while the
+// request waited for enrichment or for d.mu — has failed, so the runtime's DEL for the
+// sandbox follows or has already run: made after that DEL, the registration, its
+// listeners and its table would outlive the sandbox until the next sweep (the listeners
+// even keep its netns alive), and a stale refresh would move a newer registration of the
+// same id back to the old netns. The runtime sends DEL only once ADD has ended (CNI runs
+// no two commands for one container at once), so a registration that gets d.mu after
+// the DEL finds its client gone (the server notices a closed connection at once; the
+// runtime takes milliseconds to start DEL); one whose client goes away after it got d.mu
+// is the DEL's to clean up, which d.mu orders after it.
+func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registration, error) {
 	if err := validate(wl); err != nil {
 		return api.Registration{}, err
 	}
@@ -82,6 +109,10 @@ func (d *Daemon) Register(wl api.Workload) (api.Registration, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		d.log.Info("registration abandoned: its client went away before it could be made (a DEL may already have released the sandbox)", "workload", wl.ID, "err", err)
+		return api.Registration{}, fmt.Errorf("%w: workload %s: the client went away before it could be made: %w", errAbandoned, wl.ID, err)
+	}
 	for id, e := range d.regs {
 		if id != wl.ID && e.NetnsDev == dev && e.NetnsIno == ino {
 			return api.Registration{}, fmt.Errorf("%w: netns %s is already served for workload %s", errConflict, wl.Netns, id)
