@@ -331,3 +331,29 @@ func TestExtensionPlacement(t *testing.T) {
 		t.Errorf("Diff against the plain program = %q, want the extra set and rule", d)
 	}
 }
+
+func TestHostLocal(t *testing.T) {
+	tests := []struct {
+		addr string
+		want bool
+	}{
+		{"127.0.0.1", true},
+		{"::1", true},
+		{"169.254.169.254", true},
+		{"::ffff:169.254.169.254", true},
+		{"fe80::1", true},
+		{"fd00:ec2::254", true},
+		{"0.0.0.0", true},
+		{"::", true},
+		{"0.1.2.3", true},
+		{"192.0.2.1", false},
+		{"fd00:ec2::253", false},
+		{"fd00::1", false},
+		{"2001:db8::1", false},
+	}
+	for _, tt := range tests {
+		if got := HostLocal(netip.MustParseAddr(tt.addr)); got != tt.want {
+			t.Errorf("HostLocal(%s) = %v, want %v", tt.addr, got, tt.want)
+		}
+	}
+}

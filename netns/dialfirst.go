@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 )
 
 var errNoAddress = errors.New("no address to dial")
@@ -28,11 +29,13 @@ func DialFirst(ctx context.Context, addrs []netip.AddrPort, dial func(context.Co
 }
 
 // HostLocal reports whether a is an address of the machine that dials it rather than of
-// a network: loopback, link-local, unspecified, or IPv4 0.0.0.0/8 (which Linux also
-// treats as local). An invalid address counts as local. The daemon's gateway exit and
-// the attach side refuse these: they lend a network, not the services of their machine.
+// a network: loopback, link-local, unspecified, IPv4 0.0.0.0/8 (which Linux also treats
+// as local), or a cloud metadata address (Metadata: the machine's own instance metadata
+// and credentials, in IPv6 too). An invalid address counts as local. The daemon's
+// gateway exit and the attach side refuse these: they lend a network, not the services
+// of their machine.
 func HostLocal(a netip.Addr) bool {
 	a = a.Unmap()
 	return !a.IsValid() || a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsUnspecified() ||
-		(a.Is4() && a.As4()[0] == 0)
+		(a.Is4() && a.As4()[0] == 0) || slices.ContainsFunc(Metadata, func(p netip.Prefix) bool { return p.Contains(a) })
 }

@@ -82,13 +82,14 @@ func buildExits(cfg *config.Config) (map[string]relay.DialFunc, map[string]upstr
 
 // errOnNode refuses a gateway destination on the node itself. It names no address: it
 // ends up in audit records.
-var errOnNode = errors.New("gateway: destination is on the node itself (loopback, link-local or unspecified): refused")
+var errOnNode = errors.New("gateway: destination is on the node itself (loopback, link-local, cloud metadata or unspecified): refused")
 
 // dialGateway dials dst from the daemon's own netns, the node's network. A destination
 // on the node itself is refused, also when a name resolves to one: loopback (services
 // that listen on the node's loopback only: kubelet's healthz, containerd's debug,
 // whatever an operator bound to 127.0.0.1), link-local (169.254.169.254, the cloud
-// metadata service and the node's credentials) and unspecified addresses. A pod reaches
+// metadata service and the node's credentials), fd00:ec2::254 (the same over IPv6) and
+// unspecified addresses (netns.HostLocal). A pod reaches
 // none of them from its own netns, and the gateway must not lend it the node's. (The
 // node's own network addresses stay reachable, as they are from any pod.) A name is
 // resolved here once and its addresses are tried in order.
