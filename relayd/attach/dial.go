@@ -65,7 +65,7 @@ func (c *Client) dial(ctx context.Context, h *Header, pacProxy string) (net.Conn
 // agent's API) and, on a cloud machine, the metadata service and its credentials. The
 // daemon's gateway exit refuses the node's own addresses with the same predicate. It
 // names no address: it goes back to the daemon, into its log and audit records.
-var errThisMachine = errors.New("destination is on this machine itself (loopback, link-local or unspecified): refused")
+var errThisMachine = errors.New("destination is on this machine itself (loopback, link-local, unspecified or the metadata address): refused")
 
 // namesThisMachine reports whether the header's destination is the machine itself by
 // what it says: an address on it, or a name that means it (localhost). A name that

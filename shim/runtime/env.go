@@ -11,10 +11,10 @@ import (
 )
 
 // baseNoProxy is never proxied: loopback (the relay's own listeners live there) and the
-// instance metadata address, which kl always sends direct (SPEC §4.4). Written as
+// instance metadata addresses (IPv4 and AWS's IPv6 one), which kl always sends direct (SPEC §4.4). Written as
 // literals because Python's urllib and older curl read NO_PROXY entries only as names or
 // literal addresses, not CIDRs.
-var baseNoProxy = []string{"localhost", "127.0.0.1", "::1", "169.254.169.254"}
+var baseNoProxy = []string{"localhost", "127.0.0.1", "::1", "169.254.169.254", "fd00:ec2::254"}
 
 // ProxyVars returns the variables to inject for mode: upper and lower case spellings of
 // HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY, and NODE_USE_ENV_PROXY=1 so Node's

@@ -62,7 +62,7 @@ func TestContainerdCtr(t *testing.T) {
 		t.Fatalf("ctr run: exit %d\n%s\n%s\ncontainerd:\n%s", r.code, r.stdout, r.stderr, c.tail())
 	}
 	if m := contains(r.stdout, "HTTP_PROXY=http://127.0.0.1:15080", "https_proxy=http://127.0.0.1:15080",
-		"ALL_PROXY=socks5h://127.0.0.1:15081", "NODE_USE_ENV_PROXY=1", "no_proxy=localhost,127.0.0.1,::1,169.254.169.254", rulesBody, "WRITE-FAILED"); len(m) > 0 {
+		"ALL_PROXY=socks5h://127.0.0.1:15081", "NODE_USE_ENV_PROXY=1", "no_proxy=localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254", rulesBody, "WRITE-FAILED"); len(m) > 0 {
 		t.Errorf("container output lacks %q:\n%s", m, r.stdout)
 	}
 	calls := relay.Calls()

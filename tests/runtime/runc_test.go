@@ -137,8 +137,8 @@ func TestRuncProxyMode(t *testing.T) {
 	if m := contains(r.stdout,
 		"HTTP_PROXY=http://127.0.0.1:15080\n", "http_proxy=http://127.0.0.1:15080\n",
 		"ALL_PROXY=socks5h://127.0.0.1:15081\n", "all_proxy=socks5h://127.0.0.1:15081\n",
-		"NO_PROXY=localhost,127.0.0.1,::1,169.254.169.254,corp.example,10.0.0.0/8\n",
-		"no_proxy=localhost,127.0.0.1,::1,169.254.169.254,corp.example,10.0.0.0/8\n",
+		"NO_PROXY=localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,corp.example,10.0.0.0/8\n",
+		"no_proxy=localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,corp.example,10.0.0.0/8\n",
 		"NODE_USE_ENV_PROXY=1\n", "https_proxy=http://image-set:1\n",
 		rulesBody, "WRITE-FAILED", " ro,nosuid,nodev,noexec"); len(m) > 0 {
 		t.Errorf("container output lacks %q:\n%s\nstderr: %s", m, r.stdout, r.stderr)
