@@ -126,13 +126,15 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 			return api.Registration{}, err
 		}
 	}
-	if refresh {
-		if old.NetnsDev == dev && old.NetnsIno == ino && old.Registration.Workload.Netns == wl.Netns {
-			since = old.Registration.Since
-		} else {
-			// Same id, another netns: the sandbox was recreated under the same id.
-			d.relay.Close(wl.ID)
-		}
+	// Same id, same netns (device and inode): a refresh, also under a new path (kl-hook
+	// re-registers a netns shared by containers through a member still running when the
+	// first goes); the listeners and their flows stay, the path is the reaper's from now
+	// on. Another netns: the sandbox was recreated under the same id.
+	sameNetns := refresh && old.NetnsDev == dev && old.NetnsIno == ino
+	if sameNetns {
+		since = old.Registration.Since
+	} else if refresh {
+		d.relay.Close(wl.ID)
 	}
 	// kl-cni's capture table first (capture.go): it stays when what follows fails, so
 	// the pod fails closed.
@@ -142,12 +144,18 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 			return api.Registration{}, err
 		}
 	}
-	ls, err := d.relay.Open(wl)
-	if err != nil {
-		if fastDone {
-			d.fastRemove(wl.ID)
+	var ls api.Listeners
+	kept := false
+	if sameNetns {
+		ls, kept = d.relay.Refresh(wl)
+	}
+	if !kept {
+		if ls, err = d.relay.Open(wl); err != nil {
+			if fastDone {
+				d.fastRemove(wl.ID)
+			}
+			return api.Registration{}, err
 		}
-		return api.Registration{}, err
 	}
 	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since, Captured: wantsCapture(wl)}, NetnsDev: dev, NetnsIno: ino}
 	if err := d.store.Put(e); err != nil {

@@ -232,26 +232,17 @@ func New(o Options) *Relay {
 // w.Netns (one dual-stack socket; IPv4-only when the netns has no IPv6). Proxy mode: an
 // HTTP and a SOCKS5 proxy on the pod's loopback (127.0.0.1). When Open returns, the
 // listeners exist and accept. Opening an id that is already open with the same netns
-// path only refreshes its metadata (labels, image).
+// path only refreshes its metadata (labels, image); see Refresh for the same netns under
+// another path.
 func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 	switch w.Mode {
 	case api.ModeTransparent, api.ModeProxy:
 	default:
 		return api.Listeners{}, fmt.Errorf("workload %s: mode %q has no relay listeners", w.ID, w.Mode)
 	}
-	r.mu.Lock()
-	if r.shut {
-		r.mu.Unlock()
-		return api.Listeners{}, ErrClosed
+	if ls, ok, err := r.refresh(w, false); ok || err != nil {
+		return ls, err
 	}
-	if p, ok := r.pods[w.ID]; ok {
-		if old := p.w.Load(); old.Netns == w.Netns && old.Mode == w.Mode {
-			p.w.Store(newRegistered(w))
-			r.mu.Unlock()
-			return p.ls, nil
-		}
-	}
-	r.mu.Unlock()
 	// A different netns or mode under a known id: the sandbox was recreated.
 	r.Close(w.ID)
 
@@ -283,6 +274,38 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 	r.pods[w.ID] = p
 	r.mu.Unlock()
 	return p.ls, nil
+}
+
+// Refresh is Open for an id already open in the same mode whose netns the caller has
+// checked is the same namespace (device and inode), also under another path (containers
+// sharing a netns: it is re-registered through a member still running when the first
+// goes): the listeners and the flows they carry stay, and flows from now on read w (its
+// path, labels, image). The netns is held open by the relay, so the old path may be gone.
+// It reports false, changing nothing, when the id is not open or is open in another
+// mode (or the relay is shut down); the caller then Opens. The caller serialises it with
+// Open and Close for one id.
+func (r *Relay) Refresh(w api.Workload) (api.Listeners, bool) {
+	ls, ok, _ := r.refresh(w, true)
+	return ls, ok
+}
+
+// refresh replaces the workload of open id w.ID, if it is open in w's mode and, unless
+// anyPath, at w's netns path.
+func (r *Relay) refresh(w api.Workload, anyPath bool) (api.Listeners, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shut {
+		return api.Listeners{}, false, ErrClosed
+	}
+	p, ok := r.pods[w.ID]
+	if !ok {
+		return api.Listeners{}, false, nil
+	}
+	if old := p.w.Load(); old.Mode != w.Mode || !anyPath && old.Netns != w.Netns {
+		return api.Listeners{}, false, nil
+	}
+	p.w.Store(newRegistered(w))
+	return p.ls, true, nil
 }
 
 func (r *Relay) openTransparent(p *pod, w api.Workload) error {
