@@ -329,6 +329,10 @@ func (c *Client) Run(ctx context.Context) (err error) {
 				c.o.Log.Error("attach: the daemon's policy does not load here; flows under it will be refused", "err", err)
 				continue
 			}
+			if pm.Earlier {
+				c.o.Log.Debug("attach: an earlier policy kept for flows decided under it", "policy", pm.Hash)
+				continue
+			}
 			c.o.Log.Info("attach: policy updated", "policy", pm.Hash)
 			c.event(Event{Kind: "policy", Session: w.Session, Reason: pm.Hash})
 		}
@@ -626,13 +630,14 @@ func (c countWriter) Write(b []byte) (int, error) {
 
 // policies holds the versions of the daemon's policy this side has parsed, by hash. A
 // reload races the flows decided under it, so a flow may name a version that arrives a
-// moment later; the last few versions stay for flows decided just before a reload.
+// moment later; the last few versions stay (kept) for flows decided just before a
+// reload, and the daemon sends an earlier one again (PolicyMsg.Earlier) when a flow
+// names one this side no longer holds.
 type policies struct {
-	mu   sync.Mutex
-	byH  map[string]*rules.Policy
-	keep []string
-	cur  string
-	ch   chan struct{} // closed and replaced on every add
+	mu  sync.Mutex
+	byH map[string]*rules.Policy
+	k   kept
+	ch  chan struct{} // closed and replaced on every add
 }
 
 func newPolicies() *policies {
@@ -651,15 +656,10 @@ func (ps *policies) add(pm *PolicyMsg) error {
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if _, ok := ps.byH[pm.Hash]; !ok {
+	if !ps.k.has(pm.Hash) {
 		ps.byH[pm.Hash] = p
-		ps.keep = append(ps.keep, pm.Hash)
-		if len(ps.keep) > 4 {
-			delete(ps.byH, ps.keep[0])
-			ps.keep = ps.keep[1:]
-		}
 	}
-	ps.cur = pm.Hash
+	delete(ps.byH, ps.k.add(pm.Hash, pm.Earlier))
 	close(ps.ch)
 	ps.ch = make(chan struct{})
 	return nil
@@ -668,7 +668,7 @@ func (ps *policies) add(pm *PolicyMsg) error {
 func (ps *policies) current() string {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	return ps.cur
+	return ps.k.cur
 }
 
 func (ps *policies) wait(hash string, d time.Duration) *rules.Policy {

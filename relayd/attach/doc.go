@@ -10,7 +10,9 @@
 // (Live, Sessions) and is the relay's `client` exit (Exit, Dial): one multiplexed stream
 // (hashicorp/yamux, over the one TLS connection) per flow, opened by a Header carrying the
 // destination, the flow's whole decision context (timestamp, id, labels, image, process,
-// hostname, source) and the policy version. No live session for the workload means the
+// hostname, source) and the version of the policy that decided it (an earlier one than
+// the live policy when a reload landed in between: the session is sent it, marked so it
+// does not replace the current one). No live session for the workload means the
 // flow is refused with the reason, never sent by another exit.
 //
 // The attach side (Client) receives the policy's bytes when the session starts and after

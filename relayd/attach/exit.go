@@ -15,15 +15,17 @@ import (
 //
 //	exits[rules.ExitClient] = srv.Exit()
 //
-// The flow is re-decided here with the live policy (the relay hands an exit only the
-// destination) and carried over the newest session allowed to carry the workload; with
-// no such session the flow is refused, never sent another way.
+// A flow the relay decided keeps its decision and the policy that took it (relay.FlowFrom,
+// relay.PolicyFrom); any other is decided here with the live policy (the exit is handed
+// only the destination). It is carried over the newest session allowed to carry the
+// workload; with no such session the flow is refused, never sent another way.
 func (s *Server) Exit() relay.DialFunc {
 	return func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 		if f, d, ok := relay.FlowFrom(ctx); ok {
 			// The relay's own flow and decision: the attach side re-decides exactly what
-			// the relay decided, same timestamp and id.
-			return s.Dial(ctx, w, f, &d)
+			// the relay decided, same timestamp and id, under the same policy.
+			by, _ := relay.PolicyFrom(ctx).(*rules.Policy)
+			return s.dial(ctx, w, f, &d, by)
 		}
 		f := rules.Flow{Labels: w.Labels, Image: w.Image, Host: dst.Host, Dst: dst.Addr}
 		if !dst.Addr.IsValid() {

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -128,6 +129,7 @@ type session struct {
 	pending  []queuedPolicy // oldest first, at most maxPendingPolicies
 	aborts   []uint64
 	newest   queuedPolicy  // the newest policy queued or sent
+	held     kept          // the policies the attach side holds once pending is written
 	sentGen  uint64        // the generation of the last policy written
 	progress chan struct{} // closed and replaced when sentGen advances
 	wake     chan struct{} // capacity 1: something was queued
@@ -393,6 +395,7 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 		return
 	}
 	se.newest = first
+	se.held.add(p.Hash(), false)
 	se.sentPolicy(first)
 	go se.writeLoop()
 	if !s.add(se) {
@@ -494,15 +497,17 @@ var policySendTimeout = 10 * time.Second
 const abortSendTimeout = 5 * time.Second
 
 // maxPendingPolicies bounds the policies queued for a session and not yet written: the
-// attach side keeps the last four it was sent, so an older one would be of no use there.
-const maxPendingPolicies = 4
+// attach side keeps the last maxKept it was sent, so an older one would be of no use there.
+const maxPendingPolicies = maxKept
 
 // queuedPolicy is a policy with its generation (Server.policy), and the time by which
-// it must have been written.
+// it must have been written. An earlier one (hold) has no generation and does not
+// become the session's current policy.
 type queuedPolicy struct {
-	p   *rules.Policy
-	gen uint64
-	by  time.Time
+	p       *rules.Policy
+	gen     uint64
+	by      time.Time
+	earlier bool
 }
 
 // observed is the live policy as the server last read it, with its generation: the
@@ -543,12 +548,36 @@ func (se *session) want(p *rules.Policy, gen uint64, by time.Time) *rules.Policy
 		return se.newest.p
 	}
 	se.newest = queuedPolicy{p: p, gen: gen, by: by}
-	if len(se.pending) == maxPendingPolicies {
-		se.pending = se.pending[1:]
-	}
-	se.pending = append(se.pending, se.newest)
-	se.poke()
+	se.held.add(p.Hash(), false)
+	se.enqueue(se.newest)
 	return p
+}
+
+// hold queues p, the policy that decided a flow whose header names it, for the session
+// unless the attach side holds it or was queued it already: an earlier policy (a reload
+// landed between the relay's decision and the dial), kept there for such flows without
+// replacing the current one. The write must be done by by.
+func (se *session) hold(p *rules.Policy, by time.Time) {
+	se.qMu.Lock()
+	defer se.qMu.Unlock()
+	if se.held.has(p.Hash()) {
+		return
+	}
+	se.held.add(p.Hash(), true)
+	se.enqueue(queuedPolicy{p: p, by: by, earlier: true})
+}
+
+// enqueue queues q for the writer (qMu held). A full queue drops its oldest policy that
+// is not the current one: the attach side would drop it for the newer ones anyway.
+func (se *session) enqueue(q queuedPolicy) {
+	if len(se.pending) == maxPendingPolicies {
+		i := slices.IndexFunc(se.pending, func(x queuedPolicy) bool { return x.p.Hash() != se.held.cur })
+		i = max(i, 0)
+		se.held.forget(se.pending[i].p.Hash())
+		se.pending = slices.Delete(se.pending, i, i+1)
+	}
+	se.pending = append(se.pending, q)
+	se.poke()
 }
 
 // abort tells the attach side to drop a flow; the write is the writer's, so Close does
@@ -592,7 +621,7 @@ func (se *session) writeLoop() {
 			case len(se.pending) > 0:
 				q = se.pending[0]
 				se.pending = se.pending[1:]
-				m.Policy = &PolicyMsg{Name: q.p.Name(), Hash: q.p.Hash(), Source: q.p.Source()}
+				m.Policy = &PolicyMsg{Name: q.p.Name(), Hash: q.p.Hash(), Source: q.p.Source(), Earlier: q.earlier}
 				by = q.by
 			}
 			se.qMu.Unlock()
@@ -606,7 +635,7 @@ func (se *session) writeLoop() {
 				se.mux.Close()
 				return
 			}
-			if m.Policy != nil {
+			if m.Policy != nil && !q.earlier {
 				se.sentPolicy(q)
 			}
 		}
@@ -732,11 +761,18 @@ func (s *Server) Sessions() []SessionInfo {
 
 // Dial carries one flow of workload w over the newest live session allowed to carry it.
 // f is the flow as the relay decided it (labels, image, process, host, destination,
-// source, timestamp and id) and d that decision; with d nil, Dial decides f itself with
-// the live policy (filling At and ID when zero). A flow whose decision is not `client`,
-// a workload with no live session, or a refusal by the attach side is an error: the
-// caller resets the workload's connection and never tries another exit.
+// source, timestamp and id) and d that decision, taken under the live policy; with d
+// nil, Dial decides f itself with the live policy (filling At and ID when zero). A flow
+// whose decision is not `client`, a workload with no live session, or a refusal by the
+// attach side is an error: the caller resets the workload's connection and never tries
+// another exit. The relay's exit (Exit) also names the policy that took d.
 func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rules.Decision) (net.Conn, error) {
+	return s.dial(ctx, w, f, d, nil)
+}
+
+// dial is Dial; by, when not nil, is the policy that took d, which the header names
+// (the attach side decides again under it) whatever policy is live by now.
+func (s *Server) dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rules.Decision, by *rules.Policy) (net.Conn, error) {
 	p, gen := s.policy()
 	se := s.pick(w)
 	if se != nil {
@@ -745,6 +781,15 @@ func (s *Server) Dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 		// queued a newer one since p was read). The flow does not wait for the write: the
 		// attach side waits a moment for a policy a header names that it does not hold.
 		p = se.want(p, gen, time.Now().Add(policySendTimeout))
+	}
+	if d != nil && by != nil {
+		// A reload between the relay's decision and this dial must not have the attach
+		// side decide under the newer policy: the header names the one that decided,
+		// queued for the session as an earlier policy if it does not hold it.
+		p = by
+		if se != nil {
+			se.hold(by, time.Now().Add(policySendTimeout))
+		}
 	}
 	if f.At.IsZero() {
 		f.At = time.Now()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,6 +50,54 @@ type PolicyMsg struct {
 	Name   string `json:"name"`
 	Hash   string `json:"hash"`
 	Source []byte `json:"source"`
+	// Earlier marks a policy older than the session's current one, sent because a flow
+	// the relay decided under it (a reload landed between the decision and the dial)
+	// names it: the attach side keeps it for such flows, its current policy stays.
+	Earlier bool `json:"earlier,omitempty"`
+}
+
+// maxKept is how many policies an attach side keeps: flows decided just before a reload
+// name the previous one.
+const maxKept = 4
+
+// kept is the policies an attach side holds, by hash, and which one is current; the
+// daemon keeps the same record of what each session holds, so that a flow's header
+// names only a policy the attach side has or will have. A policy added is kept unless
+// maxKept newer ones were added since, and the current one is always kept.
+type kept struct {
+	hashes []string // oldest first
+	cur    string
+}
+
+// add records policy h, as current unless earlier, and returns the hash it drops ("":
+// none).
+func (k *kept) add(h string, earlier bool) (dropped string) {
+	if !earlier {
+		k.cur = h
+	}
+	if k.has(h) {
+		return ""
+	}
+	k.hashes = append(k.hashes, h)
+	if len(k.hashes) <= maxKept {
+		return ""
+	}
+	i := 0
+	if k.hashes[0] == k.cur {
+		i = 1
+	}
+	dropped = k.hashes[i]
+	k.hashes = slices.Delete(k.hashes, i, i+1)
+	return dropped
+}
+
+func (k *kept) has(h string) bool { return slices.Contains(k.hashes, h) }
+
+// forget drops h unless it is the current one.
+func (k *kept) forget(h string) {
+	if h != k.cur {
+		k.hashes = slices.DeleteFunc(k.hashes, func(x string) bool { return x == h })
+	}
 }
 
 // Control is one message on the control stream. From the daemon: a policy (at session

@@ -667,7 +667,7 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 	r.count(d.Exit)
 	ctx, cancel := context.WithTimeout(context.Background(), r.o.ConnectTimeout)
 	dialStart := time.Now()
-	up, err := dial(withFlow(ctx, &f, &d, p.ns), &w.Workload, Dest{Addr: f.Dst, Host: f.Host, Port: f.Dst.Port()})
+	up, err := dial(withDecision(ctx, &f, &d, pol, p.ns), &w.Workload, Dest{Addr: f.Dst, Host: f.Host, Port: f.Dst.Port()})
 	cancel()
 	r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 	if err != nil {
@@ -867,18 +867,25 @@ func isWordByte(c byte) bool {
 type flowKey struct{}
 
 type flowInfo struct {
-	f  rules.Flow
-	d  rules.Decision
-	ns *netns.Handle
+	f   rules.Flow
+	d   rules.Decision
+	pol Decider // the policy that took d (nil: not known)
+	ns  *netns.Handle
 }
 
-// withFlow gives an exit's dial what it may read (FlowFrom, NetnsFrom). The direct exit
-// reads none of it, so its context is left as it is.
-func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision, ns *netns.Handle) context.Context {
+// withDecision gives an exit's dial what it may read (FlowFrom, PolicyFrom, NetnsFrom):
+// flow f, decision d and pol, the policy that took d. The direct exit reads none of it,
+// so its context is left as it is.
+func withDecision(ctx context.Context, f *rules.Flow, d *rules.Decision, pol Decider, ns *netns.Handle) context.Context {
 	if d.Exit == rules.ExitDirect {
 		return ctx
 	}
-	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d, ns})
+	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d, pol, ns})
+}
+
+// withFlow is withDecision without the deciding policy (PolicyFrom returns nil).
+func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision, ns *netns.Handle) context.Context {
+	return withDecision(ctx, f, d, nil, ns)
 }
 
 // NetnsFrom returns, inside an exit's DialFunc, the workload's netns as the relay holds it
@@ -891,8 +898,21 @@ func NetnsFrom(ctx context.Context) *netns.Handle {
 	return fi.ns
 }
 
+// PolicyFrom returns, inside an exit's DialFunc, the policy that took the decision
+// FlowFrom returns (nil when the relay did not say): it may be older than the live one,
+// when a reload landed between the decision and the dial, and a next hop that takes the
+// same decision again must take it under this one.
+func PolicyFrom(ctx context.Context) Decider {
+	fi, ok := ctx.Value(flowKey{}).(*flowInfo)
+	if !ok {
+		return nil
+	}
+	return fi.pol
+}
+
 // FlowFrom returns, inside an exit's DialFunc, the flow the relay decided (with its
-// timestamp and id) and the decision, so a next hop can take the same decision again.
+// timestamp and id) and the decision, so a next hop can take the same decision again
+// (under PolicyFrom).
 func FlowFrom(ctx context.Context) (rules.Flow, rules.Decision, bool) {
 	fi, ok := ctx.Value(flowKey{}).(*flowInfo)
 	if !ok {
