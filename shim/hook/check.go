@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
@@ -72,6 +73,15 @@ func Check(ctx context.Context, cfg *config.Config, relay Relay, out io.Writer) 
 	} else {
 		line(true, "relay", fmt.Sprintf("%s (%d workloads registered)", cfg.RelaySocket, len(regs)))
 	}
+	if dir, err := checkShares(SharesDir(cfg)); err != nil {
+		if cfg.FailOpen {
+			fmt.Fprintf(out, "warn shares   %v (failOpen: containers start uncaptured)\n", err)
+		} else {
+			line(false, "shares", err.Error())
+		}
+	} else {
+		line(true, "shares", dir+" (writable: records of containers sharing a netns)")
+	}
 	switch {
 	case cfg.DockerSocket == "-":
 		fmt.Fprintln(out, "ok   docker   lookup off (dockerSocket: -)")
@@ -90,4 +100,30 @@ func Check(ctx context.Context, cfg *config.Config, relay Relay, out io.Writer) 
 		return fmt.Errorf("check failed: %v", failed)
 	}
 	return nil
+}
+
+// checkShares proves that a container create can keep its share records in dir
+// (SharesDir): it creates dir as the hook does, opens the lock file and writes and
+// removes a record there. It returns dir.
+func checkShares(dir string) (string, error) {
+	fail := func(err error) (string, error) {
+		return dir, fmt.Errorf("share records directory %s (beside relaySocket; a container create needs it writable): %w", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fail(err)
+	}
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fail(err)
+	}
+	lock.Close()
+	tmp, err := os.CreateTemp(dir, ".kl-check.*")
+	if err != nil {
+		return fail(err)
+	}
+	tmp.Close()
+	if err := os.Remove(tmp.Name()); err != nil {
+		return fail(err)
+	}
+	return dir, nil
 }

@@ -201,7 +201,8 @@ func TestCheck(t *testing.T) {
 	hookBin := filepath.Join(dir, "kl-hook")
 	os.WriteFile(hookBin, []byte("#!/bin/sh\n"), 0o755)
 	p := filepath.Join(dir, "runtime.yaml")
-	os.WriteFile(p, []byte("runtime: sh\npublishedRules: "+filepath.Join(dir, "published")+"\nrules: "+rules+"\nhook: "+hookBin+"\ndockerSocket: "+filepath.Join(dir, "none.sock")+"\n"), 0o644)
+	os.WriteFile(p, []byte("runtime: sh\npublishedRules: "+filepath.Join(dir, "published")+"\nrules: "+rules+"\nhook: "+hookBin+
+		"\ndockerSocket: "+filepath.Join(dir, "none.sock")+"\nrelaySocket: "+filepath.Join(dir, "relayd.sock")+"\n"), 0o644)
 	fr := &fakeRelay{regs: map[string]api.Registration{"a": {}}}
 	newRelay = func(*config.Config) Relay { return fr }
 	t.Cleanup(func() {
@@ -211,7 +212,8 @@ func TestCheck(t *testing.T) {
 	if err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out); err != nil {
 		t.Fatalf("check: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "warn rules    " + rules, "(1 workloads registered)", "absent or not listening"} {
+	for _, want := range []string{"ok   runtime  /", "ok   hook     " + hookBin, "warn rules    " + rules, "(1 workloads registered)", "absent or not listening",
+		"ok   shares   " + filepath.Join(dir, "hook")} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("check output lacks %q:\n%s", want, out.String())
 		}
@@ -234,6 +236,63 @@ func TestCheck(t *testing.T) {
 	err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out)
 	if err == nil || !strings.Contains(out.String(), "FAIL relay") || !strings.Contains(out.String(), "FAIL rules") {
 		t.Errorf("check with relay down and rules missing: %v\n%s", err, out.String())
+	}
+}
+
+// TestCheckShares: `kl-hook check` fails, naming the directory, when the share records
+// directory beside relaySocket cannot be created or written (every container create
+// takes its lock), and only warns with failOpen (creates then go on uncaptured).
+func TestCheckShares(t *testing.T) {
+	fr := &fakeRelay{regs: map[string]api.Registration{}}
+	newRelay = func(*config.Config) Relay { return fr }
+	t.Cleanup(func() {
+		newRelay = func(cfg *config.Config) Relay { return api.NewClient(cfg.RelaySocket, cfg.RelayTimeout) }
+	})
+	tests := []struct {
+		name     string
+		setup    func(dir string) // what is at dir before the check
+		failOpen bool
+		want     string // the line's start
+	}{
+		{"created", func(string) {}, false, "ok   shares   "},
+		{"already there", func(dir string) { os.MkdirAll(filepath.Join(dir, "run", "hook"), 0o700) }, false, "ok   shares   "},
+		{"a file in its place", func(dir string) {
+			os.MkdirAll(filepath.Join(dir, "run"), 0o755)
+			os.WriteFile(filepath.Join(dir, "run", "hook"), nil, 0o600)
+		}, false, "FAIL shares   share records directory "},
+		{"its parent is a file", func(dir string) { os.WriteFile(filepath.Join(dir, "run"), nil, 0o600) }, false, "FAIL shares   share records directory "},
+		{"not writable, failOpen", func(dir string) { os.WriteFile(filepath.Join(dir, "run"), nil, 0o600) }, true, "warn shares   share records directory "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			tt.setup(dir)
+			hookBin := filepath.Join(dir, "kl-hook")
+			os.WriteFile(hookBin, []byte("#!/bin/sh\n"), 0o755)
+			shares := filepath.Join(dir, "run", "hook")
+			p := filepath.Join(dir, "runtime.yaml")
+			os.WriteFile(p, []byte("runtime: sh\nrules: \"-\"\ndockerSocket: \"-\"\nhook: "+hookBin+"\nrelaySocket: "+filepath.Join(dir, "run", "relayd.sock")+
+				"\nfailOpen: "+strconv.FormatBool(tt.failOpen)+"\n"), 0o644)
+			var out strings.Builder
+			err := run(context.Background(), []string{"kl-hook", "--config", p, "check"}, nil, &out)
+			var line string
+			for l := range strings.Lines(out.String()) {
+				if strings.Contains(l, " shares ") {
+					line = l
+				}
+			}
+			if !strings.HasPrefix(line, tt.want) || !strings.Contains(line, shares) {
+				t.Errorf("shares line %q, want it to start %q and name %s:\n%s", line, tt.want, shares, out.String())
+			}
+			if wantFail := strings.HasPrefix(tt.want, "FAIL"); wantFail != (err != nil) {
+				t.Errorf("check = %v, want a failure: %v\n%s", err, wantFail, out.String())
+			}
+			if strings.HasPrefix(tt.want, "ok") {
+				if ents, _ := os.ReadDir(shares); len(ents) != 1 || ents[0].Name() != ".lock" {
+					t.Errorf("the check left %v in %s, want only the lock file", ents, shares)
+				}
+			}
+		})
 	}
 }
 
