@@ -128,8 +128,9 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 	}
 	// Same id, same netns (device and inode): a refresh, also under a new path (kl-hook
 	// re-registers a netns shared by containers through a member still running when the
-	// first goes); the listeners and their flows stay, the path is the reaper's from now
-	// on. Another netns: the sandbox was recreated under the same id.
+	// first goes); the listeners and their flows stay (relay.Refresh says when they
+	// cannot), the path is the reaper's from now on. Another netns: the sandbox was
+	// recreated under the same id.
 	sameNetns := refresh && old.NetnsDev == dev && old.NetnsIno == ino
 	if sameNetns {
 		since = old.Registration.Since

@@ -282,15 +282,16 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 // goes): the listeners and the flows they carry stay, and flows from now on read w (its
 // path, labels, image). The netns is held open by the relay, so the old path may be gone.
 // It reports false, changing nothing, when the id is not open or is open in another
-// mode (or the relay is shut down); the caller then Opens. The caller serialises it with
-// Open and Close for one id.
+// mode, for a new path in proxy mode (its proxies look up processes by the path they
+// were opened with), or when the relay is shut down; the caller then Opens. The caller
+// serialises it with Open and Close for one id.
 func (r *Relay) Refresh(w api.Workload) (api.Listeners, bool) {
 	ls, ok, _ := r.refresh(w, true)
 	return ls, ok
 }
 
-// refresh replaces the workload of open id w.ID, if it is open in w's mode and, unless
-// anyPath, at w's netns path.
+// refresh replaces the workload of open id w.ID, if it is open in w's mode and at w's
+// netns path, or (anyPath) at another path in transparent mode.
 func (r *Relay) refresh(w api.Workload, anyPath bool) (api.Listeners, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -301,7 +302,7 @@ func (r *Relay) refresh(w api.Workload, anyPath bool) (api.Listeners, bool, erro
 	if !ok {
 		return api.Listeners{}, false, nil
 	}
-	if old := p.w.Load(); old.Mode != w.Mode || !anyPath && old.Netns != w.Netns {
+	if old := p.w.Load(); old.Mode != w.Mode || old.Netns != w.Netns && (!anyPath || w.Mode != api.ModeTransparent) {
 		return api.Listeners{}, false, nil
 	}
 	p.w.Store(newRegistered(w))
