@@ -52,6 +52,21 @@ function FindProxyForURL(u, h) { bump(helper); return helper() === undefined ? "
 function FindProxyForURL(u, h) { var was = this.seen; this.seen = h; return was === "" ? "DIRECT" : "BLOCK"; }`, "direct"},
 		{"function replaced through this", `function pick() { return "DIRECT"; }
 function FindProxyForURL(u, h) { var r = pick(); this.pick = function () { return "BLOCK"; }; return r; }`, "direct"},
+		// Built-in objects a call reaches through a local name: checkState cannot see
+		// these writes, and the first four run inline. Before the built-ins an inline script
+		// can reach were frozen, the second call saw the first one's mark and blocked.
+		{"Math through a local", `function FindProxyForURL(u, h) {
+	var m = Math; if (m.seen) return "BLOCK"; m.seen = h; return "DIRECT"; }`, "direct"},
+		{"PAC built-in's property", `function FindProxyForURL(u, h) {
+	var f = dnsDomainIs; if (f.seen) return "BLOCK"; f.seen = h; return "DIRECT"; }`, "direct"},
+		{"string method's property", `function FindProxyForURL(u, h) {
+	var f = h.split; if (f.seen) return "BLOCK"; f.seen = h; return "DIRECT"; }`, "direct"},
+		{"array method's property", `function FindProxyForURL(u, h) {
+	var f = [].push; if (f.seen) return "BLOCK"; f.seen = h; return "DIRECT"; }`, "direct"},
+		{"Math function replaced through a local", `function FindProxyForURL(u, h) {
+	var r = Math.floor(1.5); var m = Math; m.floor = function () { return 7; }; return r == 1 ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"strict write to a frozen built-in", `"use strict";
+function FindProxyForURL(u, h) { var m = Math; m.seen = h; return "DIRECT"; }`, "deny!"},
 		{"regex compile", `var re = /a/;
 function get() { return re; }
 function FindProxyForURL(u, h) { get().compile(h); return "DIRECT"; }`, "deny!"},
