@@ -44,7 +44,8 @@ func TestEvalResults(t *testing.T) {
 		{"exception fails", `throw new Error("boom")`, "deny", true, "script threw: Error: boom"},
 		{"thrown string fails", `throw "boom"`, "deny", true, "script threw: boom"},
 		{"reference error fails", `return nosuch(host)`, "deny", true, "ReferenceError"},
-		{"deep recursion fails", `function f(n) { return f(n + 1) } return f(0)`, "deny", true, ""},
+		{"deep recursion fails", `function f(n) { return f(n + 1) } return f(0)`, "deny", true, "recursion deeper than 1000 calls"},
+		{"deep recursion is not caught", `function f(n) { try { return f(n + 1) } catch (e) { return "DIRECT" } } return f(0)`, "deny", true, "recursion deeper than 1000 calls"},
 		{"long exception is cut", `throw "x".repeat(10000)`, "deny", true, "xxx…"},
 		{"bad shExpMatch pattern fails", `return shExpMatch(host, "(") ? "DIRECT" : "DENY"`, "deny", true, "shExpMatch"},
 	}
@@ -123,6 +124,7 @@ func TestCompileErrors(t *testing.T) {
 		{"not a function", "var FindProxyForURL = 'DIRECT';", CodeScript, 0, "FindProxyForURL"},
 		{"top-level throw", "\n\nthrow new Error('nope');\nfunction FindProxyForURL() {}", CodeScript, 3, "nope"},
 		{"top-level endless loop", "for (;;) {}\nfunction FindProxyForURL() {}", CodeScript, 0, "did not finish"},
+		{"top-level deep recursion", "function f(n) { return f(n + 1) }\nf(0);\nfunction FindProxyForURL() {}", CodeScript, 1, "recursion deeper than 1000 calls"},
 		{"require absent", "var fs = require('fs');\nfunction FindProxyForURL() {}", CodeScript, 1, "require"},
 	}
 	for _, tc := range tests {

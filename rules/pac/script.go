@@ -58,6 +58,10 @@ type pool struct {
 // maxStack bounds JavaScript recursion (a runaway recursion is an exception, not a crash).
 const maxStack = 1000
 
+// recursionMsg says why a script that hit maxStack failed: goja's StackOverflowError
+// prints only the stack, which names no cause.
+var recursionMsg = fmt.Sprintf("recursion deeper than %d calls", maxStack)
+
 // Compile checks and compiles a PAC script once: size bound, syntax, then its top-level
 // code runs (within max(10*Deadline, 1s)) and must define a function FindProxyForURL.
 // The error is a *CompileError.
@@ -598,18 +602,28 @@ func scriptError(err error, where string) *CompileError {
 	var ex *goja.Exception
 	if errors.As(err, &ex) {
 		ce.Msg = where + ": " + ex.Value().String()
-		for _, f := range ex.Stack() {
-			if l := f.Position().Line; l > 0 {
-				ce.Line = l
-				break
-			}
-		}
+		ce.Line = stackLine(ex.Stack())
 	}
 	var ie *goja.InterruptedError
 	if errors.As(err, &ie) {
 		ce.Msg = where + " did not finish within the deadline"
 	}
+	var so *goja.StackOverflowError
+	if errors.As(err, &so) {
+		ce.Msg = where + ": " + recursionMsg
+		ce.Line = stackLine(so.Stack())
+	}
 	return ce
+}
+
+// stackLine is the line of the innermost frame of a stack that has one (0: none).
+func stackLine(stack []goja.StackFrame) int {
+	for _, f := range stack {
+		if l := f.Position().Line; l > 0 {
+			return l
+		}
+	}
+	return 0
 }
 
 func (w *worker) now() time.Time {
@@ -656,6 +670,10 @@ func (w *worker) run(c Call) (r Result) {
 		var ex *goja.Exception
 		if errors.As(err, &ex) {
 			return deny("script threw: " + ex.Value().String())
+		}
+		var so *goja.StackOverflowError
+		if errors.As(err, &so) {
+			return deny("script failed: " + recursionMsg)
 		}
 		return deny("script failed: " + err.Error())
 	}
