@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/big"
 	"runtime"
 	"strconv"
 	"strings"
@@ -681,7 +682,7 @@ func (w *worker) run(c Call) (r Result) {
 		return Result{}
 	}
 	if _, ok := v.(goja.String); !ok {
-		return deny(fmt.Sprintf("FindProxyForURL returned a %s, not a string", typeOf(v)))
+		return deny(fmt.Sprintf("FindProxyForURL returned %s, not a string", typeOf(v)))
 	}
 	// Scripts return a handful of distinct strings: remember their mapping.
 	str := v.String()
@@ -724,17 +725,27 @@ func (w *worker) args(c Call) callArgs {
 	return a
 }
 
+// typeOf names the JavaScript type of a value that is not a string, null or undefined,
+// with its article, as typeof would.
 func typeOf(v goja.Value) string {
+	if o, ok := v.(*goja.Object); ok {
+		if _, ok := goja.AssertFunction(o); ok {
+			return "a function"
+		}
+		return "an object"
+	}
+	if _, ok := v.(*goja.Symbol); ok {
+		return "a symbol"
+	}
 	switch v.Export().(type) {
 	case bool:
-		return "boolean"
+		return "a boolean"
 	case int64, float64:
-		return "number"
+		return "a number"
+	case *big.Int:
+		return "a bigint"
 	}
-	if _, ok := v.(*goja.Object); ok {
-		return "object"
-	}
-	return "value"
+	return "a value"
 }
 
 // BuildURL returns the url and host arguments FindProxyForURL gets for a call, the way
