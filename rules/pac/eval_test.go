@@ -123,7 +123,9 @@ func TestCompileErrors(t *testing.T) {
 		msg  string
 	}{
 		{"too large", strings.Repeat(" ", MaxScriptBytes+1), CodeTooLarge, 0, "bound"},
-		{"syntax", "function FindProxyForURL(url, host) {\n  return 'DIRECT'\n  if (\n}", CodeScript, 4, ""},
+		{"syntax", "function FindProxyForURL(url, host) {\n  return 'DIRECT'\n  if (\n}", CodeScript, 4, "Unexpected token } (column 1)"},
+		{"syntax mid-line", "function FindProxyForURL(url, host) {\n  return 'DIRECT' +* 1;\n}", CodeScript, 2, "(column 20)"},
+		{"syntax found by the compiler", "function FindProxyForURL(url, host) {\n  let a; let a;\n}", CodeScript, 2, "(column 14)"},
 		{"missing function", "var x = 1;", CodeScript, 0, "FindProxyForURL"},
 		{"not a function", "var FindProxyForURL = 'DIRECT';", CodeScript, 0, "FindProxyForURL"},
 		{"top-level throw", "\n\nthrow new Error('nope');\nfunction FindProxyForURL() {}", CodeScript, 3, "nope"},

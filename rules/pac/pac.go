@@ -78,11 +78,22 @@ type Result struct {
 }
 
 // CompileError is a script refused at load time. Code is "E_SCRIPT" or "E_TOO_LARGE";
-// Line is the 1-based line in the script (0 when unknown).
+// Line is the 1-based line in the script (0 when unknown). A syntax error also has its
+// 1-based Column, which Msg names too ("Unexpected token } (column 3)"), so that
+// callers that keep only Msg and Line still show it.
 type CompileError struct {
-	Code string
-	Line int
-	Msg  string
+	Code   string
+	Line   int
+	Column int
+	Msg    string
+}
+
+// at is Msg's mention of the column, "" when unknown.
+func (e *CompileError) at() string {
+	if e.Column <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (column %d)", e.Column)
 }
 
 func (e *CompileError) Error() string {

@@ -132,10 +132,13 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
 		var el parser.ErrorList
 		if errors.As(err, &el) && len(el) > 0 {
-			ce.Msg = el[0].Message
-			ce.Line = el[0].Position.Line
-			if len(el) > 1 {
-				ce.Msg += fmt.Sprintf(" (and %d more errors)", len(el)-1)
+			ce.Line, ce.Column = el[0].Position.Line, el[0].Position.Column
+			ce.Msg = el[0].Message + ce.at()
+			switch n := len(el) - 1; {
+			case n == 1:
+				ce.Msg += " (and 1 more error)"
+			case n > 1:
+				ce.Msg += fmt.Sprintf(" (and %d more errors)", n)
 			}
 		}
 		return nil, false, "", nil, names, ce
@@ -155,14 +158,18 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 		if errors.As(err, &se) {
 			ce.Msg = se.Message
 			if se.File != nil {
-				ce.Line = se.File.Position(se.Offset).Line
+				pos := se.File.Position(se.Offset)
+				ce.Line, ce.Column = pos.Line, pos.Column
+				ce.Msg += ce.at()
 			}
 		}
 		var re *goja.CompilerReferenceError
 		if errors.As(err, &re) {
 			ce.Msg = re.Message
 			if re.File != nil {
-				ce.Line = re.File.Position(re.Offset).Line
+				pos := re.File.Position(re.Offset)
+				ce.Line, ce.Column = pos.Line, pos.Column
+				ce.Msg += ce.at()
 			}
 		}
 		return nil, false, "", nil, names, ce
