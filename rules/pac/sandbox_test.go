@@ -303,3 +303,43 @@ func TestCleanupWithoutClose(t *testing.T) {
 	}
 	t.Errorf("an unreachable Script's runtimes were not released: %d goroutines, %d before", runtime.NumGoroutine(), base)
 }
+
+// TestHugeStrings: the natives that build a string whose size is a number the script
+// passes allocate it in one piece, and an allocation the machine cannot make is a
+// fatal error in Go, not a panic: "x".repeat(2**40) ended the whole process. Past
+// maxStringChars they throw a RangeError (as V8 does past its own bound), in calls and
+// in top-level code alike, and the runtime stays usable.
+func TestHugeStrings(t *testing.T) {
+	exprs := []struct{ name, expr string }{
+		{"repeat", `"x".repeat(Math.pow(2, 28))`},
+		{"repeat past memory", `"x".repeat(Math.pow(2, 40))`},
+		{"repeat unicode", `"\u00e9".repeat(Math.pow(2, 40))`},
+		{"padEnd", `"x".padEnd(Math.pow(2, 28), "ab")`},
+		{"padEnd past memory", `"x".padEnd(Math.pow(2, 40))`},
+		{"padStart past memory", `"x".padStart(Math.pow(2, 40), "\u00e9")`},
+		{"join", `new Array(Math.pow(2, 28)).join("x")`},
+		{"join past memory", `new Array(Math.pow(2, 32) - 1).join("xxxxxxxxxxxxxxxx")`},
+		{"join of long elements", `(function () { var s = "x".repeat(1 << 20), a = []; for (var i = 0; i < 300; i++) a.push(s); return a.join(""); })()`},
+		{"toString of a sparse array", `"" + (function () { var a = new Array(Math.pow(2, 28)); a[0] = "x"; return a; })()`},
+	}
+	for _, tc := range exprs {
+		t.Run(tc.name, func(t *testing.T) {
+			s := mustCompile(t, `function FindProxyForURL(url, host) { var s = `+tc.expr+`; return "DIRECT"; }`, Options{})
+			if r := s.Eval(Call{Host: "a.example"}); !r.Failed || r.Exit != "deny" || !strings.Contains(r.Reason, "RangeError: Invalid string length") {
+				t.Errorf("Eval = %+v, want a deny for an invalid string length", r)
+			}
+			_, err := Compile("t.pac", "var s = "+tc.expr+";\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", Options{})
+			if err == nil || !strings.Contains(err.Error(), "Invalid string length") {
+				t.Errorf("Compile = %v, want an invalid string length", err)
+			}
+		})
+	}
+	// Below the bound they work as before.
+	s := mustCompile(t, `function FindProxyForURL(url, host) {
+	var a = "ab".repeat(3) + "|" + "x".padStart(3, "-") + "|" + "x".padEnd(3) + "|" + [1, null, "z"].join("-") + "|" + new Array(3);
+	return a == "ababab|--x|x  |1--z|,," ? "DIRECT" : "PROXY " + a;
+}`, Options{})
+	if r := s.Eval(Call{Host: "a.example"}); r.Exit != "direct" || r.Failed {
+		t.Errorf("Eval = %+v, want direct", r)
+	}
+}

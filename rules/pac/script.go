@@ -558,6 +558,9 @@ func (w *worker) setup() (err error) {
 	vm.SetTimeSource(w.now)
 	vm.SetRandSource(w.random)
 	w.install()
+	if err := w.installStringBounds(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the string bounds: " + err.Error()}
+	}
 	if w.p.inline {
 		if err := w.installGuards(); err != nil {
 			return &CompileError{Code: CodeScript, Msg: "setting up the inline guards: " + err.Error()}

@@ -1,0 +1,148 @@
+package pac
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/dop251/goja"
+)
+
+// maxStringChars bounds the strings that repeat, padStart, padEnd and Array join
+// build, in every runtime. Those natives size their result from a number the script
+// passes ("x".repeat(2**40), new Array(2**32 - 1).join("x")) and allocate it in one
+// piece or grow towards it in a loop that goja's Interrupt cannot stop; an allocation
+// the machine cannot make is a fatal error in Go, which would end the whole process,
+// not just the call. Past the bound they throw a RangeError, as browsers do past
+// theirs (V8: 2^29 - 24 characters). PAC scripts handle host names: 16 Mi characters
+// is far more than any needs.
+//
+// Memory is still not bounded in general (docs/pac.md): these are the natives that
+// turn a small script into an allocation of any size at once.
+const maxStringChars = 1 << 24
+
+// installStringBounds wraps repeat, padStart, padEnd and Array join. Each converts its
+// receiver and arguments once and hands the converted values on, so that a script's
+// toString or valueOf runs once, as without the wrapper.
+func (w *worker) installStringBounds() error {
+	vm := w.vm
+	// Captured before the script runs, which may replace the global RangeError.
+	rangeError, ok := goja.AssertConstructor(vm.Get("RangeError"))
+	if !ok {
+		return errors.New("no RangeError")
+	}
+	fail := func(n float64) {
+		o, err := rangeError(nil, vm.ToValue(fmt.Sprintf("Invalid string length: %.0f characters, the bound is %d", n, maxStringChars)))
+		if err != nil {
+			panic(err)
+		}
+		panic(o)
+	}
+	// str is ToString(v) and its length in UTF-16 units.
+	str := func(v goja.Value) (goja.Value, int) {
+		s := v.ToString()
+		if gs, ok := s.(goja.String); ok {
+			return s, gs.Length()
+		}
+		return s, len(s.String())
+	}
+	native := func(o *goja.Object, name string) (func(goja.FunctionCall) goja.Value, error) {
+		f, ok := o.Get(name).Export().(func(goja.FunctionCall) goja.Value)
+		if !ok {
+			return nil, errors.New(name + " is not a native function")
+		}
+		return f, nil
+	}
+	proto := func(ctor string) (*goja.Object, error) {
+		c, ok := vm.Get(ctor).(*goja.Object)
+		if !ok {
+			return nil, errors.New("no " + ctor)
+		}
+		p, ok := c.Get("prototype").(*goja.Object)
+		if !ok {
+			return nil, errors.New("no " + ctor + ".prototype")
+		}
+		return p, nil
+	}
+	sp, err := proto("String")
+	if err != nil {
+		return err
+	}
+	repeat, err := native(sp, "repeat")
+	if err != nil {
+		return err
+	}
+	if err := sp.Set("repeat", func(fc goja.FunctionCall) goja.Value {
+		if goja.IsUndefined(fc.This) || goja.IsNull(fc.This) {
+			return repeat(fc) // goja's own TypeError
+		}
+		s, sl := str(fc.This)
+		count := fc.Argument(0).ToNumber()
+		if n := float64(sl) * count.ToFloat(); n > maxStringChars && !math.IsInf(n, 1) {
+			fail(n)
+		}
+		return repeat(goja.FunctionCall{This: s, Arguments: []goja.Value{count}})
+	}); err != nil {
+		return err
+	}
+	for _, name := range []string{"padStart", "padEnd"} {
+		pad, err := native(sp, name)
+		if err != nil {
+			return err
+		}
+		if err := sp.Set(name, func(fc goja.FunctionCall) goja.Value {
+			if goja.IsUndefined(fc.This) || goja.IsNull(fc.This) {
+				return pad(fc)
+			}
+			s, sl := str(fc.This)
+			n := fc.Argument(0).ToNumber()
+			if f := n.ToFloat(); f > maxStringChars && f > float64(sl) {
+				fail(f)
+			}
+			args := []goja.Value{n}
+			if len(fc.Arguments) > 1 {
+				args = append(args, fc.Arguments[1])
+			}
+			return pad(goja.FunctionCall{This: s, Arguments: args})
+		}); err != nil {
+			return err
+		}
+	}
+	ap, err := proto("Array")
+	if err != nil {
+		return err
+	}
+	join, err := native(ap, "join")
+	if err != nil {
+		return err
+	}
+	return ap.Set("join", func(fc goja.FunctionCall) goja.Value {
+		o, ok := fc.This.(*goja.Object)
+		if !ok {
+			return join(fc)
+		}
+		l := o.Get("length")
+		if l == nil {
+			return join(fc)
+		}
+		n := l.ToInteger()
+		sep := fc.Argument(0)
+		sepLen := 1
+		if !goja.IsUndefined(sep) {
+			sep, sepLen = str(sep)
+		}
+		// The separators, then the elements that are strings (one of a few bytes
+		// otherwise; an object's own join is bounded when it runs).
+		total := float64(max(n-1, 0)) * float64(sepLen)
+		for i := int64(0); i < n && total <= maxStringChars; i++ {
+			if s, ok := o.Get(strconv.FormatInt(i, 10)).(goja.String); ok {
+				total += float64(s.Length())
+			}
+		}
+		if total > maxStringChars {
+			fail(total)
+		}
+		return join(goja.FunctionCall{This: fc.This, Arguments: []goja.Value{sep}})
+	})
+}
