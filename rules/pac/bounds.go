@@ -146,3 +146,24 @@ func (w *worker) installStringBounds() error {
 		return join(goja.FunctionCall{This: fc.This, Arguments: []goja.Value{sep}})
 	})
 }
+
+// unallocatable are the globals removed from every runtime: ArrayBuffer and the typed
+// arrays allocate their whole size at once (new ArrayBuffer(2**40) was a fatal error,
+// as above), and PAC scripts have no use for them. Nothing else in goja makes one.
+var unallocatable = []string{"ArrayBuffer", "SharedArrayBuffer", "DataView", "Int8Array", "Uint8Array",
+	"Uint8ClampedArray", "Int16Array", "Uint16Array", "Int32Array", "Uint32Array", "Float16Array",
+	"Float32Array", "Float64Array", "BigInt64Array", "BigUint64Array"}
+
+// removeUnallocatable deletes the globals in unallocatable, before the script runs.
+func (w *worker) removeUnallocatable() error {
+	g := w.vm.GlobalObject()
+	for _, name := range unallocatable {
+		if err := g.Delete(name); err != nil {
+			return err
+		}
+		if g.Get(name) != nil {
+			return errors.New("cannot remove " + name)
+		}
+	}
+	return nil
+}

@@ -17,7 +17,11 @@ func TestSandboxGlobals(t *testing.T) {
 	w := testWorker(t, Options{})
 	for _, name := range []string{"require", "module", "exports", "process", "fetch", "XMLHttpRequest",
 		"WebSocket", "setTimeout", "setInterval", "setImmediate", "clearTimeout", "queueMicrotask",
-		"console", "Deno", "Bun", "importScripts", "navigator", "window"} {
+		"console", "Deno", "Bun", "importScripts", "navigator", "window",
+		// Removed: they allocate their whole size at once (bounds.go).
+		"ArrayBuffer", "SharedArrayBuffer", "DataView", "Int8Array", "Uint8Array", "Uint8ClampedArray",
+		"Int16Array", "Uint16Array", "Int32Array", "Uint32Array", "Float32Array", "Float64Array",
+		"BigInt64Array", "BigUint64Array"} {
 		if got := w.evalString(Call{}, "typeof "+name); got != "undefined" {
 			t.Errorf("typeof %s = %q, want undefined", name, got)
 		}
@@ -304,12 +308,12 @@ func TestCleanupWithoutClose(t *testing.T) {
 	t.Errorf("an unreachable Script's runtimes were not released: %d goroutines, %d before", runtime.NumGoroutine(), base)
 }
 
-// TestHugeStrings: the natives that build a string whose size is a number the script
+// TestHugeAllocations: the natives that build a string whose size is a number the script
 // passes allocate it in one piece, and an allocation the machine cannot make is a
 // fatal error in Go, not a panic: "x".repeat(2**40) ended the whole process. Past
 // maxStringChars they throw a RangeError (as V8 does past its own bound), in calls and
 // in top-level code alike, and the runtime stays usable.
-func TestHugeStrings(t *testing.T) {
+func TestHugeAllocations(t *testing.T) {
 	exprs := []struct{ name, expr string }{
 		{"repeat", `"x".repeat(Math.pow(2, 28))`},
 		{"repeat past memory", `"x".repeat(Math.pow(2, 40))`},
@@ -323,16 +327,12 @@ func TestHugeStrings(t *testing.T) {
 		{"toString of a sparse array", `"" + (function () { var a = new Array(Math.pow(2, 28)); a[0] = "x"; return a; })()`},
 	}
 	for _, tc := range exprs {
-		t.Run(tc.name, func(t *testing.T) {
-			s := mustCompile(t, `function FindProxyForURL(url, host) { var s = `+tc.expr+`; return "DIRECT"; }`, Options{})
-			if r := s.Eval(Call{Host: "a.example"}); !r.Failed || r.Exit != "deny" || !strings.Contains(r.Reason, "RangeError: Invalid string length") {
-				t.Errorf("Eval = %+v, want a deny for an invalid string length", r)
-			}
-			_, err := Compile("t.pac", "var s = "+tc.expr+";\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", Options{})
-			if err == nil || !strings.Contains(err.Error(), "Invalid string length") {
-				t.Errorf("Compile = %v, want an invalid string length", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { testHugeAllocation(t, tc.expr, "RangeError: Invalid string length") })
+	}
+	// ArrayBuffer and the typed arrays allocate their whole size at once too; PAC
+	// scripts have no use for them, so the sandbox has none.
+	for _, expr := range []string{`new ArrayBuffer(Math.pow(2, 40))`, `new Uint8Array(Math.pow(2, 40))`, `new Float64Array(Math.pow(2, 37))`} {
+		t.Run(expr, func(t *testing.T) { testHugeAllocation(t, expr, "is not defined") })
 	}
 	// Below the bound they work as before.
 	s := mustCompile(t, `function FindProxyForURL(url, host) {
@@ -341,5 +341,17 @@ func TestHugeStrings(t *testing.T) {
 }`, Options{})
 	if r := s.Eval(Call{Host: "a.example"}); r.Exit != "direct" || r.Failed {
 		t.Errorf("Eval = %+v, want direct", r)
+	}
+}
+
+// testHugeAllocation: expr, in a call and in top-level code, fails with want.
+func testHugeAllocation(t *testing.T, expr, want string) {
+	s := mustCompile(t, `function FindProxyForURL(url, host) { var s = `+expr+`; return "DIRECT"; }`, Options{})
+	if r := s.Eval(Call{Host: "a.example"}); !r.Failed || r.Exit != "deny" || !strings.Contains(r.Reason, want) {
+		t.Errorf("Eval = %+v, want a deny saying %q", r, want)
+	}
+	_, err := Compile("t.pac", "var s = "+expr+";\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", Options{})
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Compile = %v, want an error saying %q", err, want)
 	}
 }

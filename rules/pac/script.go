@@ -561,6 +561,9 @@ func (w *worker) setup() (err error) {
 	if err := w.installStringBounds(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the string bounds: " + err.Error()}
 	}
+	if err := w.removeUnallocatable(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "removing the typed arrays: " + err.Error()}
+	}
 	if w.p.inline {
 		if err := w.installGuards(); err != nil {
 			return &CompileError{Code: CodeScript, Msg: "setting up the inline guards: " + err.Error()}

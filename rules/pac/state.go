@@ -31,8 +31,9 @@ import (
 //     throws, and the call decides deny).
 //   - Objects whose state is not in properties are reset before each call (a RegExp's
 //     lastIndex with the g or y flag, a Date's time) or refused at load (Map, Set,
-//     WeakMap, WeakSet, typed arrays and buffers, Proxy, generators, iterators, promises),
-//     and RegExp.prototype.compile, which rewrites a RegExp in place, is removed.
+//     WeakMap, WeakSet, Proxy, generators, iterators, promises), and
+//     RegExp.prototype.compile, which rewrites a RegExp in place, is removed (so are
+//     typed arrays and buffers, for another reason: bounds.go).
 //
 // At load, checkState refuses what sealing cannot undo or would silently ignore: a
 // function that assigns a top-level let, const, class or function binding, or writes a
@@ -183,9 +184,7 @@ func (w *worker) prepareState() (*sealer, error) {
 // reachable is refused at load.
 var refused = map[string]string{
 	"*goja.mapObject": "a Map", "*goja.setObject": "a Set", "*goja.weakMapObject": "a WeakMap",
-	"*goja.weakSetObject": "a WeakSet", "*goja.typedArrayObject": "a typed array",
-	"*goja.arrayBufferObject": "an ArrayBuffer", "*goja.dataViewObject": "a DataView",
-	"*goja.proxyObject": "a Proxy", "*goja.generatorObject": "a generator", "*goja.Promise": "a promise",
+	"*goja.weakSetObject": "a WeakSet", "*goja.proxyObject": "a Proxy", "*goja.generatorObject": "a generator", "*goja.Promise": "a promise",
 	"*goja.arrayIterObject": "an iterator", "*goja.mapIterObject": "an iterator",
 	"*goja.setIterObject": "an iterator", "*goja.stringIterObject": "an iterator",
 	"*goja.regExpStringIterObject": "an iterator",
