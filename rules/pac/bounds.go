@@ -22,10 +22,14 @@ import (
 // turn a small script into an allocation of any size at once.
 const maxStringChars = 1 << 24
 
-// installStringBounds wraps repeat, padStart, padEnd and Array join. Each converts its
-// receiver and arguments once and hands the converted values on, so that a script's
-// toString or valueOf runs once, as without the wrapper.
-func (w *worker) installStringBounds() error {
+// maxArguments bounds the argument lists apply and Reflect build (see installBounds).
+const maxArguments = 1 << 16
+
+// installBounds wraps repeat, padStart, padEnd and Array join (maxStringChars), and
+// Function.prototype.apply, Reflect.apply and Reflect.construct (maxArguments). The
+// string ones convert their receiver and arguments once and hand the converted values
+// on, so that a script's toString or valueOf runs once, as without the wrapper.
+func (w *worker) installBounds() error {
 	vm := w.vm
 	// Captured before the script runs, which may replace the global RangeError.
 	rangeError, ok := goja.AssertConstructor(vm.Get("RangeError"))
@@ -105,6 +109,52 @@ func (w *worker) installStringBounds() error {
 				args = append(args, fc.Arguments[1])
 			}
 			return pad(goja.FunctionCall{This: s, Arguments: args})
+		}); err != nil {
+			return err
+		}
+	}
+	// apply, Reflect.apply and Reflect.construct make an argument list of the
+	// array-like's length in one piece (f.apply(null, {length: 2**32 - 1}) asked for
+	// 64 GiB). Browsers bound it too (SpiderMonkey: 500 000 arguments).
+	tooMany := func(v goja.Value) {
+		if o, ok := v.(*goja.Object); ok {
+			if l := o.Get("length"); l != nil {
+				if n := l.ToFloat(); n > maxArguments {
+					o, err := rangeError(nil, vm.ToValue(fmt.Sprintf("too many arguments: %.0f, the bound is %d", n, maxArguments)))
+					if err != nil {
+						panic(err)
+					}
+					panic(o)
+				}
+			}
+		}
+	}
+	fp, err := proto("Function")
+	if err != nil {
+		return err
+	}
+	apply, err := native(fp, "apply")
+	if err != nil {
+		return err
+	}
+	if err := fp.Set("apply", func(fc goja.FunctionCall) goja.Value {
+		tooMany(fc.Argument(1))
+		return apply(fc)
+	}); err != nil {
+		return err
+	}
+	reflect, ok := vm.Get("Reflect").(*goja.Object)
+	if !ok {
+		return errors.New("no Reflect")
+	}
+	for name, arg := range map[string]int{"apply": 2, "construct": 1} {
+		f, err := native(reflect, name)
+		if err != nil {
+			return err
+		}
+		if err := reflect.Set(name, func(fc goja.FunctionCall) goja.Value {
+			tooMany(fc.Argument(arg))
+			return f(fc)
 		}); err != nil {
 			return err
 		}

@@ -329,6 +329,12 @@ func TestHugeAllocations(t *testing.T) {
 	for _, tc := range exprs {
 		t.Run(tc.name, func(t *testing.T) { testHugeAllocation(t, tc.expr, "RangeError: Invalid string length") })
 	}
+	// apply and Reflect make the argument list of an array-like's length in one piece.
+	for _, expr := range []string{`Math.max.apply(null, {length: Math.pow(2, 20)})`,
+		`Math.max.apply(null, {length: Math.pow(2, 32) - 1})`, `String.fromCharCode.apply(null, {length: Math.pow(2, 31)})`,
+		`Reflect.apply(Math.max, null, {length: Math.pow(2, 32) - 1})`, `Reflect.construct(Array, {length: Math.pow(2, 32) - 1})`} {
+		t.Run(expr, func(t *testing.T) { testHugeAllocation(t, expr, "RangeError: too many arguments") })
+	}
 	// ArrayBuffer and the typed arrays allocate their whole size at once too; PAC
 	// scripts have no use for them, so the sandbox has none.
 	for _, expr := range []string{`new ArrayBuffer(Math.pow(2, 40))`, `new Uint8Array(Math.pow(2, 40))`, `new Float64Array(Math.pow(2, 37))`} {

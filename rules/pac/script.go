@@ -558,8 +558,8 @@ func (w *worker) setup() (err error) {
 	vm.SetTimeSource(w.now)
 	vm.SetRandSource(w.random)
 	w.install()
-	if err := w.installStringBounds(); err != nil {
-		return &CompileError{Code: CodeScript, Msg: "setting up the string bounds: " + err.Error()}
+	if err := w.installBounds(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the allocation bounds: " + err.Error()}
 	}
 	if err := w.removeUnallocatable(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "removing the typed arrays: " + err.Error()}
