@@ -22,11 +22,16 @@ import (
 // turn a small script into an allocation of any size at once.
 const maxStringChars = 1 << 24
 
-// maxArguments bounds the argument lists apply and Reflect build (see installBounds).
-const maxArguments = 1 << 16
+// maxArguments bounds the argument lists apply and Reflect build, maxSort the arrays
+// sort takes (see installBounds).
+const (
+	maxArguments = 1 << 16
+	maxSort      = 1 << 20
+)
 
-// installBounds wraps repeat, padStart, padEnd and Array join (maxStringChars), and
-// Function.prototype.apply, Reflect.apply and Reflect.construct (maxArguments). The
+// installBounds wraps repeat, padStart, padEnd and Array join (maxStringChars),
+// Function.prototype.apply, Reflect.apply and Reflect.construct (maxArguments), and
+// Array sort (maxSort). The
 // string ones convert their receiver and arguments once and hand the converted values
 // on, so that a script's toString or valueOf runs once, as without the wrapper.
 func (w *worker) installBounds() error {
@@ -36,12 +41,15 @@ func (w *worker) installBounds() error {
 	if !ok {
 		return errors.New("no RangeError")
 	}
-	fail := func(n float64) {
-		o, err := rangeError(nil, vm.ToValue(fmt.Sprintf("Invalid string length: %.0f characters, the bound is %d", n, maxStringChars)))
+	throw := func(format string, a ...any) {
+		o, err := rangeError(nil, vm.ToValue(fmt.Sprintf(format, a...)))
 		if err != nil {
 			panic(err)
 		}
 		panic(o)
+	}
+	fail := func(n float64) {
+		throw("Invalid string length: %.0f characters, the bound is %d", n, maxStringChars)
 	}
 	// str is ToString(v) and its length in UTF-16 units.
 	str := func(v goja.Value) (goja.Value, int) {
@@ -120,11 +128,7 @@ func (w *worker) installBounds() error {
 		if o, ok := v.(*goja.Object); ok {
 			if l := o.Get("length"); l != nil {
 				if n := l.ToFloat(); n > maxArguments {
-					o, err := rangeError(nil, vm.ToValue(fmt.Sprintf("too many arguments: %.0f, the bound is %d", n, maxArguments)))
-					if err != nil {
-						panic(err)
-					}
-					panic(o)
+					throw("too many arguments: %.0f, the bound is %d", n, maxArguments)
 				}
 			}
 		}
@@ -161,6 +165,24 @@ func (w *worker) installBounds() error {
 	}
 	ap, err := proto("Array")
 	if err != nil {
+		return err
+	}
+	// sort copies a sparse array or an array-like into a list of its length first
+	// (new Array(2**32 - 1).sort() asked for 64 GiB).
+	sortFn, err := native(ap, "sort")
+	if err != nil {
+		return err
+	}
+	if err := ap.Set("sort", func(fc goja.FunctionCall) goja.Value {
+		if o, ok := fc.This.(*goja.Object); ok {
+			if l := o.Get("length"); l != nil {
+				if n := l.ToFloat(); n > maxSort {
+					throw("too long to sort: %.0f elements, the bound is %d", n, maxSort)
+				}
+			}
+		}
+		return sortFn(fc)
+	}); err != nil {
 		return err
 	}
 	join, err := native(ap, "join")

@@ -335,6 +335,10 @@ func TestHugeAllocations(t *testing.T) {
 		`Reflect.apply(Math.max, null, {length: Math.pow(2, 32) - 1})`, `Reflect.construct(Array, {length: Math.pow(2, 32) - 1})`} {
 		t.Run(expr, func(t *testing.T) { testHugeAllocation(t, expr, "RangeError: too many arguments") })
 	}
+	// sort copies a sparse array or an array-like into a list of its length first.
+	for _, expr := range []string{`Array.prototype.sort.call({length: Math.pow(2, 21)})`, `new Array(Math.pow(2, 32) - 1).sort()`} {
+		t.Run(expr, func(t *testing.T) { testHugeAllocation(t, expr, "RangeError: too long to sort") })
+	}
 	// ArrayBuffer and the typed arrays allocate their whole size at once too; PAC
 	// scripts have no use for them, so the sandbox has none.
 	for _, expr := range []string{`new ArrayBuffer(Math.pow(2, 40))`, `new Uint8Array(Math.pow(2, 40))`, `new Float64Array(Math.pow(2, 37))`} {
@@ -342,8 +346,9 @@ func TestHugeAllocations(t *testing.T) {
 	}
 	// Below the bound they work as before.
 	s := mustCompile(t, `function FindProxyForURL(url, host) {
-	var a = "ab".repeat(3) + "|" + "x".padStart(3, "-") + "|" + "x".padEnd(3) + "|" + [1, null, "z"].join("-") + "|" + new Array(3);
-	return a == "ababab|--x|x  |1--z|,," ? "DIRECT" : "PROXY " + a;
+	var a = "ab".repeat(3) + "|" + "x".padStart(3, "-") + "|" + "x".padEnd(3) + "|" + [1, null, "z"].join("-") + "|" + new Array(3) +
+		"|" + Math.max.apply(null, [1, 3, 2]) + "|" + [3, 1, 2].sort() + "|" + Array.prototype.sort.call({length: 2, 0: "b", 1: "a"})[0];
+	return a == "ababab|--x|x  |1--z|,,|3|1,2,3|a" ? "DIRECT" : "PROXY " + a;
 }`, Options{})
 	if r := s.Eval(Call{Host: "a.example"}); r.Exit != "direct" || r.Failed {
 		t.Errorf("Eval = %+v, want direct", r)
