@@ -22,16 +22,16 @@ import (
 // turn a small script into an allocation of any size at once.
 const maxStringChars = 1 << 24
 
-// maxArguments bounds the argument lists apply and Reflect build, maxSort the arrays
-// sort takes (see installBounds).
+// maxArguments bounds the argument lists apply and Reflect build, maxCopy the arrays
+// sort and map take (see installBounds).
 const (
 	maxArguments = 1 << 16
-	maxSort      = 1 << 20
+	maxCopy      = 1 << 20
 )
 
 // installBounds wraps repeat, padStart, padEnd and Array join (maxStringChars),
 // Function.prototype.apply, Reflect.apply and Reflect.construct (maxArguments), and
-// Array sort (maxSort). The
+// Array sort and map (maxCopy). The
 // string ones convert their receiver and arguments once and hand the converted values
 // on, so that a script's toString or valueOf runs once, as without the wrapper.
 func (w *worker) installBounds() error {
@@ -168,22 +168,25 @@ func (w *worker) installBounds() error {
 		return err
 	}
 	// sort copies a sparse array or an array-like into a list of its length first
-	// (new Array(2**32 - 1).sort() asked for 64 GiB).
-	sortFn, err := native(ap, "sort")
-	if err != nil {
-		return err
-	}
-	if err := ap.Set("sort", func(fc goja.FunctionCall) goja.Value {
-		if o, ok := fc.This.(*goja.Object); ok {
-			if l := o.Get("length"); l != nil {
-				if n := l.ToFloat(); n > maxSort {
-					throw("too long to sort: %.0f elements, the bound is %d", n, maxSort)
+	// (new Array(2**32 - 1).sort() asked for 64 GiB), and map makes its result of the
+	// source's length at once.
+	for _, name := range []string{"sort", "map"} {
+		f, err := native(ap, name)
+		if err != nil {
+			return err
+		}
+		if err := ap.Set(name, func(fc goja.FunctionCall) goja.Value {
+			if o, ok := fc.This.(*goja.Object); ok {
+				if l := o.Get("length"); l != nil {
+					if n := l.ToFloat(); n > maxCopy {
+						throw("too long to %s: %.0f elements, the bound is %d", name, n, maxCopy)
+					}
 				}
 			}
+			return f(fc)
+		}); err != nil {
+			return err
 		}
-		return sortFn(fc)
-	}); err != nil {
-		return err
 	}
 	join, err := native(ap, "join")
 	if err != nil {

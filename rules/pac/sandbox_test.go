@@ -335,9 +335,15 @@ func TestHugeAllocations(t *testing.T) {
 		`Reflect.apply(Math.max, null, {length: Math.pow(2, 32) - 1})`, `Reflect.construct(Array, {length: Math.pow(2, 32) - 1})`} {
 		t.Run(expr, func(t *testing.T) { testHugeAllocation(t, expr, "RangeError: too many arguments") })
 	}
-	// sort copies a sparse array or an array-like into a list of its length first.
-	for _, expr := range []string{`Array.prototype.sort.call({length: Math.pow(2, 21)})`, `new Array(Math.pow(2, 32) - 1).sort()`} {
-		t.Run(expr, func(t *testing.T) { testHugeAllocation(t, expr, "RangeError: too long to sort") })
+	// sort copies a sparse array or an array-like into a list of its length first, and
+	// map makes its result of that length at once.
+	for _, tc := range []struct{ expr, want string }{
+		{`Array.prototype.sort.call({length: Math.pow(2, 21)})`, "RangeError: too long to sort"},
+		{`new Array(Math.pow(2, 32) - 1).sort()`, "RangeError: too long to sort"},
+		{`new Array(Math.pow(2, 21)).map(String)`, "RangeError: too long to map"},
+		{`new Array(Math.pow(2, 32) - 1).map(String)`, "RangeError: too long to map"},
+	} {
+		t.Run(tc.expr, func(t *testing.T) { testHugeAllocation(t, tc.expr, tc.want) })
 	}
 	// ArrayBuffer and the typed arrays allocate their whole size at once too; PAC
 	// scripts have no use for them, so the sandbox has none.
@@ -347,8 +353,9 @@ func TestHugeAllocations(t *testing.T) {
 	// Below the bound they work as before.
 	s := mustCompile(t, `function FindProxyForURL(url, host) {
 	var a = "ab".repeat(3) + "|" + "x".padStart(3, "-") + "|" + "x".padEnd(3) + "|" + [1, null, "z"].join("-") + "|" + new Array(3) +
-		"|" + Math.max.apply(null, [1, 3, 2]) + "|" + [3, 1, 2].sort() + "|" + Array.prototype.sort.call({length: 2, 0: "b", 1: "a"})[0];
-	return a == "ababab|--x|x  |1--z|,,|3|1,2,3|a" ? "DIRECT" : "PROXY " + a;
+		"|" + Math.max.apply(null, [1, 3, 2]) + "|" + [3, 1, 2].sort() + "|" + Array.prototype.sort.call({length: 2, 0: "b", 1: "a"})[0] +
+		"|" + [1, 2].map(function (x) { return x * 2; });
+	return a == "ababab|--x|x  |1--z|,,|3|1,2,3|a|2,4" ? "DIRECT" : "PROXY " + a;
 }`, Options{})
 	if r := s.Eval(Call{Host: "a.example"}); r.Exit != "direct" || r.Failed {
 		t.Errorf("Eval = %+v, want direct", r)
