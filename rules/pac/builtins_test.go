@@ -237,6 +237,14 @@ func TestTimeBuiltinsZone(t *testing.T) {
 
 func TestDeterminism(t *testing.T) {
 	w := testWorker(t, Options{})
+	// A call without a timestamp sees the fixed time top-level code sees, never the
+	// clock (it saw time.Now()).
+	runExprs(t, w, Call{}, []exprCase{
+		{"Date.now without At", `Date.now()`, "0"},
+		{"new Date without At", `new Date().toISOString()`, "1970-01-01T00:00:00.000Z"},
+		{"Date() without At", `Date()`, "Thu Jan 01 1970 00:00:00 GMT+0000 (UTC)"},
+		{"dateRange without At", `dateRange(1970)`, "true"},
+	})
 	c := Call{Seed: 42, At: time.Unix(1700000000, 0)}
 	a := w.evalString(c, `[Math.random(), Math.random(), Date.now()].join()`)
 	b := w.evalString(c, `[Math.random(), Math.random(), Date.now()].join()`)

@@ -64,7 +64,7 @@ type Call struct {
 	Port   uint16     // destination port; a non-default port appears in the URL
 	Dst    netip.Addr // the destination address, if known (dnsResolve answers with it)
 	MyIP   netip.Addr // the workload's own address (myIpAddress)
-	At     time.Time  // the flow's timestamp: the script's Date and the time built-ins
+	At     time.Time  // the flow's timestamp: the script's Date and the time built-ins (zero: the Unix epoch, never the clock)
 	Seed   uint64     // seeds Math.random for this call
 }
 

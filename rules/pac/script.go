@@ -640,9 +640,11 @@ func stackLine(stack []goja.StackFrame) int {
 	return 0
 }
 
+// now is the script's time: the call's timestamp, or for a call without one (and for
+// top-level code) the Unix epoch, never the clock, which would differ from hop to hop.
 func (w *worker) now() time.Time {
 	if w.call.At.IsZero() {
-		return time.Now()
+		return time.Unix(0, 0)
 	}
 	return w.call.At
 }
