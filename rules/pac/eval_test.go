@@ -2,6 +2,7 @@ package pac
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -172,5 +173,37 @@ func TestTopLevelDeterministic(t *testing.T) {
 	got := rawEval(t, s, Call{Host: "a", At: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)})
 	if !strings.HasPrefix(got, "1970-01-01T00:00:00.000Z ") {
 		t.Errorf("top-level code saw %q, want the fixed load time", got)
+	}
+}
+
+// TestLongResults: a script that returns long strings neither fills its runtimes'
+// result cache with them (256 entries of a MiB each per runtime) nor hands them whole
+// to the decision record.
+func TestLongResults(t *testing.T) {
+	s, err := compile("t.pac", `function FindProxyForURL(url, host) { return "PROXY " + host + "x".repeat(1 << 20); }`,
+		Options{Deadline: 10 * time.Second}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for i := 0; i < 100; i++ {
+		r := s.Eval(Call{Host: fmt.Sprintf("h%d.example", i)})
+		if r.Failed || r.Exit != "" || len(r.Directive) > maxDirective+len("…") {
+			t.Fatalf("Eval = %.80v..., want the default with a directive cut to %d bytes", r, maxDirective)
+		}
+	}
+	cached := 0
+	for range cap(s.p.idle) {
+		select {
+		case w := <-s.p.idle:
+			for k := range w.results {
+				cached += len(k)
+			}
+			defer func() { s.p.idle <- w }()
+		default:
+		}
+	}
+	if cached > resultCacheMax*maxCachedResult {
+		t.Errorf("the runtimes cache %d bytes of results", cached)
 	}
 }

@@ -20,7 +20,9 @@ import (
 // A missing port takes the scheme's default as in Chromium (80, 443, 1080). A proxy
 // host must be a DNS name or an IP literal (IPv6 in brackets); anything else (user
 // info, a path) makes the directive unrecognised, so a script cannot smuggle text into
-// the proxy URL. ParseResult never fails: a script failure is decided by Eval.
+// the proxy URL. A directive longer than maxDirective is unrecognised, and Directive
+// keeps its first maxDirective bytes and "…". ParseResult never fails: a script
+// failure is decided by Eval.
 func ParseResult(v string) Result {
 	if i := strings.IndexByte(v, ';'); i >= 0 {
 		v = v[:i]
@@ -28,6 +30,11 @@ func ParseResult(v string) Result {
 	d := strings.Trim(v, " \t\r\n")
 	r := Result{Directive: d}
 	if d == "" {
+		return r
+	}
+	if len(d) > maxDirective {
+		// Longer than any valid directive: unrecognised, and cut for the record.
+		r.Directive = strings.ToValidUTF8(d[:maxDirective], "") + "…"
 		return r
 	}
 	kw, arg := d, ""
@@ -163,3 +170,7 @@ func validHostName(h string) bool {
 	}
 	return label > 0
 }
+
+// maxDirective bounds Result.Directive, which decision records carry: a valid
+// directive is at most about 270 bytes (a keyword, a 253-byte host name and a port).
+const maxDirective = 512

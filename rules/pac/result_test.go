@@ -1,6 +1,9 @@
 package pac
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseResult(t *testing.T) {
 	tests := []struct {
@@ -46,6 +49,19 @@ func TestParseResult(t *testing.T) {
 		{"PROXY [::1]x", Result{Directive: "PROXY [::1]x"}},
 		{"PROXY a..b:80", Result{Directive: "PROXY a..b:80"}},
 	}
+	// A directive goes into decision records as returned: a long one is cut (no valid
+	// directive is longer than about 270 bytes: a keyword, a 253-byte host, a port).
+	long := "PROXY " + strings.Repeat("a", 10000)
+	tests = append(tests,
+		struct {
+			in   string
+			want Result
+		}{long + "; DIRECT", Result{Directive: long[:maxDirective] + "…"}},
+		struct {
+			in   string
+			want Result
+		}{"SOCKS5 " + strings.Repeat("a.", 126) + "a:65535", Result{Exit: "client", Directive: "SOCKS5 " + strings.Repeat("a.", 126) + "a:65535",
+			Proxy: "socks5://" + strings.Repeat("a.", 126) + "a:65535"}})
 	for _, tc := range tests {
 		if got := ParseResult(tc.in); got != tc.want {
 			t.Errorf("ParseResult(%q) = %+v, want %+v", tc.in, got, tc.want)

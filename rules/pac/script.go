@@ -699,8 +699,12 @@ func (w *worker) run(c Call) (r Result) {
 	if _, ok := v.(goja.String); !ok {
 		return deny(fmt.Sprintf("FindProxyForURL returned %s, not a string", typeOf(v)))
 	}
-	// Scripts return a handful of distinct strings: remember their mapping.
+	// Scripts return a handful of distinct strings: remember their mapping, unless
+	// the string is long (256 of them could hold gigabytes).
 	str := v.String()
+	if len(str) > maxCachedResult {
+		return ParseResult(str)
+	}
 	if r, ok := w.results[str]; ok {
 		return r
 	}
@@ -712,7 +716,12 @@ func (w *worker) run(c Call) (r Result) {
 	return r
 }
 
-const resultCacheMax = 256
+// resultCacheMax bounds the entries of a runtime's caches, maxCachedResult the length
+// of a result string worth caching (a list of a dozen proxies is well below it).
+const (
+	resultCacheMax  = 256
+	maxCachedResult = 4 << 10
+)
 
 // callArgs are FindProxyForURL's arguments for a host, ready for the runtime.
 type callArgs struct {
