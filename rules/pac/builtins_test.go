@@ -2,6 +2,8 @@ package pac
 
 import (
 	"net/netip"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -349,5 +351,28 @@ func TestExtendedGlobUsed(t *testing.T) {
 		if x, err := c.compile(p); err == nil && x.alts != nil {
 			t.Errorf("pattern %q takes the glob path", p)
 		}
+	}
+}
+
+// TestShExpCacheBounded: long patterns are not kept in a runtime's pattern cache (512 of
+// them, each with its compiled regex, could hold gigabytes).
+func TestShExpCacheBounded(t *testing.T) {
+	var c shexpCache
+	long := strings.Repeat("a(b|c)", 2000)
+	for i := range 100 {
+		if _, err := c.match("abc", long+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cached := 0
+	for p := range c.m {
+		cached += len(p)
+	}
+	if cached > shexpCacheMax*maxCachedPattern {
+		t.Errorf("%d bytes of patterns cached", cached)
+	}
+	// Short ones are.
+	if _, err := c.match("abc", "a(b|c)*"); err != nil || c.m["a(b|c)*"] == nil {
+		t.Errorf("a short pattern is not cached (%v)", err)
 	}
 }

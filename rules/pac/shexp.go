@@ -28,8 +28,9 @@ type shexp struct {
 }
 
 const (
-	shexpCacheMax = 512
-	maxAlts       = 64
+	shexpCacheMax    = 512
+	maxCachedPattern = 1 << 10
+	maxAlts          = 64
 )
 
 func (c *shexpCache) match(url, pattern string) (bool, error) {
@@ -63,6 +64,9 @@ func (c *shexpCache) compile(pattern string) (*shexp, error) {
 		return nil, fmt.Errorf("shExpMatch: invalid pattern %q: %w", pattern, err)
 	}
 	x := &shexp{re: re, alts: parseGlob(pattern)}
+	if len(pattern) > maxCachedPattern {
+		return x, nil // PAC patterns are short: a long one is not worth its memory
+	}
 	if c.m == nil || len(c.m) >= shexpCacheMax {
 		c.m = make(map[string]*shexp)
 	}
