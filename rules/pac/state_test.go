@@ -187,3 +187,30 @@ func TestSealKnowsGoja(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptsIsolated: scripts (one per policy, so per pod) have runtimes of their own:
+// what one does to the built-ins, at load or in its calls, never reaches another.
+func TestScriptsIsolated(t *testing.T) {
+	bad := mustCompile(t, `String.prototype.toLowerCase = function () { return "evil"; };
+Object.prototype.polluted = "yes";
+Math.floor = function () { return 7; };
+function FindProxyForURL(u, h) { Object.getPrototypeOf("").y = h; Object.getPrototypeOf({}).z = h; return "BLOCK"; }`, Options{})
+	good := mustCompile(t, `function FindProxyForURL(u, h) {
+	return "A".toLowerCase() == "a" && ({}).polluted === undefined && "".y === undefined && ({}).z === undefined &&
+		Math.floor(1.5) == 1 ? "DIRECT" : "BLOCK";
+}`, Options{})
+	done := make(chan string, 200)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for i := 0; i < 50; i++ {
+				bad.Eval(Call{Host: "x.example"})
+				done <- good.Eval(Call{Host: "x.example"}).Exit
+			}
+		}()
+	}
+	for i := 0; i < 200; i++ {
+		if e := <-done; e != "direct" {
+			t.Fatalf("call %d of the other script: %s, want direct", i, e)
+		}
+	}
+}
