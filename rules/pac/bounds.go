@@ -29,11 +29,36 @@ const (
 	maxCopy      = 1 << 20
 )
 
+// native is a Go function goja's built-ins are made of.
+type native = func(goja.FunctionCall) goja.Value
+
+// builtinProto returns vm's ctor.prototype.
+func builtinProto(vm *goja.Runtime, ctor string) (*goja.Object, error) {
+	c, ok := vm.Get(ctor).(*goja.Object)
+	if !ok {
+		return nil, errors.New("no " + ctor)
+	}
+	p, ok := c.Get("prototype").(*goja.Object)
+	if !ok {
+		return nil, errors.New("no " + ctor + ".prototype")
+	}
+	return p, nil
+}
+
+// wrapNative replaces the native function o[name] with wrap(the original).
+func wrapNative(o *goja.Object, name string, wrap func(orig native) native) error {
+	orig, ok := o.Get(name).Export().(native)
+	if !ok {
+		return errors.New(name + " is not a native function")
+	}
+	return o.Set(name, wrap(orig))
+}
+
 // installBounds wraps repeat, padStart, padEnd and Array join (maxStringChars),
 // Function.prototype.apply, Reflect.apply and Reflect.construct (maxArguments), and
-// Array sort and map (maxCopy). The
-// string ones convert their receiver and arguments once and hand the converted values
-// on, so that a script's toString or valueOf runs once, as without the wrapper.
+// Array sort and map (maxCopy). The string ones convert their receiver and arguments
+// once and hand the converted values on, so that a script's toString or valueOf runs
+// once, as without the wrapper.
 func (w *worker) installBounds() error {
 	vm := w.vm
 	// Captured before the script runs, which may replace the global RangeError.
@@ -48,7 +73,7 @@ func (w *worker) installBounds() error {
 		}
 		panic(o)
 	}
-	fail := func(n float64) {
+	tooLong := func(n float64) {
 		throw("Invalid string length: %.0f characters, the bound is %d", n, maxStringChars)
 	}
 	// str is ToString(v) and its length in UTF-16 units.
@@ -59,167 +84,140 @@ func (w *worker) installBounds() error {
 		}
 		return s, len(s.String())
 	}
-	native := func(o *goja.Object, name string) (func(goja.FunctionCall) goja.Value, error) {
-		f, ok := o.Get(name).Export().(func(goja.FunctionCall) goja.Value)
-		if !ok {
-			return nil, errors.New(name + " is not a native function")
-		}
-		return f, nil
-	}
-	proto := func(ctor string) (*goja.Object, error) {
-		c, ok := vm.Get(ctor).(*goja.Object)
-		if !ok {
-			return nil, errors.New("no " + ctor)
-		}
-		p, ok := c.Get("prototype").(*goja.Object)
-		if !ok {
-			return nil, errors.New("no " + ctor + ".prototype")
-		}
-		return p, nil
-	}
-	sp, err := proto("String")
-	if err != nil {
-		return err
-	}
-	repeat, err := native(sp, "repeat")
-	if err != nil {
-		return err
-	}
-	if err := sp.Set("repeat", func(fc goja.FunctionCall) goja.Value {
-		if goja.IsUndefined(fc.This) || goja.IsNull(fc.This) {
-			return repeat(fc) // goja's own TypeError
-		}
-		s, sl := str(fc.This)
-		count := fc.Argument(0).ToNumber()
-		if n := float64(sl) * count.ToFloat(); n > maxStringChars && !math.IsInf(n, 1) {
-			fail(n)
-		}
-		return repeat(goja.FunctionCall{This: s, Arguments: []goja.Value{count}})
-	}); err != nil {
-		return err
-	}
-	for _, name := range []string{"padStart", "padEnd"} {
-		pad, err := native(sp, name)
-		if err != nil {
-			return err
-		}
-		if err := sp.Set(name, func(fc goja.FunctionCall) goja.Value {
-			if goja.IsUndefined(fc.This) || goja.IsNull(fc.This) {
-				return pad(fc)
-			}
-			s, sl := str(fc.This)
-			n := fc.Argument(0).ToNumber()
-			if f := n.ToFloat(); f > maxStringChars && f > float64(sl) {
-				fail(f)
-			}
-			args := []goja.Value{n}
-			if len(fc.Arguments) > 1 {
-				args = append(args, fc.Arguments[1])
-			}
-			return pad(goja.FunctionCall{This: s, Arguments: args})
-		}); err != nil {
-			return err
-		}
-	}
-	// apply, Reflect.apply and Reflect.construct make an argument list of the
-	// array-like's length in one piece (f.apply(null, {length: 2**32 - 1}) asked for
-	// 64 GiB). Browsers bound it too (SpiderMonkey: 500 000 arguments).
-	tooMany := func(v goja.Value) {
+	// length is the length property of v when v is an object.
+	length := func(v goja.Value) float64 {
 		if o, ok := v.(*goja.Object); ok {
 			if l := o.Get("length"); l != nil {
-				if n := l.ToFloat(); n > maxArguments {
-					throw("too many arguments: %.0f, the bound is %d", n, maxArguments)
-				}
+				return l.ToFloat()
 			}
 		}
+		return 0
 	}
-	fp, err := proto("Function")
+	sp, err := builtinProto(vm, "String")
 	if err != nil {
 		return err
 	}
-	apply, err := native(fp, "apply")
+	fp, err := builtinProto(vm, "Function")
 	if err != nil {
 		return err
 	}
-	if err := fp.Set("apply", func(fc goja.FunctionCall) goja.Value {
-		tooMany(fc.Argument(1))
-		return apply(fc)
-	}); err != nil {
+	ap, err := builtinProto(vm, "Array")
+	if err != nil {
 		return err
 	}
 	reflect, ok := vm.Get("Reflect").(*goja.Object)
 	if !ok {
 		return errors.New("no Reflect")
 	}
-	for name, arg := range map[string]int{"apply": 2, "construct": 1} {
-		f, err := native(reflect, name)
-		if err != nil {
-			return err
-		}
-		if err := reflect.Set(name, func(fc goja.FunctionCall) goja.Value {
-			tooMany(fc.Argument(arg))
-			return f(fc)
-		}); err != nil {
-			return err
-		}
-	}
-	ap, err := proto("Array")
-	if err != nil {
-		return err
-	}
-	// sort copies a sparse array or an array-like into a list of its length first
-	// (new Array(2**32 - 1).sort() asked for 64 GiB), and map makes its result of the
-	// source's length at once.
-	for _, name := range []string{"sort", "map"} {
-		f, err := native(ap, name)
-		if err != nil {
-			return err
-		}
-		if err := ap.Set(name, func(fc goja.FunctionCall) goja.Value {
-			if o, ok := fc.This.(*goja.Object); ok {
-				if l := o.Get("length"); l != nil {
-					if n := l.ToFloat(); n > maxCopy {
-						throw("too long to %s: %.0f elements, the bound is %d", name, n, maxCopy)
+	wraps := []struct {
+		o    *goja.Object
+		name string
+		wrap func(orig native) native
+	}{
+		{sp, "repeat", func(orig native) native {
+			return func(fc goja.FunctionCall) goja.Value {
+				if goja.IsUndefined(fc.This) || goja.IsNull(fc.This) {
+					return orig(fc) // goja's own TypeError
+				}
+				s, sl := str(fc.This)
+				count := fc.Argument(0).ToNumber()
+				if n := float64(sl) * count.ToFloat(); n > maxStringChars && !math.IsInf(n, 1) {
+					tooLong(n)
+				}
+				return orig(goja.FunctionCall{This: s, Arguments: []goja.Value{count}})
+			}
+		}},
+		{sp, "padStart", padBound(str, tooLong)},
+		{sp, "padEnd", padBound(str, tooLong)},
+		// apply, Reflect.apply and Reflect.construct make an argument list of the
+		// array-like's length in one piece (f.apply(null, {length: 2**32 - 1}) asked
+		// for 64 GiB). Browsers bound it too (SpiderMonkey: 500 000 arguments).
+		{fp, "apply", argsBound(1, length, throw)},
+		{reflect, "apply", argsBound(2, length, throw)},
+		{reflect, "construct", argsBound(1, length, throw)},
+		// sort copies a sparse array or an array-like into a list of its length first
+		// (new Array(2**32 - 1).sort() asked for 64 GiB), and map makes its result of
+		// the source's length at once.
+		{ap, "sort", copyBound("sort", length, throw)},
+		{ap, "map", copyBound("map", length, throw)},
+		{ap, "join", func(orig native) native {
+			return func(fc goja.FunctionCall) goja.Value {
+				o, ok := fc.This.(*goja.Object)
+				if !ok {
+					return orig(fc)
+				}
+				n := int64(length(o))
+				sep, sepLen := fc.Argument(0), 1
+				if !goja.IsUndefined(sep) {
+					sep, sepLen = str(sep)
+				}
+				// The separators, then the elements that are strings (one of a few
+				// bytes otherwise; an object's own join is bounded when it runs).
+				total := float64(max(n-1, 0)) * float64(sepLen)
+				for i := int64(0); i < n && total <= maxStringChars; i++ {
+					if s, ok := o.Get(strconv.FormatInt(i, 10)).(goja.String); ok {
+						total += float64(s.Length())
 					}
 				}
+				if total > maxStringChars {
+					tooLong(total)
+				}
+				return orig(goja.FunctionCall{This: fc.This, Arguments: []goja.Value{sep}})
 			}
-			return f(fc)
-		}); err != nil {
+		}},
+	}
+	for _, x := range wraps {
+		if err := wrapNative(x.o, x.name, x.wrap); err != nil {
 			return err
 		}
 	}
-	join, err := native(ap, "join")
-	if err != nil {
-		return err
-	}
-	return ap.Set("join", func(fc goja.FunctionCall) goja.Value {
-		o, ok := fc.This.(*goja.Object)
-		if !ok {
-			return join(fc)
-		}
-		l := o.Get("length")
-		if l == nil {
-			return join(fc)
-		}
-		n := l.ToInteger()
-		sep := fc.Argument(0)
-		sepLen := 1
-		if !goja.IsUndefined(sep) {
-			sep, sepLen = str(sep)
-		}
-		// The separators, then the elements that are strings (one of a few bytes
-		// otherwise; an object's own join is bounded when it runs).
-		total := float64(max(n-1, 0)) * float64(sepLen)
-		for i := int64(0); i < n && total <= maxStringChars; i++ {
-			if s, ok := o.Get(strconv.FormatInt(i, 10)).(goja.String); ok {
-				total += float64(s.Length())
+	return nil
+}
+
+// padBound bounds padStart and padEnd: their result has the length they are given.
+func padBound(str func(goja.Value) (goja.Value, int), tooLong func(float64)) func(native) native {
+	return func(orig native) native {
+		return func(fc goja.FunctionCall) goja.Value {
+			if goja.IsUndefined(fc.This) || goja.IsNull(fc.This) {
+				return orig(fc)
 			}
+			s, sl := str(fc.This)
+			n := fc.Argument(0).ToNumber()
+			if f := n.ToFloat(); f > maxStringChars && f > float64(sl) {
+				tooLong(f)
+			}
+			args := []goja.Value{n}
+			if len(fc.Arguments) > 1 {
+				args = append(args, fc.Arguments[1])
+			}
+			return orig(goja.FunctionCall{This: s, Arguments: args})
 		}
-		if total > maxStringChars {
-			fail(total)
+	}
+}
+
+// argsBound bounds a native whose argument i is an array-like it copies into an
+// argument list.
+func argsBound(i int, length func(goja.Value) float64, throw func(string, ...any)) func(native) native {
+	return func(orig native) native {
+		return func(fc goja.FunctionCall) goja.Value {
+			if n := length(fc.Argument(i)); n > maxArguments {
+				throw("too many arguments: %.0f, the bound is %d", n, maxArguments)
+			}
+			return orig(fc)
 		}
-		return join(goja.FunctionCall{This: fc.This, Arguments: []goja.Value{sep}})
-	})
+	}
+}
+
+// copyBound bounds an array method that copies its receiver whole.
+func copyBound(name string, length func(goja.Value) float64, throw func(string, ...any)) func(native) native {
+	return func(orig native) native {
+		return func(fc goja.FunctionCall) goja.Value {
+			if n := length(fc.This); n > maxCopy {
+				throw("too long to %s: %.0f elements, the bound is %d", name, n, maxCopy)
+			}
+			return orig(fc)
+		}
+	}
 }
 
 // unallocatable are the globals removed from every runtime: ArrayBuffer and the typed

@@ -49,27 +49,15 @@ func (w *worker) guardLen(s string, n int) string {
 // cost a type switch when the call is not inline.
 func (w *worker) installGuards() error {
 	vm := w.vm
-	proto := func(ctor string) (*goja.Object, error) {
-		c := vm.Get(ctor)
-		if c == nil {
-			return nil, errors.New("no " + ctor)
-		}
-		p := c.ToObject(vm).Get("prototype")
-		if p == nil {
-			return nil, errors.New("no " + ctor + ".prototype")
-		}
-		return p.ToObject(vm), nil
-	}
+	proto := func(ctor string) (*goja.Object, error) { return builtinProto(vm, ctor) }
 	wrap := func(o *goja.Object, name string, ok func(fc goja.FunctionCall) bool) error {
-		orig, isNative := o.Get(name).Export().(func(goja.FunctionCall) goja.Value)
-		if !isNative {
-			return errors.New(name + " is not a native function")
-		}
-		return o.Set(name, func(fc goja.FunctionCall) goja.Value {
-			if w.inlineCall && !ok(fc) {
-				return w.trip()
+		return wrapNative(o, name, func(orig native) native {
+			return func(fc goja.FunctionCall) goja.Value {
+				if w.inlineCall && !ok(fc) {
+					return w.trip()
+				}
+				return orig(fc)
 			}
-			return orig(fc)
 		})
 	}
 	strLen := func(v goja.Value) int {
@@ -168,24 +156,22 @@ func (w *worker) installGuards() error {
 	if err != nil {
 		return err
 	}
-	orig, isNative := rp.Get("test").Export().(func(goja.FunctionCall) goja.Value)
-	if !isNative {
-		return errors.New("test is not a native function")
-	}
-	return rp.Set("test", func(fc goja.FunctionCall) goja.Value {
-		if !w.inlineCall {
-			return orig(fc)
-		}
-		if s, ok := fc.Argument(0).(goja.String); ok { // the usual case: no conversion
-			if s.Length() > maxInlineRegexIn {
+	return wrapNative(rp, "test", func(orig native) native {
+		return func(fc goja.FunctionCall) goja.Value {
+			if !w.inlineCall {
+				return orig(fc)
+			}
+			if s, ok := fc.Argument(0).(goja.String); ok { // the usual case: no conversion
+				if s.Length() > maxInlineRegexIn {
+					return w.trip()
+				}
+				return orig(fc)
+			}
+			s := fc.Argument(0).ToString()
+			if w.tripped || strLen(s) > maxInlineRegexIn {
 				return w.trip()
 			}
-			return orig(fc)
+			return orig(goja.FunctionCall{This: fc.This, Arguments: []goja.Value{s}})
 		}
-		s := fc.Argument(0).ToString()
-		if w.tripped || strLen(s) > maxInlineRegexIn {
-			return w.trip()
-		}
-		return orig(goja.FunctionCall{This: fc.This, Arguments: []goja.Value{s}})
 	})
 }
