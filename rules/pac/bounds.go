@@ -45,13 +45,25 @@ func builtinProto(vm *goja.Runtime, ctor string) (*goja.Object, error) {
 	return p, nil
 }
 
-// wrapNative replaces the native function o[name] with wrap(the original).
-func wrapNative(o *goja.Object, name string, wrap func(orig native) native) error {
-	orig, ok := o.Get(name).Export().(native)
+// wrapNative replaces the native function o[name] with wrap(the original), with the
+// original's length and name: a script sees the same function either way (otherwise
+// h.split.length was 0 in an inline pool and 2 elsewhere, and h.split.name a Go path).
+func wrapNative(vm *goja.Runtime, o *goja.Object, name string, wrap func(orig native) native) error {
+	origObj, ok := o.Get(name).(*goja.Object)
+	if !ok {
+		return errors.New(name + " is not a function")
+	}
+	orig, ok := origObj.Export().(native)
 	if !ok {
 		return errors.New(name + " is not a native function")
 	}
-	return o.Set(name, wrap(orig))
+	f := vm.ToValue(wrap(orig)).(*goja.Object)
+	for _, p := range []string{"length", "name"} {
+		if err := f.DefineDataProperty(p, origObj.Get(p), goja.FLAG_FALSE, goja.FLAG_TRUE, goja.FLAG_FALSE); err != nil {
+			return err
+		}
+	}
+	return o.Set(name, f)
 }
 
 // installBounds wraps repeat, padStart, padEnd and Array join (maxStringChars),
@@ -167,7 +179,7 @@ func (w *worker) installBounds() error {
 		}},
 	}
 	for _, x := range wraps {
-		if err := wrapNative(x.o, x.name, x.wrap); err != nil {
+		if err := wrapNative(vm, x.o, x.name, x.wrap); err != nil {
 			return err
 		}
 	}

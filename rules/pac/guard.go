@@ -51,7 +51,7 @@ func (w *worker) installGuards() error {
 	vm := w.vm
 	proto := func(ctor string) (*goja.Object, error) { return builtinProto(vm, ctor) }
 	wrap := func(o *goja.Object, name string, ok func(fc goja.FunctionCall) bool) error {
-		return wrapNative(o, name, func(orig native) native {
+		return wrapNative(vm, o, name, func(orig native) native {
 			return func(fc goja.FunctionCall) goja.Value {
 				if w.inlineCall && !ok(fc) {
 					return w.trip()
@@ -156,7 +156,7 @@ func (w *worker) installGuards() error {
 	if err != nil {
 		return err
 	}
-	return wrapNative(rp, "test", func(orig native) native {
+	return wrapNative(vm, rp, "test", func(orig native) native {
 		return func(fc goja.FunctionCall) goja.Value {
 			if !w.inlineCall {
 				return orig(fc)
