@@ -1,7 +1,9 @@
 package attach
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -47,11 +49,14 @@ func TestDecidedPolicyCarried(t *testing.T) {
 		// dial.
 		lateSession bool
 		loops       int
+		mode        string
 	}{
-		{"reload before the dial, event loop", false, 1},
-		{"reload before the dial, goroutines", false, -1},
-		{"session started after the reload, event loop", true, 1},
-		{"session started after the reload, goroutines", true, -1},
+		{"reload before the dial, event loop", false, 1, api.ModeTransparent},
+		{"reload before the dial, goroutines", false, -1, api.ModeTransparent},
+		{"session started after the reload, event loop", true, 1, api.ModeTransparent},
+		{"session started after the reload, goroutines", true, -1, api.ModeTransparent},
+		{"reload before the dial, proxy mode", false, 1, api.ModeProxy},
+		{"session started after the reload, proxy mode", true, 1, api.ModeProxy},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, clientAll)
@@ -84,7 +89,7 @@ func TestDecidedPolicyCarried(t *testing.T) {
 				Log: slog.New(slog.NewTextHandler(f.log, nil)),
 			})
 			defer r.Shutdown(context.Background())
-			w := api.Workload{ID: payWorkload.ID, Netns: pod.Path, Mode: api.ModeTransparent, Labels: payWorkload.Labels, Image: payWorkload.Image}
+			w := api.Workload{ID: payWorkload.ID, Netns: pod.Path, Mode: tt.mode, Labels: payWorkload.Labels, Image: payWorkload.Image}
 			if _, err := r.Open(w); err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +98,17 @@ func TestDecidedPolicyCarried(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			// Another port per case: conntrack keeps the previous case's entries.
-			conn, err := netns.Dial(ctx, pod.Path, 0, "tcp4", "192.0.2.2:"+strconv.Itoa(4800+i)) // unmarked: captured
+			dst := "192.0.2.2:" + strconv.Itoa(4800+i)
+			var conn net.Conn
+			var err error
+			if tt.mode == api.ModeProxy {
+				conn, err = netns.Dial(ctx, pod.Path, 0, "tcp4", "127.0.0.1:15990")
+				if err == nil {
+					err = connectThrough(conn, dst)
+				}
+			} else {
+				conn, err = netns.Dial(ctx, pod.Path, 0, "tcp4", dst) // unmarked: captured
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,4 +129,24 @@ func TestDecidedPolicyCarried(t *testing.T) {
 			}
 		})
 	}
+}
+
+// connectThrough asks the HTTP proxy at the other end of c for a tunnel to dst and reads
+// its answer byte by byte, so no tunnel byte is read ahead.
+func connectThrough(c net.Conn, dst string) error {
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dst, dst); err != nil {
+		return err
+	}
+	var head []byte
+	for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
+		b := make([]byte, 1)
+		if _, err := c.Read(b); err != nil {
+			return fmt.Errorf("CONNECT answer %q: %w", head, err)
+		}
+		head = append(head, b[0])
+	}
+	if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
+		return fmt.Errorf("CONNECT answer %q, want 200", head)
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -30,10 +31,12 @@ func TestReregisterNewPath(t *testing.T) {
 	testutil.RequireTool(t, "nft")
 	for _, tt := range []struct {
 		name    string
+		mode    string
 		another bool // re-register in another netns rather than the same one by a new path
 	}{
-		{"same netns, new path", false},
-		{"another netns", true},
+		{"same netns, new path", api.ModeTransparent, false},
+		{"proxy mode, same netns, new path", api.ModeProxy, false},
+		{"another netns", api.ModeTransparent, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := testutil.NewNetns(t, "klrp")
@@ -65,12 +68,12 @@ func TestReregisterNewPath(t *testing.T) {
 			// The first member's path: a bind mount of the pod's netns, gone after the
 			// re-registration.
 			first := bindNetns(t, pod.Path)
-			w := api.Workload{ID: "shared", Netns: first, Mode: api.ModeTransparent, Source: "oci"}
+			w := api.Workload{ID: "shared", Netns: first, Mode: tt.mode, Source: "oci"}
 			reg, err := d.Register(w)
 			if err != nil {
 				t.Fatal(err)
 			}
-			before := dialEcho(t, pod.Path)
+			before := dialEcho(t, pod.Path, tt.mode, cfg.HTTPPort)
 			echo(t, before, "before")
 
 			w.Netns = pod.Path
@@ -106,7 +109,7 @@ func TestReregisterNewPath(t *testing.T) {
 				t.Errorf("Since %v after a new path, want %v (the same registration)", reg2.Since, reg.Since)
 			}
 			echo(t, before, "after the new path")
-			after := dialEcho(t, pod.Path)
+			after := dialEcho(t, pod.Path, tt.mode, cfg.HTTPPort)
 			echo(t, after, "new flow")
 		})
 	}
@@ -127,17 +130,41 @@ func bindNetns(t *testing.T, nsPath string) string {
 	return p
 }
 
-// dialEcho connects from the pod (unmarked: captured, so through the relay) to the echo
-// server.
-func dialEcho(t *testing.T, pod string) net.Conn {
+// dialEcho connects from the pod to the echo server: in transparent mode unmarked
+// (captured, so through the relay), in proxy mode through the relay's HTTP proxy on the
+// pod's loopback (CONNECT).
+func dialEcho(t *testing.T, pod string, mode string, httpPort uint16) net.Conn {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c, err := netns.Dial(ctx, pod, 0, "tcp4", "192.0.2.2:4711")
+	addr := "192.0.2.2:4711"
+	if mode == api.ModeProxy {
+		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(httpPort)))
+	}
+	c, err := netns.Dial(ctx, pod, 0, "tcp4", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	if mode == api.ModeProxy {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, "CONNECT 192.0.2.2:4711 HTTP/1.1\r\nHost: 192.0.2.2:4711\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		// Byte by byte to the blank line, so no tunnel byte is read ahead.
+		var head []byte
+		for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
+			b := make([]byte, 1)
+			if _, err := c.Read(b); err != nil {
+				t.Fatalf("CONNECT answer %q: %v", head, err)
+			}
+			head = append(head, b[0])
+		}
+		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
+			t.Fatalf("CONNECT answer %q, want 200", head)
+		}
+		c.SetDeadline(time.Time{})
+	}
 	return c
 }
 

@@ -40,7 +40,7 @@ func (r *Relay) openProxy(p *pod, w api.Workload) error {
 		p.serve.Add(1)
 		go func() {
 			defer p.serve.Done()
-			if err := s.serve(ctx, trackingListener{s.ln, p, r.ownerKey(w.Netns)}); err != nil {
+			if err := s.serve(ctx, trackingListener{s.ln, p, r.ownerKey(p)}); err != nil {
 				r.o.Log.Warn("proxy stopped", "workload", w.ID, "err", err)
 			}
 		}()
@@ -117,10 +117,11 @@ type clientKey struct{}
 // ownerKey marks each proxy client connection with its tuple, so a policy with process
 // rules can find the program that connected; the owner is looked up once per connection
 // (kept-alive requests reuse it) and forgotten when the connection closes, also when the
-// workload goes away.
-func (r *Relay) ownerKey(nsPath string) func(*trackedConn) {
+// workload goes away. The netns path is the pod's when the connection is made (a
+// registration may move it to another path of the same netns: Refresh).
+func (r *Relay) ownerKey(p *pod) func(*trackedConn) {
 	return func(tc *trackedConn) {
-		k := sockowner.Key{Netns: nsPath, Src: addrPort(tc.RemoteAddr()), Dst: addrPort(tc.LocalAddr())}
+		k := sockowner.Key{Netns: p.w.Load().Netns, Src: addrPort(tc.RemoteAddr()), Dst: addrPort(tc.LocalAddr())}
 		tc.key = k
 		tc.onClose = sync.OnceFunc(func() { r.o.Owners.Forget(k) })
 	}
@@ -248,7 +249,7 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		dctx, cancel := context.WithTimeout(ctx, r.o.ConnectTimeout)
 		defer cancel()
 		dialStart := time.Now()
-		c, err := dial(withFlow(dctx, &f, &d, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: port})
+		c, err := dial(withDecision(dctx, &f, &d, pol, p.ns), &w.Workload, Dest{Addr: dst, Host: f.Host, Port: port})
 		r.o.Metrics.Dialed(d.Exit, time.Since(dialStart), err)
 		if err != nil {
 			r.record(d, &f, audit.Reason(err))

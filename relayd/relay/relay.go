@@ -282,8 +282,7 @@ func (r *Relay) Open(w api.Workload) (api.Listeners, error) {
 // goes): the listeners and the flows they carry stay, and flows from now on read w (its
 // path, labels, image). The netns is held open by the relay, so the old path may be gone.
 // It reports false, changing nothing, when the id is not open or is open in another
-// mode, for a new path in proxy mode (its proxies look up processes by the path they
-// were opened with), or when the relay is shut down; the caller then Opens. The caller
+// mode, or when the relay is shut down; the caller then Opens. The caller
 // serialises it with Open and Close for one id.
 func (r *Relay) Refresh(w api.Workload) (api.Listeners, bool) {
 	ls, ok, _ := r.refresh(w, true)
@@ -291,7 +290,7 @@ func (r *Relay) Refresh(w api.Workload) (api.Listeners, bool) {
 }
 
 // refresh replaces the workload of open id w.ID, if it is open in w's mode and at w's
-// netns path, or (anyPath) at another path in transparent mode.
+// netns path, or (anyPath) at another path (of the same netns: the caller checks).
 func (r *Relay) refresh(w api.Workload, anyPath bool) (api.Listeners, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -302,7 +301,7 @@ func (r *Relay) refresh(w api.Workload, anyPath bool) (api.Listeners, bool, erro
 	if !ok {
 		return api.Listeners{}, false, nil
 	}
-	if old := p.w.Load(); old.Mode != w.Mode || old.Netns != w.Netns && (!anyPath || w.Mode != api.ModeTransparent) {
+	if old := p.w.Load(); old.Mode != w.Mode || old.Netns != w.Netns && !anyPath {
 		return api.Listeners{}, false, nil
 	}
 	p.w.Store(newRegistered(w))
@@ -882,11 +881,6 @@ func withDecision(ctx context.Context, f *rules.Flow, d *rules.Decision, pol Dec
 		return ctx
 	}
 	return context.WithValue(ctx, flowKey{}, &flowInfo{*f, *d, pol, ns})
-}
-
-// withFlow is withDecision without the deciding policy (PolicyFrom returns nil).
-func withFlow(ctx context.Context, f *rules.Flow, d *rules.Decision, ns *netns.Handle) context.Context {
-	return withDecision(ctx, f, d, nil, ns)
 }
 
 // NetnsFrom returns, inside an exit's DialFunc, the workload's netns as the relay holds it
