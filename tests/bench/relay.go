@@ -50,8 +50,8 @@ func init() {
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
 			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
-			"connect+echo latency over direct. `relay CPU/conn` is the relaying process's user+system " +
-			"CPU time (from /proc) per connection of the loop, and `ctx switches/conn` its threads' context switches (voluntary and not) per connection: " +
+			"connect+echo latency over direct. `conn/s vs redsocks … by round` is the median of each round's own ratio, [lowest–highest]: both ran in every round, so a load change on the shared machine falls on both. `relay CPU/conn` is the relaying process's user+system " +
+			"CPU time (from /proc) per connection of the loop, `upstream CPU/conn` the same for the upstream (squid, or dante with its children: the work a relay's way of talking to it costs there), and `ctx switches/conn` the relay's threads' context switches (voluntary and not) per connection: " +
 			"on this virtual machine a switch is the dearest thing a relay does, and it is where a Go relay (kl or bare) and redsocks' single epoll loop differ. `idle KiB/conn` is the relaying process's RSS growth " +
 			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
 			"0.65x direct throughput and >= 0.45x direct conn/s; via an upstream >= 3x redsocks' " +
@@ -96,6 +96,8 @@ type relayBench struct {
 	bin        string
 	podCapture bool
 	otherPid   int    // the relay that is not kl-relayd: redsocks or the bare relay
+	dantePid   int    // the upstreams (dante's mother process: its children work)
+	squidPid   int
 	stopOther  func() // stops it and removes what it put in the pod
 }
 
@@ -165,6 +167,7 @@ type relayVariant struct {
 	via   upstream.Dialer // the pod's client speaks to this upstream itself (nil: plain TCP)
 	idle  func() int      // the relaying process to weigh with idle connections (nil: none)
 	proc  func() int      // the relaying process whose CPU time the connection loop costs (nil: none)
+	up    int             // the upstream's process (0: none), whose CPU time is measured too
 	alone string          // the row of this variant's upstream alone: its ceiling
 	red   string          // the redsocks row to compare with (splice on, its fastest)
 	redCp string          // the redsocks row in its default setting (buffer copies)
@@ -175,6 +178,7 @@ type relayResult struct {
 	gbps, sgbps, cps []float64
 	cpuPerConn       []time.Duration // the relaying process's CPU time per short connection
 	swPerConn        []float64       // and its threads' context switches per short connection
+	upPerConn        []time.Duration // the upstream's CPU time (with its children's) per short connection
 	p50s, p99s       []time.Duration
 	idleKiB          float64
 	err              error
@@ -254,6 +258,15 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		variants = append(variants, relayVariant{name: "kl@base → squid (CONNECT)",
 			prep: func() error { return b.startRelayBin(base, squidURL) }, iperf: true, proc: relayPid, alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid"})
 	}
+	// Every row through an upstream (alone or behind a relay) names it.
+	for i := range variants {
+		switch name := variants[i].name; {
+		case strings.Contains(name, "dante"):
+			variants[i].up = b.dantePid
+		case strings.Contains(name, "squid"):
+			variants[i].up = b.squidPid
+		}
+	}
 	if only := os.Getenv("KL_BENCH_RELAY_ONLY"); only != "" {
 		// A focused run: the variants whose names contain one of these words, and direct.
 		variants = slices.DeleteFunc(variants, func(v relayVariant) bool {
@@ -311,8 +324,11 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			if r.err = b.fresh(); r.err != nil {
 				continue
 			}
-			var cpu0 time.Duration
+			var cpu0, up0 time.Duration
 			var sw0 int64
+			if v.up != 0 {
+				up0, _ = treeCPU(v.up)
+			}
 			if v.proc != nil {
 				cpu0, _ = cpuTime(v.proc())
 				sw0, _ = ctxSwitches(v.proc())
@@ -321,6 +337,11 @@ func runRelay(ctx context.Context) ([]Row, error) {
 			if err != nil {
 				r.err = err
 				continue
+			}
+			if v.up != 0 && n > 0 {
+				if up1, err := treeCPU(v.up); err == nil {
+					r.upPerConn = append(r.upPerConn, (up1-up0)/time.Duration(n))
+				}
 			}
 			if v.proc != nil {
 				if cpu1, err := cpuTime(v.proc()); err == nil && n > 0 {
@@ -352,7 +373,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 	type fig struct {
 		gbps, sgbps, cps float64
 		p50, p99, cpu    time.Duration
+		upcpu            time.Duration
 		sw               float64
+		rounds           []float64 // conn/s of each round, in round order
 		ok               bool
 	}
 	figs := map[string]fig{}
@@ -361,7 +384,8 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		if r.err != nil || len(r.cps) == 0 {
 			continue
 		}
-		f := fig{sgbps: median(r.sgbps), cps: median(r.cps), p50: median(r.p50s), p99: median(r.p99s), ok: true}
+		rounds := slices.Clone(r.cps) // median sorts
+		f := fig{sgbps: median(r.sgbps), cps: median(r.cps), p50: median(r.p50s), p99: median(r.p99s), ok: true, rounds: rounds}
 		if len(r.gbps) > 0 {
 			f.gbps = median(r.gbps)
 		}
@@ -370,6 +394,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		if len(r.swPerConn) > 0 {
 			f.sw = median(r.swPerConn)
+		}
+		if len(r.upPerConn) > 0 {
+			f.upcpu = median(r.upPerConn)
 		}
 		figs[v.name] = f
 	}
@@ -405,17 +432,22 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		if f.sw > 0 {
 			cols = append(cols, Col{"ctx switches/conn", fmt.Sprintf("%.1f", f.sw)})
 		}
+		if f.upcpu > 0 {
+			cols = append(cols, Col{"upstream CPU/conn", fmtNs(float64(f.upcpu))})
+		}
 		if a, ok := figs[v.alone]; ok {
 			cols = append(cols, Col{"vs alone", fmt.Sprintf("%s stream, %s conn/s", ratio(f.sgbps, a.sgbps), ratio(f.cps, a.cps))})
 		}
 		if rs, ok := figs[v.red]; ok {
 			cols = append(cols, Col{"vs redsocks", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
+			cols = append(cols, Col{"conn/s vs redsocks by round", paired(f.rounds, rs.rounds)})
 		}
 		if br, ok := figs[v.bare]; ok {
 			cols = append(cols, Col{"vs bare relay", fmt.Sprintf("%s thr, %s conn/s", ratio(f.gbps, br.gbps), ratio(f.cps, br.cps))})
 		}
 		if rs, ok := figs[v.redCp]; ok {
 			cols = append(cols, Col{"vs redsocks default", fmt.Sprintf("%s thr, %s stream, %s conn/s", ratio(f.gbps, rs.gbps), ratio(f.sgbps, rs.sgbps), ratio(f.cps, rs.cps))})
+			cols = append(cols, Col{"conn/s vs redsocks default by round", paired(f.rounds, rs.rounds)})
 		}
 		if r.idleKiB != 0 {
 			cols = append(cols, Col{"idle KiB/conn", fmt.Sprintf("%.1f", r.idleKiB)})
@@ -566,9 +598,11 @@ socks pass { from: 192.0.2.0/24 to: 192.0.2.0/24 command: connect }
 `, benchSrvAddr, benchDante)), 0o644); err != nil {
 		return err
 	}
-	if _, _, err := b.start(b.srv, "danted", "-f", dconf, "-p", filepath.Join(b.dir, "danted.pid")); err != nil {
+	dante, _, err := b.start(b.srv, "danted", "-f", dconf, "-p", filepath.Join(b.dir, "danted.pid"))
+	if err != nil {
 		return err
 	}
+	b.dantePid = dante.Process.Pid // ip netns exec execs the program in place
 	sconf := filepath.Join(b.dir, "squid.conf")
 	if err := os.WriteFile(sconf, []byte(fmt.Sprintf(`http_port %s:%d
 pid_filename %[3]s/squid.pid
@@ -584,9 +618,11 @@ http_access deny all
 `, benchSrvAddr, benchSquid, b.dir)), 0o644); err != nil {
 		return err
 	}
-	if _, _, err := b.start(b.srv, "squid", "-N", "-f", sconf); err != nil {
+	squid, _, err := b.start(b.srv, "squid", "-N", "-f", sconf)
+	if err != nil {
 		return err
 	}
+	b.squidPid = squid.Process.Pid
 	srvPath := "/var/run/netns/" + b.srv
 	for _, p := range []int{benchIperf, benchDante, benchSquid} {
 		if err := waitTCP(srvPath, fmt.Sprintf("%s:%d", benchSrvAddr, p), 20*time.Second); err != nil {
@@ -974,6 +1010,46 @@ func cpuTime(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: bad utime or stime", pid)
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}
+
+// paired compares two variants round by round (both ran in every round, minutes apart
+// at most, so a change of load on the shared machine falls on both): the median of the
+// rounds' ratios, and the lowest and highest.
+func paired(a, b []float64) string {
+	var rs []float64
+	for k := range min(len(a), len(b)) {
+		if b[k] > 0 {
+			rs = append(rs, a[k]/b[k])
+		}
+	}
+	if len(rs) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s [%s–%s]", ratio(median(rs), 1), ratio(slices.Min(rs), 1), ratio(slices.Max(rs), 1))
+}
+
+// treeCPU is cpuTime of a process and of its descendants now running (dante's mother
+// process hands connections to children).
+func treeCPU(pid int) (time.Duration, error) {
+	t, err := cpuTime(pid)
+	if err != nil {
+		return 0, err
+	}
+	kids, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, k := range kids {
+		data, err := os.ReadFile(k)
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, f := range strings.Fields(string(data)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				if ct, err := treeCPU(c); err == nil {
+					t += ct
+				}
+			}
+		}
+	}
+	return t, nil
 }
 
 // ctxSwitches is the voluntary plus involuntary context switches of a process's threads
