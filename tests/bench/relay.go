@@ -51,7 +51,7 @@ func init() {
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
 			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
 			"connect+echo latency over direct. `conn/s vs redsocks … by round` is the median of each round's own ratio, [lowest–highest]: both ran in every round, so a load change on the shared machine falls on both. `relay CPU/conn` is the relaying process's user+system " +
-			"CPU time (from /proc) per connection of the loop, `upstream CPU/conn` the same for the upstream (squid, or dante with its children: the work a relay's way of talking to it costs there), and `ctx switches/conn` the relay's threads' context switches (voluntary and not) per connection: " +
+			"CPU time (from /proc) per connection of the loop, `upstream CPU/conn` the same for the upstream (squid; dante with its children, less those that ended during the loop, so a floor and blank when none ran long enough), and `ctx switches/conn` the relay's threads' context switches (voluntary and not) per connection: " +
 			"on this virtual machine a switch is the dearest thing a relay does, and it is where a Go relay (kl or bare) and redsocks' single epoll loop differ. `idle KiB/conn` is the relaying process's RSS growth " +
 			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
 			"0.65x direct throughput and >= 0.45x direct conn/s; via an upstream >= 3x redsocks' " +
