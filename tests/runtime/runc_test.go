@@ -51,7 +51,11 @@ func TestFakeRuntimeArgv(t *testing.T) {
 	fakeBin := filepath.Join(dir, "fakebin")
 	os.MkdirAll(fakeBin, 0o755)
 	out := filepath.Join(dir, "argv")
-	script := "#!/bin/sh\nprintf '%s\\0' \"$@\" > \"$KL_FAKE_OUT\"\nexit \"${KL_FAKE_RC:-0}\"\n"
+	// kl-runtime's own `state` call (before exec) is answered with the bundle when
+	// KL_FAKE_BUNDLE is set; every other call records its argv and exits KL_FAKE_RC.
+	script := "#!/bin/sh\n" +
+		"if [ -n \"$KL_FAKE_BUNDLE\" ] && [ \"$1\" = state ]; then printf '{\"id\":\"%s\",\"bundle\":\"%s\"}' \"$2\" \"$KL_FAKE_BUNDLE\"; exit 0; fi\n" +
+		"printf '%s\\0' \"$@\" > \"$KL_FAKE_OUT\"\nexit \"${KL_FAKE_RC:-0}\"\n"
 	if err := os.WriteFile(filepath.Join(fakeBin, "runc"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +66,8 @@ func TestFakeRuntimeArgv(t *testing.T) {
 		`"linux":{"namespaces":[{"type":"network"}]},"x-unknown":{"keep":[1,2.50,"<&>"]}}`
 	os.WriteFile(filepath.Join(b, "config.json"), []byte(spec), 0o644)
 	rt := filepath.Join(bins(t), "kl-runtime")
+	proc := filepath.Join(dir, "p.json") // exec's process, which kl-runtime edits in place
+	os.WriteFile(proc, []byte(`{"args":["sh"],"env":["PATH=/bin"],"cwd":"/"}`), 0o644)
 
 	tests := []struct {
 		name string
@@ -73,14 +79,18 @@ func TestFakeRuntimeArgv(t *testing.T) {
 		{"state", []string{"--root", "/r", "state", "x y"}, 0},
 		{"kill", []string{"kill", "id-1", "SIGKILL"}, 1},
 		{"delete", []string{"delete", "--force", "id-1"}, 0},
-		{"exec", []string{"exec", "--process", "/p.json", "id-1"}, 126},
+		{"exec", []string{"exec", "--process", proc, "id-1"}, 126},
 		{"version", []string{"--version"}, 0},
 		{"unknown command", []string{"frobnicate", "--bundle", "/nonexistent"}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			os.Remove(out)
-			r := run(t, append(env, fmt.Sprintf("KL_FAKE_RC=%d", tt.rc)), rt, tt.args...)
+			e := append(env, fmt.Sprintf("KL_FAKE_RC=%d", tt.rc))
+			if tt.name == "exec" {
+				e = append(e, "KL_FAKE_BUNDLE="+b)
+			}
+			r := run(t, e, rt, tt.args...)
 			if r.code != tt.rc {
 				t.Fatalf("exit %d, want %d; stderr: %s", r.code, tt.rc, r.stderr)
 			}
