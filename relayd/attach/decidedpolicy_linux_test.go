@@ -1,9 +1,7 @@
 package attach
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
@@ -104,7 +102,7 @@ func TestDecidedPolicyCarried(t *testing.T) {
 			if tt.mode == api.ModeProxy {
 				conn, err = netns.Dial(ctx, pod.Path, 0, "tcp4", "127.0.0.1:15990")
 				if err == nil {
-					err = connectThrough(conn, dst)
+					err = testutil.ConnectThrough(conn, dst)
 				}
 			} else {
 				conn, err = netns.Dial(ctx, pod.Path, 0, "tcp4", dst) // unmarked: captured
@@ -129,24 +127,4 @@ func TestDecidedPolicyCarried(t *testing.T) {
 			}
 		})
 	}
-}
-
-// connectThrough asks the HTTP proxy at the other end of c for a tunnel to dst and reads
-// its answer byte by byte, so no tunnel byte is read ahead.
-func connectThrough(c net.Conn, dst string) error {
-	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dst, dst); err != nil {
-		return err
-	}
-	var head []byte
-	for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
-		b := make([]byte, 1)
-		if _, err := c.Read(b); err != nil {
-			return fmt.Errorf("CONNECT answer %q: %w", head, err)
-		}
-		head = append(head, b[0])
-	}
-	if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
-		return fmt.Errorf("CONNECT answer %q, want 200", head)
-	}
-	return nil
 }

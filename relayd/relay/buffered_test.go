@@ -2,10 +2,8 @@ package relay
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -81,17 +79,8 @@ func bannerFlow(t *testing.T, h *harness, proxyMode bool) *net.TCPConn {
 	t.Cleanup(func() { c.Close() })
 	if proxyMode {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", bannerDst, bannerDst)
-		var head []byte
-		for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
-			b := make([]byte, 1)
-			if _, err := c.Read(b); err != nil {
-				t.Fatalf("CONNECT answer %q: %v", head, err)
-			}
-			head = append(head, b[0])
-		}
-		if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
-			t.Fatalf("CONNECT answer %q, want 200", head)
+		if err := testutil.ConnectThrough(c, bannerDst.String()); err != nil {
+			t.Fatal(err)
 		}
 		c.SetReadDeadline(time.Time{})
 	}

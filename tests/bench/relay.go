@@ -95,8 +95,8 @@ type relayBench struct {
 	socket     string
 	bin        string
 	podCapture bool
-	otherPid   int    // the relay that is not kl-relayd: redsocks or the bare relay
-	dantePid   int    // the upstreams (dante's mother process: its children work)
+	otherPid   int // the relay that is not kl-relayd: redsocks or the bare relay
+	dantePid   int // the upstreams (dante's mother process: its children work)
 	squidPid   int
 	stopOther  func() // stops it and removes what it put in the pod
 }

@@ -1,6 +1,8 @@
 package testutil
 
 import (
+	"bytes"
+	"fmt"
 	"net"
 	"testing"
 )
@@ -27,4 +29,25 @@ func Accept(ln net.Listener, handle func(net.Conn)) {
 			}()
 		}
 	}()
+}
+
+// ConnectThrough asks the HTTP proxy at the other end of c for a tunnel to dst (host:port)
+// and reads its answer byte by byte, so no tunnel byte is read ahead; it fails unless the
+// answer is a 200.
+func ConnectThrough(c net.Conn, dst string) error {
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dst, dst); err != nil {
+		return err
+	}
+	var head []byte
+	for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
+		b := make([]byte, 1)
+		if _, err := c.Read(b); err != nil {
+			return fmt.Errorf("CONNECT answer %q: %w", head, err)
+		}
+		head = append(head, b[0])
+	}
+	if !bytes.HasPrefix(head, []byte("HTTP/1.1 200")) {
+		return fmt.Errorf("CONNECT answer %q, want 200", head)
+	}
+	return nil
 }
