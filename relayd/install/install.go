@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/kl-egress/kl/atomicfile"
 )
 
 // Where the things kl edits live on a stock node.
@@ -228,7 +230,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 				now = o.Now
 			}
 			ch.Backup = backupName(path, now())
-			if err := writeAtomic(ch.Backup, old, mode, st); err != nil {
+			if err := atomicfile.Write(ch.Backup, old, mode, st); err != nil {
 				return ch, fmt.Errorf("back up %s: %w", path, err)
 			}
 		}
@@ -241,7 +243,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 			return ch, err
 		}
 	}
-	if err := writeAtomic(path, next, mode, st); err != nil {
+	if err := atomicfile.Write(path, next, mode, st); err != nil {
 		return ch, fmt.Errorf("write %s: %w", path, err)
 	}
 	if stateChanged && nextState == nil {
@@ -260,7 +262,7 @@ func writeState(path string, data []byte) error {
 		}
 		return nil
 	}
-	if err := writeAtomic(path, data, 0o644, nil); err != nil {
+	if err := atomicfile.Write(path, data, 0o644, nil); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return nil
@@ -279,62 +281,6 @@ func backupName(path string, t time.Time) string {
 	}
 }
 
-// writeAtomic writes data to a temporary file beside path and renames it over path, so
-// a reader (containerd, dockerd, a CNI runtime) never sees a half-written file. The new
-// file gets mode, and the owner of like when like is not nil. The file is synced before
-// the rename and the directory after it, so that after a crash path holds either the
-// old contents or the new, and once writeAtomic returns, the new ones.
-func writeAtomic(path string, data []byte, mode fs.FileMode, like fs.FileInfo) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".kl-tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if like != nil {
-		if err := chownLike(f, like); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// syncDir makes a rename in dir durable. A file system that cannot sync a directory
-// (EINVAL) has nothing more to offer and is not an error.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
-}
-
 // CopyBinary installs the executable src as dir/name atomically (mode 0755), the way
 // the install-cni container puts kl-cni into the node's CNI bin directory. It is a
 // no-op when the destination already has the same contents.
@@ -350,7 +296,7 @@ func CopyBinary(src, dir, name string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("create %s: %w", dir, err)
 	}
-	if err := writeAtomic(dst, data, 0o755, nil); err != nil {
+	if err := atomicfile.Write(dst, data, 0o755, nil); err != nil {
 		return "", fmt.Errorf("install %s: %w", dst, err)
 	}
 	return dst, nil

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kl-egress/kl/atomicfile"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/shim/config"
 )
@@ -105,19 +106,7 @@ func saveShare(dir, regID string, s share) error {
 	if err != nil {
 		return fmt.Errorf("share record: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+regID+".*")
-	if err != nil {
-		return fmt.Errorf("share record: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("share record %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("share record %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), sharePath(dir, regID)); err != nil {
+	if err := atomicfile.Write(sharePath(dir, regID), data, 0o600, nil); err != nil {
 		return fmt.Errorf("share record: %w", err)
 	}
 	return nil

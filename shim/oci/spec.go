@@ -15,6 +15,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/kl-egress/kl/atomicfile"
 )
 
 // ConfigName is the spec file inside a bundle.
@@ -171,43 +173,13 @@ func (s *Spec) SaveFile(p string) error {
 		}
 		p = target
 	}
-	dir, base := filepath.Split(p)
-	if dir == "" {
-		dir = "."
-	}
 	mode := os.FileMode(0o644)
 	old, err := os.Stat(p)
 	if err == nil {
 		mode = old.Mode().Perm()
 	}
-	tmp, err := os.CreateTemp(dir, "."+base+".kl-*")
-	if err != nil {
-		return fmt.Errorf("write OCI spec: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // a no-op after the rename
-	fail := func(err error) error {
-		tmp.Close()
-		return fmt.Errorf("write OCI spec %s: %w", tmp.Name(), err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		return fail(err)
-	}
-	if old != nil {
-		if err := keepOwner(tmp, old); err != nil {
-			return fail(err)
-		}
-	}
-	if err := tmp.Sync(); err != nil {
-		return fail(err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write OCI spec %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return fmt.Errorf("write OCI spec: %w", err)
+	if err := atomicfile.Write(p, data, mode, old); err != nil {
+		return fmt.Errorf("write OCI spec %s: %w", p, err)
 	}
 	return nil
 }

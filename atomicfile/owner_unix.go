@@ -1,16 +1,18 @@
 //go:build unix
 
-package oci
+package atomicfile
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"syscall"
 )
 
-// keepOwner gives f the owner and group of old, when they differ from f's.
-func keepOwner(f *os.File, old os.FileInfo) error {
-	want, ok := old.Sys().(*syscall.Stat_t)
+// chownLike gives f the owner and group of like, when they differ from f's (a file made
+// in a setgid directory has the directory's group, not ours).
+func chownLike(f *os.File, like fs.FileInfo) error {
+	want, ok := like.Sys().(*syscall.Stat_t)
 	if !ok {
 		return nil
 	}
