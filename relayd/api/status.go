@@ -23,6 +23,16 @@ type Status struct {
 	// Attach lists the live `kl-ctl attach` sessions that carry `client` flows; nil when
 	// the attach listener is off.
 	Attach []AttachSession `json:"attach,omitempty"`
+	// Audit is the audit file's health; nil from a daemon that predates it.
+	Audit *AuditStatus `json:"audit,omitempty"`
+}
+
+// AuditStatus says how many decision records never reached the audit file, and why the
+// file is failing now, if it is. Every record still counts in Hits and Recent.
+type AuditStatus struct {
+	Path    string `json:"path,omitempty"`  // the audit file; empty when records are kept in memory only
+	Dropped uint64 `json:"dropped"`         // records not written to the file since the daemon started
+	Error   string `json:"error,omitempty"` // the write failure going on, if any (cleared once a write succeeds)
 }
 
 // AttachSession is one live attach session: who holds it, for which workloads, and what

@@ -140,6 +140,7 @@ func printStatus(w io.Writer, socket string, st api.Status, regs []api.Registrat
 
 	printKernel(w, st)
 	printAttach(w, st)
+	printAudit(w, st.Audit)
 
 	fmt.Fprintln(w, "\nhits per rule (rule 0: the default, the guard or a script)")
 	if len(st.Hits) == 0 {
@@ -222,6 +223,26 @@ func printAttach(w io.Writer, st api.Status) {
 			a.Since.UTC().Format(time.RFC3339), a.Flows, a.Refused)
 	}
 	tw.Flush()
+}
+
+// printAudit says whether the audit file gets every record: how many it missed and the
+// write failure going on.
+func printAudit(w io.Writer, a *api.AuditStatus) {
+	if a == nil {
+		return // a daemon that predates it
+	}
+	if a.Path == "" {
+		fmt.Fprintln(w, "\naudit file: none (records are kept in memory only)")
+		return
+	}
+	records := "records"
+	if a.Dropped == 1 {
+		records = "record"
+	}
+	fmt.Fprintf(w, "\naudit file: %s, %d %s not written since start\n", a.Path, a.Dropped, records)
+	if a.Error != "" {
+		fmt.Fprintf(w, "  writing FAILS: %s\n", a.Error)
+	}
 }
 
 func listeners(l api.Listeners) string {

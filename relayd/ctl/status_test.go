@@ -88,6 +88,8 @@ func sampleStatus() (api.Status, []api.Registration) {
 	st.KernelHits = []api.RuleHit{{Rule: 3, Dimension: "cidr", Count: 1100}}
 	st.Attach = []api.AttachSession{{ID: "s-7f3a", Credential: "alice", Remote: "198.51.100.7:51234", Scope: "kl.route=client",
 		Since: t0.Add(-10 * time.Minute), Policy: st.Rules.Hash, Flows: 42, Refused: 1}}
+	st.Audit = &api.AuditStatus{Path: "/var/log/kl/audit.jsonl", Dropped: 12,
+		Error: "audit: write /var/log/kl/audit.jsonl: no space left on device"}
 	regs := []api.Registration{
 		{Workload: api.Workload{ID: "4f1c2b3a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a", Netns: "/var/run/netns/cni-1234", Mode: "transparent", Source: "cni", Namespace: "ci", Name: "builder-7", Addrs: []netip.Addr{netip.MustParseAddr("10.244.1.7")}},
 			Listeners: api.Listeners{Redirect: 15001}, Since: t0.Add(-time.Hour)},
@@ -107,8 +109,10 @@ func TestStatus(t *testing.T) {
 	refused.Rules.LastError = "rules.yaml:12: rule 4: exit \"gateway\" needs KL_EGRESS_GATEWAY=1"
 	refused.Rules.LastErrorCode = "E_GATEWAY_DISABLED"
 	refused.Rules.LastErrorAt = t0.Add(-10 * time.Minute)
+	refused.Audit = &api.AuditStatus{Path: "/var/log/kl/audit.jsonl"}
 	notReady := api.Status{StartedAt: t0.Add(-2 * time.Second), Rules: api.RulesStatus{Path: "/etc/kl/rules.yaml"}, FDs: 9, FDLimit: 1024, Goroutines: 8}
-	empty := api.Status{Ready: true, StartedAt: t0.Add(-time.Minute), Rules: api.RulesStatus{Path: "/etc/kl/rules.yaml", Hash: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", LoadedAt: t0.Add(-time.Minute)}, FDs: 12, FDLimit: 1024, Goroutines: 10}
+	empty := api.Status{Ready: true, StartedAt: t0.Add(-time.Minute), Rules: api.RulesStatus{Path: "/etc/kl/rules.yaml", Hash: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", LoadedAt: t0.Add(-time.Minute)}, FDs: 12, FDLimit: 1024, Goroutines: 10,
+		Audit: &api.AuditStatus{}}
 
 	tests := []struct {
 		name string
@@ -202,6 +206,7 @@ func TestStatusRealDaemon(t *testing.T) {
 	}
 	defer os.RemoveAll(sockDir)
 	cfg := &config.Config{Socket: filepath.Join(sockDir, "relayd.sock"), StateDir: filepath.Join(dir, "state"), Rules: rulesPath, RedirectPort: port}
+	cfg.Audit.Path = filepath.Join(dir, "audit.jsonl")
 	if err := cfg.Fill(); err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +236,8 @@ func TestStatusRealDaemon(t *testing.T) {
 		t.Fatalf("status: %v\n%s", err, stderr.String())
 	}
 	sum := sha256.Sum256(src)
-	for _, want := range []string{"ready, up", "path     " + rulesPath, "sha256   " + hex.EncodeToString(sum[:]), "last load error: none", "workloads: 0 registered"} {
+	for _, want := range []string{"ready, up", "path     " + rulesPath, "sha256   " + hex.EncodeToString(sum[:]), "last load error: none", "workloads: 0 registered",
+		"audit file: " + cfg.Audit.Path + ", 0 records not written since start"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("status output lacks %q:\n%s", want, stdout.String())
 		}

@@ -230,6 +230,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		return nil, err
 	}
 	d.audit.SetLogger(log)
+	d.metrics.AuditDropped(func() uint64 { n, _ := d.audit.WriteErr(); return n })
 	if !cfg.NoFastPath {
 		d.fast = fastpath.New(fastpath.Options{Sink: d.audit, Log: log, RedirectPort: cfg.RedirectPort})
 	}

@@ -288,6 +288,11 @@ func (d *Daemon) Status() api.Status {
 		Hits:       hits,
 		Recent:     recent,
 	}
+	dropped, werr := d.audit.WriteErr()
+	s.Audit = &api.AuditStatus{Path: d.cfg.Audit.Path, Dropped: dropped}
+	if werr != nil {
+		s.Audit.Error = werr.Error()
+	}
 	d.fastStatus(&s)
 	if srv := d.attach.Load(); srv != nil {
 		for _, se := range srv.Sessions() {

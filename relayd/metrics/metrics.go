@@ -1,5 +1,6 @@
 // Package metrics is kl-relayd's Prometheus instrumentation: flows by exit, dimension and
-// rule, active flows, relayed bytes, decision and dial latency, and rule reload results.
+// rule, active flows, relayed bytes, decision and dial latency, rule reload results and
+// audit records that never reached the audit file.
 //
 // It is not the exporter: the daemon registers these collectors on a Registerer of its
 // choosing and serves them on its opt-in address. Like the audit log, no metric carries a
@@ -9,6 +10,7 @@ package metrics
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +27,9 @@ type Metrics struct {
 	dial       *prometheus.HistogramVec
 	reloads    *prometheus.CounterVec
 	lastReload *prometheus.GaugeVec
+
+	auditDropped prometheus.CounterFunc
+	auditSource  atomic.Pointer[func() uint64] // set by AuditDropped
 }
 
 // Latency buckets: decisions are microseconds (scripts up to their deadline), dials
@@ -69,6 +74,15 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Unix time of the last rules load, by result.",
 		}, []string{"result"}),
 	}
+	m.auditDropped = prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Namespace: namespace, Name: "audit_records_dropped_total",
+		Help: "Decision records that never reached the audit file: a write failed, or the disk did not keep up.",
+	}, func() float64 {
+		if f := m.auditSource.Load(); f != nil {
+			return float64((*f)())
+		}
+		return 0
+	})
 	if reg != nil {
 		for _, c := range m.collectors() {
 			if err := reg.Register(c); err != nil {
@@ -80,7 +94,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 func (m *Metrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.flows, m.active, m.bytes, m.decision, m.dial, m.reloads, m.lastReload}
+	return []prometheus.Collector{m.flows, m.active, m.bytes, m.decision, m.dial, m.reloads, m.lastReload, m.auditDropped}
 }
 
 // ruleLabels avoids formatting small rule numbers on every flow.
@@ -147,4 +161,13 @@ func (m *Metrics) Reloaded(at time.Time, code string) {
 	}
 	m.reloads.WithLabelValues(result, code).Inc()
 	m.lastReload.WithLabelValues(result).Set(float64(at.UnixNano()) / 1e9)
+}
+
+// AuditDropped makes kl_audit_records_dropped_total report dropped(), the audit log's
+// count of records that never reached its file, at every scrape.
+func (m *Metrics) AuditDropped(dropped func() uint64) {
+	if m == nil {
+		return
+	}
+	m.auditSource.Store(&dropped)
 }

@@ -27,6 +27,7 @@ func TestMetrics(t *testing.T) {
 	done(100, 2000)
 	m.Reloaded(time.Unix(1700000000, 0), "")
 	m.Reloaded(time.Unix(1700000100, 0), "E_SYNTAX")
+	m.AuditDropped(func() uint64 { return 12 })
 
 	want := `
 # HELP kl_flows_total Flows decided, by exit, deciding dimension and rule number (0 for default, guard and script).
@@ -50,9 +51,12 @@ kl_rules_reloads_total{code="E_SYNTAX",result="error"} 1
 # TYPE kl_rules_last_reload_timestamp_seconds gauge
 kl_rules_last_reload_timestamp_seconds{result="error"} 1.7000001e+09
 kl_rules_last_reload_timestamp_seconds{result="ok"} 1.7e+09
+# HELP kl_audit_records_dropped_total Decision records that never reached the audit file: a write failed, or the disk did not keep up.
+# TYPE kl_audit_records_dropped_total counter
+kl_audit_records_dropped_total 12
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
-		"kl_flows_total", "kl_active_flows", "kl_relayed_bytes_total", "kl_rules_reloads_total", "kl_rules_last_reload_timestamp_seconds"); err != nil {
+		"kl_flows_total", "kl_active_flows", "kl_relayed_bytes_total", "kl_rules_reloads_total", "kl_rules_last_reload_timestamp_seconds", "kl_audit_records_dropped_total"); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(m.decision); n != 1 {
@@ -76,6 +80,7 @@ func TestNilMetrics(t *testing.T) {
 	m.Dialed("direct", time.Millisecond, nil)
 	m.Start("direct")(1, 2)
 	m.Reloaded(time.Now(), "")
+	m.AuditDropped(func() uint64 { return 1 })
 }
 
 func TestDecidedAllocs(t *testing.T) {
