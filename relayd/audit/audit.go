@@ -49,9 +49,12 @@ type hitKey struct {
 	dim  string
 }
 
-// flushInterval is how often pending records reach the file (a var so tests can
-// shorten it).
-var flushInterval = time.Second
+// flushInterval is how often pending records reach the file, and closeWait how long
+// Close waits for the file to take the last ones (vars so tests can shorten them).
+var (
+	flushInterval = time.Second
+	closeWait     = 5 * time.Second
+)
 
 const (
 	// wakeAt is how many pending bytes wake the writer before the next tick.
@@ -78,6 +81,8 @@ type Log struct {
 	count   uint64
 	hits    map[hitKey]uint64
 	pend    []byte // encoded lines not yet taken by the writer
+	pendN   uint64 // the records in pend
+	taken   uint64 // records the writer has taken and neither written nor counted dropped yet
 	spare   []byte // the buffer pend becomes when the writer takes it
 	shed    uint64 // records dropped at pendingCap since the writer last took pend
 	dropped uint64
@@ -182,6 +187,7 @@ func (l *Log) writePending() {
 	l.mu.Lock()
 	b := l.pend
 	l.pend, l.spare = l.spare, nil
+	l.taken, l.pendN = l.pendN, 0
 	shed := l.shed
 	l.shed = 0
 	l.mu.Unlock()
@@ -239,6 +245,9 @@ func (l *Log) writeBatch(b []byte) {
 			l.lose(b, err)
 			return
 		}
+		l.mu.Lock()
+		l.taken -= uint64(bytes.Count(b[:n], newline))
+		l.mu.Unlock()
 		b = b[n:]
 	}
 	l.wrote()
@@ -297,8 +306,10 @@ func (l *Log) cutBack(err error) error {
 // failure's count includes them).
 func (l *Log) lose(b []byte, err error) {
 	l.fail(err)
+	n := uint64(bytes.Count(b, newline))
 	l.mu.Lock()
-	l.dropped += uint64(bytes.Count(b, newline))
+	l.dropped += n
+	l.taken -= n
 	l.mu.Unlock()
 }
 
@@ -353,12 +364,14 @@ func (l *Log) Add(r Record) {
 		l.pend = l.pend[:n]
 		l.dropped++
 		l.shed++
+		return
 	case n < wakeAt && len(l.pend) >= wakeAt:
 		select {
 		case l.wake <- struct{}{}:
 		default: // already woken
 		}
 	}
+	l.pendN++
 }
 
 // rotate moves path to path.1 (path.1 to path.2 …), drops the oldest and reopens. wmu
@@ -481,8 +494,11 @@ func (l *Log) Flush() error {
 	return l.err
 }
 
-// Close writes every pending record and closes the file. Records added afterwards still
-// reach the ring and the hit counts.
+// Close writes every pending record and closes the file, waiting for the disk at most
+// closeWait (5s): a disk that has not taken them by then (a stalled disk, NFS) makes
+// Close return an error that names the file and how many records it did not take yet,
+// and the writes go on in the background. Records added after Close still reach the ring
+// and the hit counts.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if l.closed || l.wake == nil {
@@ -493,19 +509,32 @@ func (l *Log) Close() error {
 	l.closed = true
 	l.mu.Unlock()
 	close(l.stop)
-	<-l.done
-	l.wmu.Lock()
-	l.writePending()
-	if l.f != nil {
-		if err := l.f.Close(); err != nil {
-			l.fail(err)
+	closed := make(chan error, 1)
+	go func() {
+		<-l.done
+		l.wmu.Lock()
+		l.writePending()
+		if l.f != nil {
+			if err := l.f.Close(); err != nil {
+				l.fail(err)
+			}
+			l.f = nil
 		}
-		l.f = nil
+		l.wmu.Unlock()
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		closed <- l.err
+	}()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case err := <-closed:
+		return err
+	case <-t.C:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return fmt.Errorf("audit: close %s: the file did not take the last records within %s: %d records not written", l.path, closeWait, l.pendN+l.taken)
 	}
-	l.wmu.Unlock()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.err
 }
 
 // appendJSON encodes r exactly as encoding/json would (same keys, order and escaping),

@@ -348,3 +348,30 @@ func TestPendingCapDropsAndCounts(t *testing.T) {
 		t.Errorf("%d messages about records dropped at the cap, want 1:\n%s", c, logs.String())
 	}
 }
+
+// Close on a file that takes no writes (a FIFO nobody reads, as a hung disk) returns after
+// closeWait instead of waiting for ever, so that the daemon's shutdown ends, and its error
+// names the file and every record the file did not take.
+func TestCloseGivesUpOnAStalledFile(t *testing.T) {
+	defer func(d time.Duration) { closeWait = d }(closeWait)
+	closeWait = 100 * time.Millisecond
+	l, rw, _ := stalledLog(t, 0)
+	const n = 1000 // about 100 KiB: more than one wake of the writer
+	for i := range n {
+		l.Add(Record{At: t0, Dimension: "default", Exit: "direct", Note: strconv.Itoa(i)})
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close() }()
+	var err error
+	select {
+	case err = <-closed:
+	case <-time.After(30 * time.Second):
+		go func() { _, _ = io.Copy(io.Discard, rw) }() // let the stalled Close finish
+		t.Fatal("Close waited for a write to the audit file that does not return")
+	}
+	go func() { _, _ = io.Copy(io.Discard, rw) }() // let the background writes finish
+	want := l.path + ": the file did not take the last records within 100ms: " + strconv.Itoa(n) + " records not written"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Close() on a stalled file = %v; want an error saying %q", err, want)
+	}
+}
