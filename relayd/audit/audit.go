@@ -59,8 +59,8 @@ var (
 const (
 	// wakeAt is how many pending bytes wake the writer before the next tick.
 	wakeAt = 32 << 10
-	// pendingCap bounds the pending bytes when the file does not keep up (a slow, stalled
-	// or full disk): records beyond it are dropped rather than kept or waited for.
+	// pendingCap bounds the pending bytes when the file does not keep up (a slow, stalled,
+	// full or failing disk): records beyond it are dropped rather than kept or waited for.
 	pendingCap = 4 << 20
 	// spareCap is the largest pending buffer kept for reuse once written.
 	spareCap = 256 << 10
@@ -82,7 +82,7 @@ type Log struct {
 	hits    map[hitKey]uint64
 	pend    []byte // encoded lines not yet taken by the writer
 	pendN   uint64 // the records in pend
-	taken   uint64 // records the writer has taken and neither written nor counted dropped yet
+	taken   uint64 // records the writer has taken and not written or put back yet
 	spare   []byte // the buffer pend becomes when the writer takes it
 	shed    uint64 // records dropped at pendingCap since the writer last took pend
 	dropped uint64
@@ -182,7 +182,8 @@ func (l *Log) logger() *slog.Logger {
 	return l.log
 }
 
-// writePending takes everything Add has appended and writes it to the file. wmu is held.
+// writePending takes everything Add has appended and writes it to the file; what a failed
+// write or rotation leaves is put back in front of the pending records. wmu is held.
 func (l *Log) writePending() {
 	l.mu.Lock()
 	b := l.pend
@@ -193,16 +194,42 @@ func (l *Log) writePending() {
 	l.mu.Unlock()
 
 	l.reportShed(shed)
+	var rest []byte
 	if len(b) > 0 {
-		l.writeBatch(b)
+		rest = l.writeBatch(b)
 	}
 
+	if len(rest) > 0 {
+		l.mu.Lock()
+		l.putBack(b, rest)
+		l.mu.Unlock()
+		return
+	}
 	if cap(b) > spareCap {
 		b = make([]byte, 0, 2*wakeAt) // let a burst's buffer go
 	}
 	l.mu.Lock()
 	l.spare = b[:0]
 	l.mu.Unlock()
+}
+
+// putBack makes rest, the records of the batch b that a failed write or rotation left (a
+// suffix of b), pending again in front of those Add appended meanwhile, so that the next
+// batch writes them first and a failure loses nothing while it lasts. What goes past
+// pendingCap, the newest records, is dropped and counted. mu is held.
+func (l *Log) putBack(b, rest []byte) {
+	n := uint64(bytes.Count(rest, newline))
+	l.taken -= n
+	l.pendN += n
+	p := append(b[:copy(b, rest)], l.pend...)
+	if len(p) > pendingCap {
+		cut := bytes.LastIndexByte(p[:pendingCap], '\n') + 1 // Add keeps every record below pendingCap
+		lost := uint64(bytes.Count(p[cut:], newline))
+		l.dropped += lost
+		l.pendN -= lost
+		p = p[:cut]
+	}
+	l.pend, l.spare = p, l.pend[:0]
 }
 
 // reportShed logs once when records start being dropped at pendingCap and once when the
@@ -225,9 +252,10 @@ func (l *Log) reportShed(shed uint64) {
 }
 
 // writeBatch writes whole records from b, rotating the file by size between records so
-// that a record never straddles two files. A failed write or rotation drops the rest of
-// the batch (counted in dropped); the next batch tries again. wmu is held.
-func (l *Log) writeBatch(b []byte) {
+// that a record never straddles two files. A failed write or rotation stops the batch:
+// it returns the records not written (a suffix of b), which the next batch tries again;
+// nil when every record was written. wmu is held.
+func (l *Log) writeBatch(b []byte) []byte {
 	for len(b) > 0 {
 		first := bytes.IndexByte(b, '\n') + 1 // every line ends with '\n'
 		if first == 0 {
@@ -236,21 +264,22 @@ func (l *Log) writeBatch(b []byte) {
 		if l.f == nil || (l.size > 0 && l.size+int64(first) > l.max) {
 			// (No file: a rotation failed after closing it, and is tried again.)
 			if err := l.rotate(); err != nil {
-				l.lose(b, err)
-				return
+				l.fail(err)
+				return b
 			}
 		}
-		n := l.fits(b, first)
-		if err := l.write(b[:n]); err != nil {
-			l.lose(b, err)
-			return
-		}
+		n, err := l.write(b[:l.fits(b, first)])
 		l.mu.Lock()
 		l.taken -= uint64(bytes.Count(b[:n], newline))
 		l.mu.Unlock()
 		b = b[n:]
+		if err != nil {
+			l.fail(err)
+			return b
+		}
 	}
 	l.wrote()
+	return nil
 }
 
 // fits returns how many bytes of whole records from b fit in the file, at least the
@@ -274,43 +303,38 @@ func (l *Log) fits(b []byte, first int) int {
 	return n
 }
 
-// write appends p to the file. A failed write may leave part of a record in the file:
-// it is cut back to the last whole record, or, when that fails too, the next record
-// starts on a line of its own.
-func (l *Log) write(p []byte) error {
+// write appends p, whole records, to the file and returns how many bytes of whole
+// records it wrote: all of p, or, when the write fails part way, the records before the
+// one it failed in. Part of that record may be left in the file: it is cut off, or, when
+// that fails too, the next record starts on a line of its own.
+func (l *Log) write(p []byte) (int, error) {
 	if l.torn {
 		if _, err := l.f.Write(newline); err != nil {
-			return l.cutBack(err)
+			return 0, l.cutBack(0, err)
 		}
 		l.size++
 		l.torn = false
 	}
-	if _, err := l.f.Write(p); err != nil {
-		return l.cutBack(err)
+	if n, err := l.f.Write(p); err != nil {
+		whole := bytes.LastIndexByte(p[:n], '\n') + 1
+		return whole, l.cutBack(whole, err)
 	}
 	l.size += int64(len(p))
-	return nil
+	return len(p), nil
 }
 
-func (l *Log) cutBack(err error) error {
-	if st, serr := l.f.Stat(); serr == nil && st.Size() > l.size {
-		if terr := l.f.Truncate(l.size); terr != nil {
-			l.size = st.Size()
+// cutBack cuts what a failed write put in the file back to the whole records it wrote
+// (whole bytes).
+func (l *Log) cutBack(whole int, err error) error {
+	want := l.size + int64(whole)
+	if st, serr := l.f.Stat(); serr == nil && st.Size() > want {
+		if terr := l.f.Truncate(want); terr != nil {
+			want = st.Size()
 			l.torn = true
 		}
 	}
+	l.size = want
 	return err
-}
-
-// lose counts the records in b as dropped because of err (after fail, so that the
-// failure's count includes them).
-func (l *Log) lose(b []byte, err error) {
-	l.fail(err)
-	n := uint64(bytes.Count(b, newline))
-	l.mu.Lock()
-	l.dropped += n
-	l.taken -= n
-	l.mu.Unlock()
 }
 
 // wrote notes that a batch reached the file, which ends a failure.
@@ -332,15 +356,15 @@ func (l *Log) fail(err error) {
 	}
 	l.mu.Unlock()
 	if first && log != nil {
-		log.Warn("audit file write failed; records are dropped until a write succeeds", "path", l.path, "err", err)
+		log.Warn("audit file write failed; records wait until a write succeeds, and are dropped past 4 MiB", "path", l.path, "err", err)
 	}
 }
 
 // Add records one decision. It never touches the file and never waits for it: the line
 // is appended to memory that a writer goroutine writes every second, or sooner when
-// 32 KiB are pending. Records that find 4 MiB pending (the disk does not keep up) and
-// records whose write fails are dropped: WriteErr counts them; they still count in the
-// ring, Total and the hits.
+// 32 KiB are pending. A failed write is tried again with the next batch; records that
+// find 4 MiB pending (the disk does not keep up, or keeps failing) are dropped: WriteErr
+// counts them; they still count in the ring, Total and the hits.
 func (l *Log) Add(r Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -471,9 +495,10 @@ func (l *Log) Total() uint64 {
 	return l.count
 }
 
-// WriteErr reports how many records did not reach the file since New, because a write
-// failed or because the file did not keep up (pendingCap), and the first error of a
-// failure still going on (nil once a write succeeds again).
+// WriteErr reports how many records did not reach the file since New, because the file
+// did not take them (a slow, stalled, full or failing disk) before 4 MiB were pending or
+// before Close, and the first error of a failure still going on (nil once a write
+// succeeds again).
 func (l *Log) WriteErr() (dropped uint64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -523,6 +548,12 @@ func (l *Log) Close() error {
 		l.wmu.Unlock()
 		l.mu.Lock()
 		defer l.mu.Unlock()
+		if l.pendN > 0 { // put back by a failed last write: nothing writes them now
+			closed <- fmt.Errorf("audit: close %s: %d records not written: %w", l.path, l.pendN, l.err)
+			l.dropped += l.pendN
+			l.pend, l.pendN = nil, 0
+			return
+		}
 		closed <- l.err
 	}()
 	t := time.NewTimer(closeWait)

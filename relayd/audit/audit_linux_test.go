@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,10 +58,11 @@ func fill(t *testing.T, path string) {
 	}
 }
 
-// A disk full for a while drops the records written meanwhile, counted, and nothing else:
-// once there is room again records reach the file, which holds only whole lines.
+// A disk full for a while loses nothing: the records that did not fit wait and reach the
+// file, whole, once, and in order, as soon as there is room again, behind the whole
+// records the failed write did put in the file.
 func TestWriteRecoversAfterDiskFull(t *testing.T) {
-	dir := smallFS(t, "64k")
+	dir := smallFS(t, "1m")
 	path := filepath.Join(dir, "audit.jsonl")
 	l, err := New(path, 1<<20, 2, 0)
 	if err != nil {
@@ -98,8 +100,8 @@ func TestWriteRecoversAfterDiskFull(t *testing.T) {
 	if err := l.Flush(); err == nil {
 		t.Fatal("Flush on a full disk = nil")
 	}
-	if d, err := l.WriteErr(); d == 0 || err == nil {
-		t.Fatalf("WriteErr() on a full disk = %d, %v; want drops and an error", d, err)
+	if d, err := l.WriteErr(); d != 0 || err == nil {
+		t.Fatalf("WriteErr() on a full disk = %d, %v; want no drops (the records wait) and an error", d, err)
 	}
 
 	os.Remove(filepath.Join(dir, "rest"))
@@ -111,14 +113,16 @@ func TestWriteRecoversAfterDiskFull(t *testing.T) {
 	if err != nil {
 		t.Errorf("WriteErr() with room again = %d, %v; want a nil error", dropped, err)
 	}
-	notes := map[string]uint64{}
+	var got []string
+	notes := map[string]int{}
 	for _, r := range readLines(t, path) { // every line is a whole record
+		got = append(got, r.Note)
 		notes[r.Note]++
 	}
-	if notes["before"] != 10 || notes["after"] != 10 || notes["full"]+dropped != full {
-		t.Errorf("file holds %v with %d dropped; want 10 before, 10 after and the %d during the full disk either there or dropped", notes, dropped, full)
+	want := slices.Concat(slices.Repeat([]string{"before"}, 10), slices.Repeat([]string{"full"}, full), slices.Repeat([]string{"after"}, 10))
+	if dropped != 0 || !slices.Equal(got, want) {
+		t.Errorf("file holds %v with %d dropped; want 10 before, %d full and 10 after, in that order, and none dropped", notes, dropped, full)
 	}
-	t.Logf("file holds %v, %d dropped", notes, dropped)
 	if n := strings.Count(logs.String(), "audit file write failed"); n != 1 {
 		t.Errorf("%d failure messages, want 1:\n%s", n, logs.String())
 	}
@@ -129,10 +133,60 @@ func TestWriteRecoversAfterDiskFull(t *testing.T) {
 	}
 }
 
+// A disk that keeps failing keeps pendingCap of records waiting, the oldest, and drops
+// the rest: once the disk has room again the file holds exactly the records before the
+// drops, and WriteErr counts exactly the ones it does not hold.
+func TestFailingDiskKeepsRecordsUpToTheCap(t *testing.T) {
+	dir := smallFS(t, "16m")
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := New(path, 1<<30, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	fill(t, filepath.Join(dir, "rest"))
+	long := strings.Repeat("x", 1000)
+	rec := func(i int) Record {
+		return Record{At: t0, Dimension: "default", Exit: "direct", Note: strconv.Itoa(i) + long}
+	}
+	n := 2 * pendingCap / len(long) // twice what the cap holds
+	for i := range n {
+		l.Add(rec(i))
+		if i%500 == 499 { // failing writes meanwhile, each putting its batch back
+			if err := l.Flush(); err == nil {
+				t.Fatalf("Flush on a full disk after %d records = nil", i+1)
+			}
+		}
+	}
+	dropped, err := l.WriteErr()
+	if dropped == 0 || dropped >= uint64(n) || err == nil {
+		t.Fatalf("WriteErr() on a full disk past the cap = %d, %v; want some of the %d records dropped and an error", dropped, err, n)
+	}
+
+	if err := os.Remove(filepath.Join(dir, "rest")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Flush(); err != nil {
+		t.Fatalf("Flush with room again = %v", err)
+	}
+	if d, err := l.WriteErr(); d != dropped || err != nil {
+		t.Fatalf("WriteErr() with room again = %d, %v; want still %d, nil", d, err, dropped)
+	}
+	recs := readLines(t, path)
+	if len(recs)+int(dropped) != n {
+		t.Fatalf("the file holds %d records and %d were dropped; want %d in all", len(recs), dropped, n)
+	}
+	for i, r := range recs {
+		if want := rec(i).Note; r.Note != want {
+			t.Fatalf("record %d in the file is %.10s…, want %.10s… (the oldest records, in order)", i, r.Note, want)
+		}
+	}
+}
+
 // A rotation whose reopen fails (here the file system is out of inodes, as under
-// EMFILE or a full disk) is tried again on the next record; the retry must not shift the
-// rotated files a second time, which would overwrite the oldest one that keep allows
-// and leave path.1 empty.
+// EMFILE or a full disk) is tried again by the next batch, with the record that waited
+// for it; the retry must not shift the rotated files a second time, which would
+// overwrite the oldest one that keep allows and leave path.1 empty.
 func TestRotationRetryKeepsRotatedFiles(t *testing.T) {
 	// Inodes: the root, the log, path.1, path.2 and a filler that is removed later.
 	dir := smallFS(t, "1m,nr_inodes=5")
@@ -153,14 +207,13 @@ func TestRotationRetryKeepsRotatedFiles(t *testing.T) {
 	}
 	add := func(note string) { l.Add(Record{At: t0, Dimension: "default", Exit: "direct", Note: note}) }
 	add("A") // the current file, rotated by the next record
-	add("lost")
+	add("D") // waits for the rotation
 	if err := l.Flush(); err == nil {
 		t.Fatal("Flush() = nil after a rotation that could not reopen the file")
 	}
 	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
 		t.Fatal(err)
 	}
-	add("D")
 	if err := l.Flush(); err != nil {
 		t.Fatalf("Flush after the retry = %v", err)
 	}
@@ -373,5 +426,28 @@ func TestCloseGivesUpOnAStalledFile(t *testing.T) {
 	want := l.path + ": the file did not take the last records within 100ms: " + strconv.Itoa(n) + " records not written"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("Close() on a stalled file = %v; want an error saying %q", err, want)
+	}
+}
+
+// Close on a full disk cannot write the records still waiting: it counts them as dropped
+// and its error says how many.
+func TestCloseOnAFullDiskCountsWhatItLoses(t *testing.T) {
+	dir := smallFS(t, "1m")
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := New(path, 1<<20, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, filepath.Join(dir, "rest"))
+	const n = 100
+	for range n {
+		l.Add(Record{At: t0, Dimension: "default", Exit: "direct"})
+	}
+	err = l.Close()
+	if want := "audit: close " + path + ": " + strconv.Itoa(n) + " records not written: "; err == nil || !strings.HasPrefix(err.Error(), want) || !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("Close() on a full disk = %v; want %q and the write's error", err, want)
+	}
+	if d, _ := l.WriteErr(); d != n {
+		t.Errorf("WriteErr() after Close = %d dropped, want %d", d, n)
 	}
 }

@@ -76,7 +76,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.auditDropped = prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Namespace: namespace, Name: "audit_records_dropped_total",
-		Help: "Decision records that never reached the audit file: a write failed, or the disk did not keep up.",
+		Help: "Decision records that never reached the audit file: its disk did not take them before 4 MiB were waiting, or before shutdown.",
 	}, func() float64 {
 		if f := m.auditSource.Load(); f != nil {
 			return float64((*f)())

@@ -51,7 +51,7 @@ kl_rules_reloads_total{code="E_SYNTAX",result="error"} 1
 # TYPE kl_rules_last_reload_timestamp_seconds gauge
 kl_rules_last_reload_timestamp_seconds{result="error"} 1.7000001e+09
 kl_rules_last_reload_timestamp_seconds{result="ok"} 1.7e+09
-# HELP kl_audit_records_dropped_total Decision records that never reached the audit file: a write failed, or the disk did not keep up.
+# HELP kl_audit_records_dropped_total Decision records that never reached the audit file: its disk did not take them before 4 MiB were waiting, or before shutdown.
 # TYPE kl_audit_records_dropped_total counter
 kl_audit_records_dropped_total 12
 `
