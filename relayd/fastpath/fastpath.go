@@ -171,8 +171,9 @@ type hitKey struct {
 	dim  string
 }
 
-// pod is one registered pod. Pod (labels, image) and capture change only with imu and
-// the manager's mu held: installs read them under imu, Verify under mu.
+// pod is one registered pod. Pod (netns path, labels, image) and capture change only
+// with imu and the manager's mu held: installs and rewatch read them under imu, everything
+// else copies them under mu.
 type pod struct {
 	Pod
 	imu     sync.Mutex // one install at a time
@@ -214,16 +215,25 @@ func New(o Options) *Manager {
 // generations it knows, so flows of its earlier tables are still recorded with their own
 // decisions. If that install fails the pod stays as it was (its previous table is still
 // in place and watched) with the error in its status, and Verify fails until an install
-// succeeds. Adding an id in another netns replaces the registration.
+// succeeds. The same netns (device and inode) under another path (kl-hook re-registers
+// a netns shared by containers through another member's /proc/<pid>/ns/net, a bind
+// mount moved) is a move: the pod takes the new path, and its table stays as it is when
+// nothing it depends on changed (labels, image, capture, policy) and it still holds the
+// pod's decisions; otherwise it is installed as for a refresh. Adding an id in another
+// netns replaces the registration.
 func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	if pd.ID == "" || pd.Netns == "" {
 		return errors.New("fastpath: pod id and netns path are required")
 	}
 	m.mu.Lock()
 	old := m.pods[pd.ID]
+	var path string
+	if old != nil {
+		path = old.Netns
+	}
 	m.mu.Unlock()
-	if old != nil && old.Netns == pd.Netns && (m.o.NoWatch || old.sameNetns()) {
-		return m.update(old, pd, p)
+	if old != nil && (path == pd.Netns && m.o.NoWatch || old.inNetns(pd.Netns)) {
+		return m.update(old, pd, p, path != pd.Netns)
 	}
 	m.Remove(pd.ID)
 	c, err := m.captureOf(pd)
@@ -256,14 +266,19 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	return nil
 }
 
-// update is Add of a registered pod in the same netns.
-func (m *Manager) update(po *pod, pd Pod, p *rules.Policy) error {
+// update is Add of a registered pod in the same netns; moved says it comes under
+// another path.
+func (m *Manager) update(po *pod, pd Pod, p *rules.Policy, moved bool) error {
 	po.imu.Lock()
 	defer po.imu.Unlock()
-	// The labels and image are the registration's from now on, even if this install
-	// fails: a Reload meanwhile must compute the plan of the workload as it is.
+	// The path, labels and image are the registration's from now on, even if this
+	// install fails: a Reload meanwhile must compute the plan of the workload as it is, in
+	// the netns under the path that still names it (the old one may be gone).
 	m.mu.Lock()
-	po.Labels, po.Image = pd.Labels, pd.Image
+	keep := moved && po.plan != nil && po.err == "" && po.policy == p.Hash() &&
+		workloadKey(po.Labels, po.Image) == workloadKey(pd.Labels, pd.Image)
+	was := po.capture
+	po.Netns, po.Labels, po.Image = pd.Netns, pd.Labels, pd.Image
 	m.mu.Unlock()
 	fail := func(err error) error {
 		m.mu.Lock()
@@ -283,6 +298,12 @@ func (m *Manager) update(po *pod, pd Pod, p *rules.Policy) error {
 	m.mu.Lock()
 	po.Capture, po.capture = pd.Capture, c
 	m.mu.Unlock()
+	// A move alone changes nothing the table depends on: it stays (with its generation,
+	// and the counters of its rules) when it still holds exactly the pod's decisions.
+	if keep && c.Render() == was.Render() && m.verify(pd.Netns, c, Compile(po.plan, po.gen)) == nil {
+		m.log.Debug("kernel decisions kept under the pod's new netns path", "pod", po.ID, "netns", pd.Netns)
+		return nil
+	}
 	if err := m.install(po, m.newRound(p)); err != nil {
 		return fail(err)
 	}
@@ -507,7 +528,11 @@ func (m *Manager) Verify(id string, p *rules.Policy) error {
 	case policy != p.Hash():
 		return fmt.Errorf("fastpath: pod %s has the kernel decisions of policy %.12s, not of the live %.12s", id, policy, p.Hash())
 	}
-	d := Compile(plan, gen)
+	return m.verify(ns, c, Compile(plan, gen))
+}
+
+// verify checks that the table in ns holds exactly capture c with decisions d.
+func (m *Manager) verify(ns string, c netns.Capture, d netns.Decisions) error {
 	if m.backend == nil {
 		return netns.VerifyDecisions(ns, c, d)
 	}
@@ -546,11 +571,12 @@ func (m *Manager) Close() error {
 	return nil
 }
 
-// registered reports whether po is (still) the registration of its id.
-func (m *Manager) registered(po *pod) bool {
+// registered reports whether po is (still) the registration of its id, and its netns
+// path.
+func (m *Manager) registered(po *pod) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.pods[po.ID] == po
+	return po.Netns, m.pods[po.ID] == po
 }
 
 func (m *Manager) installed(ns string) (netns.Capture, error) {

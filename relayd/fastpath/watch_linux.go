@@ -115,11 +115,12 @@ func (m *Manager) rewatch(po *pod) error {
 	return p.add(po, fd)
 }
 
-// sameNetns reports whether po's netns path still names the netns its watcher reads (a
-// sandbox recreated under the same id and path is another netns).
-func (po *pod) sameNetns() bool {
+// inNetns reports whether path names the netns po's watcher reads: po's own path still
+// does unless the sandbox was recreated under the same id and path (another netns);
+// another path does when it is the same netns (a move).
+func (po *pod) inNetns(path string) bool {
 	var st unix.Stat_t
-	return po.stop != nil && unix.Stat(po.Netns, &st) == nil && st.Dev == po.nsDev && st.Ino == po.nsIno
+	return po.stop != nil && unix.Stat(path, &st) == nil && st.Dev == po.nsDev && st.Ino == po.nsIno
 }
 
 // poller returns the manager's poller, starting it on first use.
@@ -376,12 +377,15 @@ func (p *poller) fail(w *watched, err error) {
 	go func() {
 		for tries := 0; tries <= 20; tries++ {
 			time.Sleep(50 * time.Millisecond)
-			if !m.registered(po) {
+			path, ok := m.registered(po)
+			if !ok {
 				return
 			}
-			if fd, err := openEvents(po.Netns); err == nil {
-				if p.add(po, fd) == nil && !m.registered(po) {
-					p.remove(po) // removed meanwhile
+			if fd, err := openEvents(path); err == nil {
+				if p.add(po, fd) == nil {
+					if _, ok := m.registered(po); !ok {
+						p.remove(po) // removed meanwhile
+					}
 				}
 				return
 			}

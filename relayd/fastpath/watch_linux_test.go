@@ -1,11 +1,15 @@
 package fastpath
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -303,4 +307,138 @@ func TestAddAgainWatcher(t *testing.T) {
 	if m.pods["x"] == po || m.pods["x"].Netns != b.Path || m.poll.has(po) || !m.poll.has(m.pods["x"]) {
 		t.Error("a registration in another netns kept the first netns's watcher")
 	}
+}
+
+// A pod added again under another path of its netns (kl-hook re-registers a netns
+// shared by containers through another member's /proc/<pid>/ns/net, a bind mount moved)
+// keeps its registration and its watcher, and its table when nothing it depends on
+// changed; the first path may then go away, and the pod's flows still go direct in the
+// kernel and are recorded. The pod's table is the kernel's (nf_tables handle), the flows
+// go over a veth to a server the test runs in a second netns.
+func TestAddMovedNetns(t *testing.T) {
+	testutil.RequireTool(t, "nft", "ip", "mount", "umount")
+	const (
+		first  = "default: proxy\nrules:\n  - cidr: 203.0.113.0/24\n    action: direct\n    note: first\n"
+		second = "default: proxy\nrules:\n  - cidr: 203.0.113.0/24\n    action: direct\n    note: second\n"
+	)
+	for _, tc := range []struct {
+		name      string
+		rules     string // of the Add under the new path
+		plain     bool   // the plain capture was installed over the pod's table before the move
+		keepTable bool
+	}{
+		{"path only", first, false, true},
+		{"path and policy", second, false, false},
+		{"path only, table changed", first, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pns, host := testutil.NewNetns(t, "klmv"), testutil.NewNetns(t, "klmh")
+			testutil.Link(t, pns, []string{"203.0.113.1/24"}, host, []string{"203.0.113.254/24"})
+			ln, err := netns.Listen(host.Path, "tcp4", "203.0.113.254:7001")
+			if err != nil {
+				t.Fatal(err)
+			}
+			testutil.Serve(t, ln, func(c net.Conn) { _, _ = io.WriteString(c, "host\n") })
+			// The second path: a bind mount of the first, as kl-hook's /proc/<pid>/ns/net.
+			moved := filepath.Join(t.TempDir(), "net")
+			if err := os.WriteFile(moved, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Run(t, "mount", "--bind", pns.Path, moved)
+			t.Cleanup(func() { _, _ = testutil.Output("umount", moved) })
+
+			var s sink
+			m := New(Options{Sink: &s})
+			defer m.Close()
+			c := capture
+			if err := m.Add(Pod{ID: "a", Netns: pns.Path, Capture: &c}, policy(t, first)); err != nil {
+				t.Fatal(err)
+			}
+			po := m.pods["a"]
+			if tc.plain {
+				if err := netns.Install(pns.Path, capture); err != nil { // kl-cni ADD again
+					t.Fatal(err)
+				}
+			}
+			gen, handle, sock := po.gen, tableHandle(t, pns.Path), watcherSocket(m, po)
+			if sock < 0 {
+				t.Fatal("the pod has no watcher")
+			}
+			if err := m.Add(Pod{ID: "a", Netns: moved, Capture: &c}, policy(t, tc.rules)); err != nil {
+				t.Fatal(err)
+			}
+			if m.pods["a"] != po || po.Netns != moved {
+				t.Errorf("the move replaced the registration (pod %p, was %p, path %s)", m.pods["a"], po, m.pods["a"].Netns)
+			}
+			if got := watcherSocket(m, po); got != sock {
+				t.Errorf("the move replaced the watcher's socket (%d, was %d)", got, sock)
+			}
+			if kept := tableHandle(t, moved) == handle && po.gen == gen; kept != tc.keepTable {
+				t.Errorf("table kept = %v (generation %d, was %d), want %v", kept, po.gen, gen, tc.keepTable)
+			}
+			if err := m.Verify("a", policy(t, tc.rules)); err != nil {
+				t.Errorf("Verify after the move: %v", err)
+			}
+			// The first path goes away; the netns lives on under the second.
+			testutil.Run(t, "umount", pns.Path)
+			want := "first"
+			if tc.rules == second {
+				want = "second"
+			}
+			for i := range 3 {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				conn, err := netns.Dial(ctx, moved, 0, "tcp4", "203.0.113.254:7001")
+				cancel()
+				if err != nil {
+					t.Fatalf("flow %d after the move: %v", i, err)
+				}
+				_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+				line, err := bufio.NewReader(conn).ReadString('\n')
+				conn.Close()
+				if line != "host\n" {
+					t.Fatalf("flow %d after the move: read %q, %v; want the server's answer (the kernel decides it direct)", i, line, err)
+				}
+			}
+			var notes []string
+			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				s.mu.Lock()
+				notes = notes[:0]
+				for _, r := range s.recs {
+					notes = append(notes, r.Note)
+				}
+				s.mu.Unlock()
+				if len(notes) >= 3 {
+					break
+				}
+			}
+			if len(notes) != 3 || notes[0] != want || notes[1] != want || notes[2] != want {
+				t.Errorf("records of the 3 flows after the move: notes %q, want %q each (unknown marks %d)", notes, want, po.unknown)
+			}
+		})
+	}
+}
+
+// tableHandle returns the nf_tables handle of the kl table in the netns at path: a table
+// deleted and created again (an install) has another.
+func tableHandle(t *testing.T, path string) string {
+	t.Helper()
+	out := testutil.Run(t, "nsenter", "--net="+path, "nft", "-a", "list", "table", "inet", netns.TableName)
+	first, _, _ := strings.Cut(out, "\n")
+	_, h, ok := strings.Cut(first, "# handle ")
+	if !ok {
+		t.Fatalf("no handle in %q", first)
+	}
+	return strings.TrimSpace(h)
+}
+
+// watcherSocket returns po's event socket, -1 when it has none.
+func watcherSocket(m *Manager, po *pod) int {
+	m.poll.mu.Lock()
+	defer m.poll.mu.Unlock()
+	for _, w := range m.poll.socks {
+		if w.po == po {
+			return w.fd
+		}
+	}
+	return -1
 }

@@ -10,7 +10,7 @@ func (m *Manager) watch(po *pod) (stop func(), err error) {
 
 func (m *Manager) rewatch(po *pod) error { return errors.ErrUnsupported }
 
-func (po *pod) sameNetns() bool { return false }
+func (po *pod) inNetns(string) bool { return false }
 
 type poller struct{}
 
