@@ -172,8 +172,9 @@ type hitKey struct {
 }
 
 // pod is one registered pod. Pod (netns path, labels, image) and capture change only
-// with imu and the manager's mu held: installs and rewatch read them under imu, everything
-// else copies them under mu.
+// with imu and the manager's mu held: installs read them under imu, everything else
+// copies them under mu. The rest is under mu, but for what is set before the pod is
+// published (ID, stop, nsDev, nsIno).
 type pod struct {
 	Pod
 	imu     sync.Mutex // one install at a time
@@ -189,9 +190,11 @@ type pod struct {
 	unknown uint64
 	late    uint64
 	err     string // of the last install, when it failed
-	stop    func()
-	nsDev   uint64 // the netns the watcher reads (watch_linux.go)
-	nsIno   uint64
+	gone    bool   // dropped: no longer registered, its watcher stopped
+	// Set before the pod is published, never changed after (read without a lock).
+	stop  func() // nil: not watched
+	nsDev uint64 // the netns the watcher reads (watch_linux.go)
+	nsIno uint64
 }
 
 // New returns a Manager.
@@ -220,7 +223,8 @@ func New(o Options) *Manager {
 // mount moved) is a move: the pod takes the new path, and its table stays as it is when
 // nothing it depends on changed (labels, image, capture, policy) and it still holds the
 // pod's decisions; otherwise it is installed as for a refresh. Adding an id in another
-// netns replaces the registration.
+// netns replaces the registration. Of concurrent Adds of one id, the last to register
+// its pod stays; the watchers of the others are stopped.
 func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	if pd.ID == "" || pd.Netns == "" {
 		return errors.New("fastpath: pod id and netns path are required")
@@ -235,32 +239,37 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	if old != nil && (path == pd.Netns && m.o.NoWatch || old.inNetns(pd.Netns)) {
 		return m.update(old, pd, p, path != pd.Netns)
 	}
-	m.Remove(pd.ID)
+	if old != nil {
+		m.drop(old)
+	}
 	c, err := m.captureOf(pd)
 	if err != nil {
 		return err
 	}
 	// The pod's plan state exists before its table does, so no event can arrive for a
-	// mark the manager does not know yet.
+	// mark the manager does not know yet. Its watcher (and the netns identity it keeps)
+	// is set before the pod is published, and never changes after.
 	po := &pod{Pod: pd, capture: c, gens: map[uint8][]rules.KernelEntry{}}
-	m.mu.Lock()
-	m.pods[pd.ID] = po
-	m.mu.Unlock()
 	if !m.o.NoWatch {
 		stop, err := m.watch(po)
 		if err != nil {
-			m.mu.Lock()
-			delete(m.pods, pd.ID)
-			m.mu.Unlock()
 			return fmt.Errorf("fastpath: pod %s: watch conntrack: %w", pd.ID, err)
 		}
 		po.stop = stop
+	}
+	// An Add of the same id that published its pod meanwhile is replaced by this one.
+	m.mu.Lock()
+	prev := m.pods[pd.ID]
+	m.pods[pd.ID] = po
+	m.mu.Unlock()
+	if prev != nil {
+		m.drop(prev)
 	}
 	po.imu.Lock()
 	err = m.install(po, m.newRound(p))
 	po.imu.Unlock()
 	if err != nil {
-		m.Remove(pd.ID)
+		m.drop(po)
 		return err
 	}
 	return nil
@@ -492,9 +501,23 @@ func (m *Manager) Reload(p *rules.Policy) error {
 func (m *Manager) Remove(id string) {
 	m.mu.Lock()
 	po := m.pods[id]
-	delete(m.pods, id)
 	m.mu.Unlock()
-	if po != nil && po.stop != nil {
+	if po != nil {
+		m.drop(po)
+	}
+}
+
+// drop ends po's registration, if it is still its id's, and stops its watcher after
+// recording the events queued in it. A pod is dropped once: later calls do nothing.
+func (m *Manager) drop(po *pod) {
+	m.mu.Lock()
+	if m.pods[po.ID] == po {
+		delete(m.pods, po.ID)
+	}
+	was := po.gone
+	po.gone = true
+	m.mu.Unlock()
+	if !was && po.stop != nil {
 		po.stop()
 	}
 }
@@ -571,12 +594,12 @@ func (m *Manager) Close() error {
 	return nil
 }
 
-// registered reports whether po is (still) the registration of its id, and its netns
-// path.
+// registered returns po's netns path, and whether po is still registered (not dropped;
+// it may not be published yet).
 func (m *Manager) registered(po *pod) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return po.Netns, m.pods[po.ID] == po
+	return po.Netns, !po.gone
 }
 
 func (m *Manager) installed(ns string) (netns.Capture, error) {

@@ -108,11 +108,27 @@ func (m *Manager) rewatch(po *pod) error {
 	if p.has(po) {
 		return nil
 	}
-	fd, err := openEvents(po.Netns)
+	return m.reopen(p, po)
+}
+
+// reopen opens po's event socket in the netns under po's path and watches it, unless po
+// is (or meanwhile gets) removed.
+func (m *Manager) reopen(p *poller, po *pod) error {
+	path, ok := m.registered(po)
+	if !ok {
+		return nil
+	}
+	fd, err := openEvents(path)
 	if err != nil {
 		return err
 	}
-	return p.add(po, fd)
+	if err := p.add(po, fd); err != nil {
+		return err
+	}
+	if _, ok := m.registered(po); !ok {
+		p.remove(po) // removed meanwhile: its drop found no socket to stop
+	}
+	return nil
 }
 
 // inNetns reports whether path names the netns po's watcher reads: po's own path still
@@ -377,16 +393,7 @@ func (p *poller) fail(w *watched, err error) {
 	go func() {
 		for tries := 0; tries <= 20; tries++ {
 			time.Sleep(50 * time.Millisecond)
-			path, ok := m.registered(po)
-			if !ok {
-				return
-			}
-			if fd, err := openEvents(path); err == nil {
-				if p.add(po, fd) == nil {
-					if _, ok := m.registered(po); !ok {
-						p.remove(po) // removed meanwhile
-					}
-				}
+			if m.reopen(p, po) == nil {
 				return
 			}
 		}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -441,4 +443,99 @@ func watcherSocket(m *Manager, po *pod) int {
 		}
 	}
 	return -1
+}
+
+// Adds of one pod (from two callers, under two paths of its netns, with changing labels),
+// reloads, removals, Verify, Status and Stale, and a watcher whose socket breaks, all at
+// once: every field of a pod is written and read under its lock (run with -race), and no
+// watcher outlives its registration: once they are done and the pod is added again, it
+// has exactly one event socket.
+func TestConcurrentUse(t *testing.T) {
+	testutil.RequireTool(t, "mount", "umount")
+	ns := testutil.NewNetns(t, "klcu")
+	second := filepath.Join(t.TempDir(), "net")
+	if err := os.WriteFile(second, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Run(t, "mount", "--bind", ns.Path, second)
+	t.Cleanup(func() { _, _ = testutil.Output("umount", second) })
+	m := New(Options{})
+	defer m.Close()
+	c := capture
+	p := policy(t, cidrPolicy)
+	paths := []string{ns.Path, second}
+	// Two callers add the pod; the others act on it until both are done.
+	var wg, adders sync.WaitGroup
+	var added atomic.Bool
+	for g := range 2 {
+		adders.Add(1)
+		go func() {
+			defer adders.Done()
+			for i := range 20 {
+				if err := m.Add(Pod{ID: "a", Netns: paths[(i+g)%2], Labels: map[string]string{"n": fmt.Sprint(i % 3)}, Capture: &c}, p); err != nil {
+					t.Logf("add: %v", err)
+				}
+			}
+		}()
+	}
+	while := func(pause time.Duration, f func()) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 10000 && !added.Load(); i++ {
+				f()
+				time.Sleep(pause)
+			}
+		}()
+	}
+	while(10*time.Millisecond, func() { _ = m.Reload(p) })
+	while(5*time.Millisecond, func() { m.Remove("a") })
+	while(time.Millisecond, func() {
+		_ = m.Verify("a", p)
+		_ = m.Status()
+		_ = m.Stale(p)
+	})
+	while(20*time.Millisecond, func() {
+		m.mu.Lock()
+		po, poll := m.pods["a"], m.poll
+		m.mu.Unlock()
+		if po == nil || poll == nil {
+			return
+		}
+		poll.mu.Lock()
+		for _, w := range poll.socks {
+			if w.po == po {
+				poll.fail(w, errTest) // reopened in the background
+				break
+			}
+		}
+		poll.mu.Unlock()
+	})
+	adders.Wait()
+	added.Store(true)
+	wg.Wait()
+	if err := m.Add(Pod{ID: "a", Netns: second, Capture: &c}, p); err != nil {
+		t.Fatal(err)
+	}
+	po := m.pods["a"]
+	socks := func() (n int, mine bool) {
+		m.poll.mu.Lock()
+		defer m.poll.mu.Unlock()
+		for _, w := range m.poll.socks {
+			n++
+			mine = mine || w.po == po
+		}
+		return n, mine
+	}
+	// The background reopens end within a second (20 tries 50 ms apart).
+	n, mine := socks()
+	for deadline := time.Now().Add(3 * time.Second); (n != 1 || !mine) && time.Now().Before(deadline); n, mine = socks() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n != 1 || !mine {
+		t.Errorf("%d event sockets (one of the registered pod: %v), want exactly the registered pod's", n, mine)
+	}
+	if err := m.Verify("a", p); err != nil {
+		t.Errorf("Verify: %v", err)
+	}
 }
