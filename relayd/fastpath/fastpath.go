@@ -222,8 +222,9 @@ func New(o Options) *Manager {
 // a netns shared by containers through another member's /proc/<pid>/ns/net, a bind
 // mount moved) is a move: the pod takes the new path, and its table stays as it is when
 // nothing it depends on changed (labels, image, capture, policy) and it still holds the
-// pod's decisions; otherwise it is installed as for a refresh. Adding an id in another
-// netns replaces the registration. Of concurrent Adds of one id, the last to register
+// pod's decisions; otherwise it is installed as for a refresh (a Manager with NoWatch
+// knows a netns by its path only: another path replaces the registration). Adding an id
+// in another netns replaces the registration. Of concurrent Adds of one id, the last to register
 // its pod stays; the watchers of the others are stopped.
 func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	if pd.ID == "" || pd.Netns == "" {
