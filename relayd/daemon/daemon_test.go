@@ -533,7 +533,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	for _, want := range []string{`kl_rules_reloads_total{code="",result="ok"} 1`, `kl_rules_reloads_total{code="E_BAD_ACTION",result="error"} 1`} {
+	for _, want := range []string{`kl_rules_reloads_total{code="",result="ok"} 1`, `kl_rules_reloads_total{code="E_BAD_ACTION",result="error"} 1`, "\nkl_audit_records_dropped_total 0\n"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s:\n%s", want, body)
 		}
