@@ -362,14 +362,53 @@ func TestHugeAllocations(t *testing.T) {
 	}
 }
 
-// testHugeAllocation: expr, in a call and in top-level code, fails with want.
+// maxCallAlloc bounds what a call that hits an allocation bound may allocate.
+const maxCallAlloc = 256 << 20
+
+// testHugeAllocation: expr, in a call and in top-level code, fails with want, and the
+// call allocates (heap and goroutine stacks) less than maxCallAlloc.
 func testHugeAllocation(t *testing.T, expr, want string) {
-	s := mustCompile(t, `function FindProxyForURL(url, host) { var s = `+expr+`; return "DIRECT"; }`, Options{})
+	s := mustCompile(t, `function FindProxyForURL(url, host) { var s = `+expr+`; return "DIRECT"; }`, Options{Deadline: 10 * time.Second})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
 	if r := s.Eval(Call{Host: "a.example"}); !r.Failed || r.Exit != "deny" || !strings.Contains(r.Reason, want) {
 		t.Errorf("Eval = %+v, want a deny saying %q", r, want)
+	}
+	runtime.ReadMemStats(&after)
+	if n := (after.TotalAlloc - before.TotalAlloc) + (after.StackSys - before.StackSys); n > maxCallAlloc {
+		t.Errorf("the call allocated %d MiB, want below %d MiB", n>>20, maxCallAlloc>>20)
 	}
 	_, err := Compile("t.pac", "var s = "+expr+";\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", Options{})
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("Compile = %v, want an error saying %q", err, want)
+	}
+}
+
+// TestNativeRecursion: a native that converts an object to a string calls the object's
+// toString in Go; when that is itself such a native the recursion never passes through
+// JavaScript, so neither the 1000-frame bound nor the deadline saw it, and it grew the
+// goroutine's stack to Go's 1 GB limit: a fatal error that ended the whole process.
+// Past maxNativeDepth the innermost native throws a RangeError, and the heap stays small.
+func TestNativeRecursion(t *testing.T) {
+	const want = "RangeError: native calls nested deeper than 1000"
+	for _, tc := range []struct{ name, expr string }{
+		{"String method as toString", `(function () { var o = {}; o.toString = String.prototype.trim; return "" + o; })()`},
+		{"bound String method", `(function () { var o = {}; o.toString = String.prototype.concat.bind(o); return "" + o; })()`},
+		{"Error toString through name", `(function () { var o = {}; o.toString = Error.prototype.toString; o.name = o; return "" + o; })()`},
+		{"nested arrays to a string", `(function () { var a = []; for (var i = 0; i < 1e5; i++) a = [a]; return "" + a; })()`},
+		{"nested arrays toLocaleString", `(function () { var a = []; for (var i = 0; i < 1e5; i++) a = [a]; return a.toLocaleString(); })()`},
+		{"valueOf", `(function () { var o = {}; o.valueOf = Number.prototype.toFixed; o.toString = String.prototype.at; return +o + ("" + o); })()`},
+		{"getter", `(function () { var o = {}; Object.defineProperty(o, "global", {get: Object.getOwnPropertyDescriptor(RegExp.prototype, "flags").get}); return o.global; })()`},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testHugeAllocation(t, tc.expr, want) })
+	}
+	// Below the bound natives nest as before.
+	s := mustCompile(t, `function FindProxyForURL(url, host) {
+	var a = [[1, [2, [3]]], "x"], n = 0;
+	[1, 2].forEach(function (x) { [x].map(function (y) { n += y; }); });
+	return "" + a + n == "1,2,3,x3" ? "DIRECT" : "PROXY " + a + n;
+}`, Options{})
+	if r := s.Eval(Call{Host: "a.example"}); r.Exit != "direct" || r.Failed {
+		t.Errorf("Eval = %+v, want direct", r)
 	}
 }

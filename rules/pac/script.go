@@ -485,6 +485,7 @@ type worker struct {
 	vTrue, vFalse goja.Value
 	argv          [2]goja.Value
 	stack         []goja.Value // lent to goja between calls (stack.go)
+	depth         int          // goja natives running inside one another (depth.go)
 
 	// Independent calls (state.go): gen counts calls; loading is set while top-level
 	// code runs.
@@ -557,6 +558,9 @@ func (w *worker) setup() (err error) {
 	vm.SetMaxCallStackSize(maxStack)
 	vm.SetTimeSource(w.now)
 	vm.SetRandSource(w.random)
+	if err := w.installDepth(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the native depth bound: " + err.Error()}
+	}
 	w.install()
 	if err := w.installBounds(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the allocation bounds: " + err.Error()}
