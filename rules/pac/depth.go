@@ -18,42 +18,23 @@ import (
 // below it.
 const maxNativeDepth = maxStack
 
-// builtinNatives lists every own property of the built-ins (the global object, what
-// it reaches, and the iterator and generator prototypes) whose value, getter or setter
-// is a function: [holder, key, descriptor] triples. It runs in a fresh runtime before
-// anything else, so it sees goja's own built-ins.
-var builtinNatives = goja.MustCompile("natives.js", `(function () {
-	var out = [], seen = new Set(), q = [globalThis,
-		Object.getPrototypeOf([][Symbol.iterator]()), Object.getPrototypeOf(""[Symbol.iterator]()),
-		Object.getPrototypeOf(new Map()[Symbol.iterator]()), Object.getPrototypeOf(new Set()[Symbol.iterator]()),
-		Object.getPrototypeOf(/a/[Symbol.matchAll]("")), Object.getPrototypeOf(function* () {}),
-		Object.getPrototypeOf(function* () {}()), Object.getPrototypeOf(async function () {})];
-	while (q.length) {
-		var o = q.pop();
-		if (o === null || (typeof o !== "object" && typeof o !== "function") || seen.has(o)) continue;
-		seen.add(o);
-		q.push(Object.getPrototypeOf(o));
-		Reflect.ownKeys(o).forEach(function (k) {
-			var d = Object.getOwnPropertyDescriptor(o, k);
-			if (typeof d.value === "function" || typeof d.get === "function" || typeof d.set === "function") out.push([o, k, d]);
-			q.push(d.value, d.get, d.set);
-		});
-	}
-	return out;
-})()`, false)
+// builtinRoots are the built-ins that the global object's properties do not reach:
+// the prototypes of the iterators and of generator and async functions.
+var builtinRoots = goja.MustCompile("roots.js", `[Object.getPrototypeOf([][Symbol.iterator]()),
+	Object.getPrototypeOf(""[Symbol.iterator]()), Object.getPrototypeOf(new Map()[Symbol.iterator]()),
+	Object.getPrototypeOf(new Set()[Symbol.iterator]()), Object.getPrototypeOf(/a/[Symbol.matchAll]("")),
+	Object.getPrototypeOf(function* () {}), Object.getPrototypeOf(function* () {}()),
+	Object.getPrototypeOf(async function () {})]`, false)
 
 // installDepth wraps every native method, getter and setter of the built-ins that is
-// not a constructor with a count of the natives running (w.depth), which throws a
-// RangeError past maxNativeDepth. eval keeps its identity (goja tells a direct eval by
-// it). A function reachable under two names (Array.prototype.values and
-// [Symbol.iterator]) gets one wrapper, so the two stay the same function. It runs
-// before the PAC built-ins are installed: those are Go code that calls no script.
+// not a constructor (goja's, the PAC functions, and the wrappers of bounds.go and
+// guard.go, which convert their arguments before calling the native they wrap) with a
+// count of the natives running (w.depth), which throws a RangeError past
+// maxNativeDepth. eval keeps its identity (goja tells a direct eval by it). A function
+// reachable under two names (Array.prototype.values and [Symbol.iterator]) gets one
+// wrapper, so the two stay the same function.
 func (w *worker) installDepth() error {
 	vm := w.vm
-	v, err := vm.RunProgram(builtinNatives)
-	if err != nil {
-		return err
-	}
 	rangeError, ok := goja.AssertConstructor(vm.Get("RangeError"))
 	if !ok {
 		return errors.New("no RangeError")
@@ -102,46 +83,76 @@ func (w *worker) installDepth() error {
 		}
 		return goja.FLAG_FALSE
 	}
-	var list []*goja.Object
-	if err := vm.ExportTo(v, &list); err != nil {
-		return err
-	}
-	for _, e := range list {
-		o, _ := e.Get("0").(*goja.Object)
-		key, d := e.Get("1"), e.Get("2").(*goja.Object)
-		if o == nil {
-			return errors.New("a built-in's holder is not an object")
-		}
+	// redefine puts the wrappers of property key of o in place, and queues the
+	// objects its value and accessors are.
+	redefine := func(o *goja.Object, key goja.Value, d *goja.Object, queue *[]*goja.Object) error {
 		sym, isSym := key.(*goja.Symbol)
 		name := key.String()
 		enum, conf := flag(d, "enumerable"), flag(d, "configurable")
-		if conf == goja.FLAG_FALSE {
-			continue // Function.prototype[Symbol.hasInstance]: it converts nothing
-		}
 		if val := d.Get("value"); val != nil {
+			if vo, ok := val.(*goja.Object); ok {
+				*queue = append(*queue, vo)
+			}
 			nv := wrap(val)
-			if nv == val {
-				continue
+			if nv == val || conf == goja.FLAG_FALSE { // Function.prototype[Symbol.hasInstance] converts nothing
+				return nil
 			}
 			if isSym {
-				err = o.DefineDataPropertySymbol(sym, nv, flag(d, "writable"), conf, enum)
-			} else {
-				err = o.DefineDataProperty(name, nv, flag(d, "writable"), conf, enum)
+				return o.DefineDataPropertySymbol(sym, nv, flag(d, "writable"), conf, enum)
 			}
-		} else {
-			g, s := d.Get("get"), d.Get("set")
-			ng, ns := wrap(g), wrap(s)
-			if ng == g && ns == s {
-				continue
-			}
-			if isSym {
-				err = o.DefineAccessorPropertySymbol(sym, ng, ns, conf, enum)
-			} else {
-				err = o.DefineAccessorProperty(name, ng, ns, conf, enum)
-			}
+			return o.DefineDataProperty(name, nv, flag(d, "writable"), conf, enum)
 		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+		g, s := d.Get("get"), d.Get("set")
+		ng, ns := wrap(g), wrap(s)
+		if ng == g && ns == s || conf == goja.FLAG_FALSE {
+			return nil
+		}
+		if isSym {
+			return o.DefineAccessorPropertySymbol(sym, ng, ns, conf, enum)
+		}
+		return o.DefineAccessorProperty(name, ng, ns, conf, enum)
+	}
+	rv, err := vm.RunProgram(builtinRoots)
+	if err != nil {
+		return err
+	}
+	var queue []*goja.Object
+	if err := vm.ExportTo(rv, &queue); err != nil {
+		return err
+	}
+	gopd, ok := goja.AssertFunction(vm.Get("Object").(*goja.Object).Get("getOwnPropertyDescriptor"))
+	if !ok {
+		return errors.New("no Object.getOwnPropertyDescriptor")
+	}
+	queue = append(queue, vm.GlobalObject())
+	seen := map[*goja.Object]bool{}
+	for len(queue) > 0 {
+		o := queue[len(queue)-1]
+		queue = queue[:len(queue)-1]
+		if o == nil || seen[o] {
+			continue
+		}
+		seen[o] = true
+		queue = append(queue, o.Prototype())
+		var keys []goja.Value
+		for _, k := range o.GetOwnPropertyNames() {
+			keys = append(keys, vm.ToValue(k))
+		}
+		for _, k := range o.Symbols() {
+			keys = append(keys, k)
+		}
+		for _, key := range keys {
+			dv, err := gopd(goja.Undefined(), o, key)
+			if err != nil {
+				return err
+			}
+			d, ok := dv.(*goja.Object)
+			if !ok {
+				continue
+			}
+			if err := redefine(o, key, d, &queue); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
 		}
 	}
 	return nil

@@ -484,8 +484,9 @@ type worker struct {
 
 	vTrue, vFalse goja.Value
 	argv          [2]goja.Value
-	stack         []goja.Value // lent to goja between calls (stack.go)
-	depth         int          // goja natives running inside one another (depth.go)
+	stack         []goja.Value   // lent to goja between calls (stack.go)
+	depth         int            // goja natives running inside one another (depth.go)
+	joining       []*goja.Object // the arrays being joined (bounds.go)
 
 	// Independent calls (state.go): gen counts calls; loading is set while top-level
 	// code runs.
@@ -558,9 +559,6 @@ func (w *worker) setup() (err error) {
 	vm.SetMaxCallStackSize(maxStack)
 	vm.SetTimeSource(w.now)
 	vm.SetRandSource(w.random)
-	if err := w.installDepth(); err != nil {
-		return &CompileError{Code: CodeScript, Msg: "setting up the native depth bound: " + err.Error()}
-	}
 	w.install()
 	if err := w.installBounds(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the allocation bounds: " + err.Error()}
@@ -584,6 +582,11 @@ func (w *worker) setup() (err error) {
 	}
 	if err := installDateZone(vm, w.loc); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up Date: " + err.Error()}
+	}
+	// Last: its wrapper is the outermost, so that it also counts what the other
+	// wrappers convert before they call the native they wrap.
+	if err := w.installDepth(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the native depth bound: " + err.Error()}
 	}
 	sealer, err := w.prepareState()
 	if err != nil {
