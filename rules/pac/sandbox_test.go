@@ -498,3 +498,43 @@ func TestNativeRecursion(t *testing.T) {
 		t.Errorf("Eval = %+v, want direct", r)
 	}
 }
+
+// TestHeapGrowth: a loop of natives that are each bounded still took gigabytes well
+// within a call's deadline (and more in top-level code, which gets a second or ten
+// deadlines): a call during which the heap grows past maxHeapGrowth is interrupted,
+// and the daemon gets a deny naming the cause. A loop that makes as much garbage,
+// without keeping it, runs to its end. Each loop stops by itself at 2 GiB.
+func TestHeapGrowth(t *testing.T) {
+	const keep = `var a = []; for (var i = 0; i < 128; i++) a.push("x".repeat(1 << 24) + i);`
+	for _, tc := range []struct{ name, src, want string }{
+		{"call", `function FindProxyForURL(url, host) { ` + keep + ` return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
+		{"arrays", `function FindProxyForURL(url, host) { var a = []; for (var i = 0; i < 128; i++) a.push(new Array(1 << 20).fill(i)); return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
+		{"top-level", keep + "\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", "top-level code stopped: the heap grew by more than 256 MiB"},
+		{"garbage", `function FindProxyForURL(url, host) { var n = 0; for (var i = 0; i < 128; i++) n += ("x".repeat(1 << 24) + i).length; return n > 0 ? "DIRECT" : null; }`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var r Result
+			var err error
+			grew := peakGrowth(func() {
+				var s *Script
+				s, err = Compile("t.pac", tc.src, Options{Deadline: time.Minute})
+				if err == nil {
+					r = s.Eval(Call{Host: "a.example"})
+					s.Close()
+				}
+			})
+			if grew > 1<<30 {
+				t.Errorf("the heap grew by %d MiB, want below 1 GiB", grew>>20)
+			}
+			switch {
+			case tc.want == "" && (err != nil || r.Failed):
+				t.Errorf("Compile = %v, Eval = %+v, want direct", err, r)
+			case tc.want != "" && err != nil && !strings.Contains(err.Error(), tc.want):
+				t.Errorf("Compile = %v, want an error saying %q", err, tc.want)
+			case tc.want != "" && err == nil && (!r.Failed || !strings.Contains(r.Reason, tc.want)):
+				t.Errorf("Eval = %+v, want a deny saying %q", r, tc.want)
+			}
+			t.Logf("peak growth %d MiB", grew>>20)
+		})
+	}
+}

@@ -502,6 +502,11 @@ type worker struct {
 	fired      atomic.Bool
 	inlineCall bool
 	tripped    bool
+
+	// The heap watch (memwatch.go): mem is written by both sides, watchGen and
+	// watchBase only by the watch.
+	mem                 atomic.Uint64
+	watchGen, watchBase uint64
 }
 
 func (p *pool) newWorker() *worker {
@@ -516,6 +521,7 @@ func (p *pool) newWorker() *worker {
 		})
 		w.timer.Stop()
 	}
+	heapWatch.add(w)
 	go w.loop(p.inline)
 	return w
 }
@@ -597,8 +603,12 @@ func (w *worker) setup() (err error) {
 	w.call, w.rng = Call{At: time.Unix(0, 0)}, 0
 	defer func() { w.call = Call{} }()
 	w.loading = true
+	w.watchStart()
 	_, err = vm.RunProgram(w.p.prog)
 	w.loading = false
+	if w.watchEnd() {
+		return &CompileError{Code: CodeScript, Msg: "top-level code stopped: " + memoryMsg}
+	}
 	if err != nil {
 		return scriptError(err, "top-level code")
 	}
@@ -667,9 +677,13 @@ func (w *worker) random() float64 {
 }
 
 func (w *worker) run(c Call) (r Result) {
+	w.watchStart()
 	defer func() {
 		if v := recover(); v != nil {
 			r = deny(fmt.Sprintf("script failed: %v", v))
+		}
+		if w.watchEnd() {
+			r = deny("script stopped: " + memoryMsg)
 		}
 	}()
 	w.lendStack()
