@@ -142,6 +142,32 @@ func (w *worker) installDepth() error {
 			keys = append(keys, k)
 		}
 		for _, key := range keys {
+			// Most are methods: read and replaced as they are (Set keeps the
+			// attributes). The rest (constants, objects, accessors, and what cannot
+			// be replaced) are looked at through their descriptor, which costs an
+			// object each. A built-in getter read on its prototype returns no
+			// function, or throws.
+			sym, isSym := key.(*goja.Symbol)
+			var v goja.Value
+			if vm.Try(func() {
+				if isSym {
+					v = o.GetSymbol(sym)
+				} else {
+					v = o.Get(key.String())
+				}
+			}) == nil {
+				if nv := wrap(v); nv != v {
+					var err error
+					if isSym {
+						err = o.SetSymbol(sym, nv)
+					} else {
+						err = o.Set(key.String(), nv)
+					}
+					if err == nil {
+						continue
+					}
+				}
+			}
 			dv, err := gopd(goja.Undefined(), o, key)
 			if err != nil {
 				return err
