@@ -17,8 +17,9 @@ import (
 // small; this stops the loop that adds them up. The heap is the whole process's, read
 // every memTick: a call is interrupted when the heap has grown past maxHeapGrowth
 // since the first tick that saw it running, so the bound holds for all calls together
-// too (a call running beside a runaway one may be stopped with it). A PAC call
-// allocates a few hundred bytes.
+// too (a call running beside a runaway one may be stopped with it). Garbage does not
+// count: past the bound the watch collects it first (a full GC, only then). A PAC
+// call allocates a few hundred bytes.
 const (
 	maxHeapGrowth = 256 << 20
 	memTick       = 5 * time.Millisecond
@@ -76,6 +77,7 @@ func (m *memWatch) tick(sample []metrics.Sample) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var heap uint64
+	collected := false
 	live := m.workers[:0]
 	for _, p := range m.workers {
 		w := p.Value()
@@ -94,6 +96,13 @@ func (m *memWatch) tick(sample []metrics.Sample) bool {
 		if gen := v >> 2; gen != w.watchGen {
 			w.watchGen, w.watchBase = gen, heap // a call seen for the first time
 			continue
+		}
+		if heap > w.watchBase+maxHeapGrowth && !collected {
+			// The heap counts garbage not yet collected: collect it first, so that
+			// a loop that keeps nothing is never stopped (nor a call beside one).
+			runtime.GC()
+			metrics.Read(sample)
+			heap, collected = sample[0].Value.Uint64(), true
 		}
 		if heap > w.watchBase+maxHeapGrowth && w.mem.CompareAndSwap(v, v&^memStateMask|memInterrupted) {
 			w.vm.Interrupt(errMemory)
