@@ -88,6 +88,7 @@ type relayBench struct {
 	dir        string
 	pod, srv   string // netns names
 	podPath    string
+	pair       string // a second pod netns, for redsocks beside kl-relayd (pairs.go)
 	cleanups   []func()
 	relay      *exec.Cmd
 	relayDone  chan struct{}
@@ -594,8 +595,10 @@ socksmethod: none
 user.privileged: root
 user.unprivileged: nobody
 client pass { from: 192.0.2.0/24 to: 0.0.0.0/0 }
+client pass { from: %[3]s to: 0.0.0.0/0 }
 socks pass { from: 192.0.2.0/24 to: 192.0.2.0/24 command: connect }
-`, benchSrvAddr, benchDante)), 0o644); err != nil {
+socks pass { from: %[3]s to: 192.0.2.0/24 command: connect }
+`, benchSrvAddr, benchDante, pairNet)), 0o644); err != nil {
 		return err
 	}
 	dante, _, err := b.start(b.srv, "danted", "-f", dconf, "-p", filepath.Join(b.dir, "danted.pid"))
@@ -604,6 +607,11 @@ socks pass { from: 192.0.2.0/24 to: 192.0.2.0/24 command: connect }
 	}
 	b.dantePid = dante.Process.Pid // ip netns exec execs the program in place
 	sconf := filepath.Join(b.dir, "squid.conf")
+	// Squid looks each client's name up (a PTR query per connection, to nobody at
+	// 127.0.0.1 in the server netns): the hosts file answers from memory instead.
+	if err := os.WriteFile(filepath.Join(b.dir, "hosts"), []byte(benchPodAddr+" pod\n"+pairPodAddr+" pair\n"), 0o644); err != nil {
+		return err
+	}
 	if err := os.WriteFile(sconf, []byte(fmt.Sprintf(`http_port %s:%d
 pid_filename %[3]s/squid.pid
 cache_log %[3]s/cache.log
@@ -612,10 +620,11 @@ coredump_dir %[3]s
 cache deny all
 shutdown_lifetime 0 seconds
 dns_nameservers 127.0.0.1
-acl bench src 192.0.2.0/24
+hosts_file %[3]s/hosts
+acl bench src 192.0.2.0/24 %[4]s
 http_access allow bench
 http_access deny all
-`, benchSrvAddr, benchSquid, b.dir)), 0o644); err != nil {
+`, benchSrvAddr, benchSquid, b.dir, pairNet)), 0o644); err != nil {
 		return err
 	}
 	squid, _, err := b.start(b.srv, "squid", "-N", "-f", sconf)
@@ -647,35 +656,46 @@ http_access deny all
 func (b *relayBench) redsocks(typ string, port int, splice bool) error {
 	b.stopRelay()
 	_ = netns.Remove(b.podPath)
-	_ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench")
-	conf := filepath.Join(b.dir, fmt.Sprintf("redsocks-%s-%t.conf", typ, splice))
+	return b.redsocksIn(b.pod, typ, port, splice)
+}
+
+// redsocksIn runs redsocks in netns ns (a name) with its own capture table there, as the
+// relay that is not kl-relayd (startOther).
+func (b *relayBench) redsocksIn(ns, typ string, port int, splice bool) error {
+	_ = sh("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "klbench")
+	conf := filepath.Join(b.dir, fmt.Sprintf("redsocks-%s-%s-%t.conf", ns, typ, splice))
 	if err := os.WriteFile(conf, []byte(fmt.Sprintf(`base { log_debug = off; log_info = off; log = stderr; daemon = off; redirector = iptables; }
 redsocks { local_ip = 127.0.0.1; local_port = %d; ip = %s; port = %d; type = %s; splice = %t; }
 `, benchRedsocks, benchSrvAddr, port, typ, splice)), 0o644); err != nil {
 		return err
 	}
-	if err := b.startOther(func() { _ = sh("ip", "netns", "exec", b.pod, "nft", "delete", "table", "ip", "klbench") },
+	if err := b.startOtherIn(ns, func() { _ = sh("ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "klbench") },
 		"redsocks", "-c", conf); err != nil {
 		return err
 	}
 	rules := fmt.Sprintf("table ip klbench {\n chain out {\n  type nat hook output priority -100;\n  ip daddr %s tcp dport { %d, %d, %d } redirect to :%d\n }\n}",
 		benchSrvAddr, benchIperf, benchEchoPort, benchSinkPort, benchRedsocks)
-	rf := filepath.Join(b.dir, "redsocks.nft")
+	rf := filepath.Join(b.dir, "redsocks-"+ns+".nft")
 	if err := os.WriteFile(rf, []byte(rules+"\n"), 0o644); err != nil {
 		return err
 	}
-	if err := sh("ip", "netns", "exec", b.pod, "nft", "-f", rf); err != nil {
+	if err := sh("ip", "netns", "exec", ns, "nft", "-f", rf); err != nil {
 		return err
 	}
-	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", benchRedsocks), 10*time.Second)
+	return waitTCP("/var/run/netns/"+ns, fmt.Sprintf("127.0.0.1:%d", benchRedsocks), 10*time.Second)
 }
 
 // startOther starts a relay other than kl-relayd in the pod (stopping the one before);
 // undo removes what was installed for it when it is stopped, at the next variant or at
 // cleanup.
 func (b *relayBench) startOther(undo func(), name string, args ...string) error {
+	return b.startOtherIn(b.pod, undo, name, args...)
+}
+
+// startOtherIn is startOther in netns ns (a name).
+func (b *relayBench) startOtherIn(ns string, undo func(), name string, args ...string) error {
 	b.stopOtherRelay()
-	cmd, _, err := b.start(b.pod, name, args...)
+	cmd, _, err := b.start(ns, name, args...)
 	if err != nil {
 		return err
 	}
@@ -702,7 +722,20 @@ func (b *relayBench) stopOtherRelay() {
 // (kept 120 s, so a kernel-decided variant measured after a relayed one paid for a table
 // it did not fill) and NAT bindings to a relay that was stopped.
 func (b *relayBench) flushConntrack() error {
-	return sh("ip", "netns", "exec", b.pod, "conntrack", "-F")
+	for _, ns := range b.pods() {
+		if err := sh("ip", "netns", "exec", ns, "conntrack", "-F"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pods names the pod netns, and the pair's when there is one (pairs.go).
+func (b *relayBench) pods() []string {
+	if b.pair == "" {
+		return []string{b.pod}
+	}
+	return []string{b.pod, b.pair}
 }
 
 // fresh ends the TIME_WAIT sockets the connection loops before left in the pod and the
@@ -710,7 +743,7 @@ func (b *relayBench) flushConntrack() error {
 // not enough: connect's port search still walks the earlier loops' entries (60 s each),
 // and whichever variant runs later in a round looks slower for it.
 func (b *relayBench) fresh() error {
-	for _, ns := range []string{b.pod, b.srv} {
+	for _, ns := range append(b.pods(), b.srv) {
 		if err := sh("ip", "netns", "exec", ns, "ss", "-K", "-t", "state", "time-wait"); err != nil {
 			return fmt.Errorf("end TIME_WAIT sockets in %s: %w", ns, err)
 		}
@@ -883,18 +916,23 @@ func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time
 // connLoopN is connLoop with the pod's client speaking to the upstream via itself (nil:
 // plain TCP); it also returns the number of connections made.
 func (b *relayBench) connLoopN(ctx context.Context, via upstream.Dialer) (float64, time.Duration, time.Duration, int, error) {
+	return b.connLoopIn(ctx, b.podPath, via, benchLoopFor)
+}
+
+// connLoopIn is connLoopN from the netns at podPath for d.
+func (b *relayBench) connLoopIn(ctx context.Context, podPath string, via upstream.Dialer, d time.Duration) (float64, time.Duration, time.Duration, int, error) {
 	var mu sync.Mutex
 	var lat []time.Duration
 	var firstErr error
 	var wg sync.WaitGroup
 	start := time.Now()
-	end := start.Add(benchLoopFor)
+	end := start.Add(d)
 	for range benchWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var mine []time.Duration
-			err := netns.Do(b.podPath, func() error {
+			err := netns.Do(podPath, func() error {
 				one := []byte{'x'}
 				buf := make([]byte, 1)
 				for time.Now().Before(end) && ctx.Err() == nil {
