@@ -161,6 +161,7 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 			return fmt.Errorf("container %s: %w", st.ID, err)
 		}
 		defer unlock()
+		pruneShares(h.Shares, h.Log)
 	}
 	regs, err := h.Relay.List(ctx)
 	if err != nil {

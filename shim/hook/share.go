@@ -126,12 +126,43 @@ func findShare(dir, id string, log *slog.Logger) (regID string, s share, ok bool
 	if s, ok, err := loadShare(dir, id); ok || err != nil {
 		return id, s, ok, err
 	}
+	err = eachShare(dir, log, func(name string, r share) bool {
+		if slices.ContainsFunc(r.Members, func(m member) bool { return m.ID == id }) {
+			regID, s, ok = name, r, true
+			return false
+		}
+		return true
+	})
+	return regID, s, ok, err
+}
+
+// pruneShares removes the records none of whose members runs any more: their containers
+// all ended without a poststop (a shim killed with them, a node agent that never deleted
+// them), so no poststop would ever remove them. A poststop that still comes finds no
+// record and deregisters as for a netns nobody shares. The directory's lock is held.
+func pruneShares(dir string, log *slog.Logger) {
+	_ = eachShare(dir, log, func(regID string, s share) bool {
+		if slices.ContainsFunc(s.Members, member.alive) {
+			return true
+		}
+		if err := removeShare(dir, regID); err != nil {
+			log.Warn("share record of ended containers not removed", "registered_id", regID, "err", err)
+		} else {
+			log.Info("share record removed: none of its containers runs any more", "registered_id", regID)
+		}
+		return true
+	})
+}
+
+// eachShare calls f with each record in dir (by registration id) until f returns false.
+// A record that does not decode is logged and skipped.
+func eachShare(dir string, log *slog.Logger, f func(regID string, s share) bool) error {
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return "", s, false, nil
+		return nil
 	}
 	if err != nil {
-		return "", s, false, fmt.Errorf("share records: %w", err)
+		return fmt.Errorf("share records: %w", err)
 	}
 	for _, e := range ents {
 		name, isRecord := strings.CutSuffix(e.Name(), ".json")
@@ -143,9 +174,9 @@ func findShare(dir, id string, log *slog.Logger) (regID string, s share, ok bool
 			log.Warn("share record unreadable; skipped", "err", err)
 			continue
 		}
-		if found && slices.ContainsFunc(s.Members, func(m member) bool { return m.ID == id }) {
-			return name, s, true, nil
+		if found && !f(name, s) {
+			return nil
 		}
 	}
-	return "", s, false, nil
+	return nil
 }

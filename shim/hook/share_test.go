@@ -70,7 +70,7 @@ func (p *fakeProc) exit(pid int) {
 // until the last of them is gone, through the netns path of one still running.
 func TestSharedNetns(t *testing.T) {
 	type step struct {
-		op   string // create (pid in netns of like, 0: new), exit, reap (kl-relayd drops the registration), delete, want
+		op   string // create (pid in netns of like, 0: new), exit, reap (kl-relayd drops the registration), delete, want, records
 		id   string
 		pid  int
 		like int
@@ -118,6 +118,17 @@ func TestSharedNetns(t *testing.T) {
 			{op: "want", id: "a"},
 			{op: "want", id: "other", pid: 20},
 		}},
+		{name: "all gone without poststop, pruned at the next create", mode: "transparent", steps: []step{
+			{op: "create", id: "a", pid: 10}, {op: "create", id: "b", pid: 20, like: 10},
+			{op: "records", pid: 1},
+			{op: "exit", pid: 20}, {op: "exit", pid: 10},
+			{op: "records", pid: 1},
+			{op: "create", id: "other", pid: 30},
+			{op: "records", pid: 0},
+			{op: "delete", id: "b"}, {op: "want", id: "a", pid: 10}, // its netns path is gone: the relay reaps it
+			{op: "delete", id: "a"}, {op: "want", id: "a"},
+			{op: "want", id: "other", pid: 30},
+		}},
 		{name: "two netns, no sharing", mode: "transparent", steps: []step{
 			{op: "create", id: "a", pid: 10}, {op: "create", id: "b", pid: 20},
 			{op: "exit", pid: 10}, {op: "delete", id: "a"},
@@ -137,6 +148,10 @@ func TestSharedNetns(t *testing.T) {
 					}
 				case "exit":
 					p.exit(s.pid)
+				case "records": // pid: how many share records there are now
+					if n := len(shareRecords(t, h.Shares)); n != s.pid {
+						t.Errorf("step %d: %d share records %q, want %d", i, n, shareRecords(t, h.Shares), s.pid)
+					}
 				case "reap":
 					delete(fr.regs, s.id)
 				case "delete":
@@ -155,14 +170,24 @@ func TestSharedNetns(t *testing.T) {
 					}
 				}
 			}
-			ents, _ := os.ReadDir(h.Shares)
-			for _, e := range ents {
-				if e.Name() != ".lock" {
-					t.Errorf("share record left: %s", e.Name())
-				}
+			if left := shareRecords(t, h.Shares); len(left) > 0 {
+				t.Errorf("share records left: %q", left)
 			}
 		})
 	}
+}
+
+// shareRecords lists the files in dir but its lock.
+func shareRecords(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		if e.Name() != ".lock" {
+			names = append(names, e.Name())
+		}
+	}
+	return names
 }
 
 // When the registration cannot be moved to a container still using the netns, the
