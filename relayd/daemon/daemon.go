@@ -38,7 +38,8 @@ import (
 )
 
 // reapInterval is how often registrations whose netns disappeared (a DEL that never
-// reached the daemon) are dropped.
+// reached the daemon) are looked for; one is dropped at the second sweep that finds it
+// gone (sweep).
 var reapInterval = 30 * time.Second
 
 // Run is kl-relayd's main: `kl-relayd [--settings FILE] [--config RULES] [--debug]` runs the
@@ -432,27 +433,46 @@ func (d *Daemon) restore(ctx context.Context) {
 func (d *Daemon) reap(ctx context.Context) {
 	t := time.NewTicker(reapInterval)
 	defer t.Stop()
+	var missing map[string]bool
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		d.mu.Lock()
-		for id, e := range d.regs {
-			dev, ino, err := netnsID(e.Registration.Workload.Netns)
-			if err == nil && dev == e.NetnsDev && ino == e.NetnsIno {
-				continue
-			}
-			d.log.Info("dropping registration: its netns is gone", "workload", id)
-			d.relay.Close(id)
-			d.fastRemove(id)
-			d.store.Delete(id)
-			delete(d.regs, id)
-		}
-		d.fastVerify()
-		d.mu.Unlock()
+		missing = d.sweep(missing)
 	}
+}
+
+// sweep drops the registrations whose netns path no longer names their netns and did
+// not at the sweep before either (missing, which it returns for the next one), then
+// checks the fast path's tables. The grace of one interval is for a netns that outlives
+// its path: containers sharing one (--network container:A) are registered through A's
+// /proc/PID/ns/net, gone when A's process ends, and kl-hook moves the registration to a
+// container still in the netns only at A's poststop, which comes later; dropped meanwhile,
+// the others' flows would be cut and their new connections refused until then.
+func (d *Daemon) sweep(missing map[string]bool) map[string]bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := map[string]bool{}
+	for id, e := range d.regs {
+		dev, ino, err := netnsID(e.Registration.Workload.Netns)
+		if err == nil && dev == e.NetnsDev && ino == e.NetnsIno {
+			continue
+		}
+		if !missing[id] {
+			now[id] = true
+			d.log.Debug("registration's netns path is gone; dropped at the next sweep if it still is", "workload", id, "netns", e.Registration.Workload.Netns)
+			continue
+		}
+		d.log.Info("dropping registration: its netns is gone", "workload", id)
+		d.relay.Close(id)
+		d.fastRemove(id)
+		d.store.Delete(id)
+		delete(d.regs, id)
+	}
+	d.fastVerify()
+	return now
 }
 
 // listenUnix listens on the API socket, replacing a stale socket file but refusing to

@@ -168,3 +168,74 @@ func echo(t *testing.T, c net.Conn, msg string) {
 		t.Fatalf("%s: read %q, %v", msg, got, err)
 	}
 }
+
+// TestSweepGrace: a registration whose netns path is gone is dropped at the second sweep
+// that finds it so, not the first: containers sharing a netns lose the registrant's
+// /proc/PID/ns/net when its process ends, before kl-hook's poststop moves the
+// registration to a member still running. Meanwhile the flows go on; a move in time keeps
+// the registration, and one that never comes ends it a sweep later.
+func TestSweepGrace(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	testutil.RequireTool(t, "nft")
+	for _, moved := range []bool{true, false} {
+		t.Run("moved="+strconv.FormatBool(moved), func(t *testing.T) {
+			pod := testutil.NewNetns(t, "klrg")
+			srv := testutil.NewNetns(t, "klrgs")
+			testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
+			ln, err := netns.Listen(srv.Path, "tcp4", "192.0.2.2:4711")
+			if err != nil {
+				t.Fatal(err)
+			}
+			testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
+			cfg := testConfig(t, t.TempDir())
+			cfg.NoFastPath = true
+			if err := netns.Install(pod.Path, netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { netns.Remove(pod.Path) })
+			d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				d.relay.Shutdown(ctx)
+			})
+			first := bindNetns(t, pod.Path)
+			w := api.Workload{ID: "shared", Netns: first, Mode: api.ModeTransparent, Source: "oci"}
+			if _, err := d.Register(w); err != nil {
+				t.Fatal(err)
+			}
+			c := dialEcho(t, pod.Path, w.Mode, cfg.HTTPPort)
+			echo(t, c, "before")
+			if err := unix.Unmount(first, unix.MNT_DETACH); err != nil {
+				t.Fatal(err)
+			}
+			registered := func() bool {
+				d.mu.Lock()
+				defer d.mu.Unlock()
+				_, ok := d.regs["shared"]
+				return ok
+			}
+			missing := d.sweep(nil)
+			if !registered() {
+				t.Fatal("the first sweep that found the path gone dropped the registration")
+			}
+			echo(t, c, "after the path went")
+			if moved {
+				w.Netns = pod.Path
+				if _, err := d.Register(w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			d.sweep(missing)
+			if registered() != moved {
+				t.Fatalf("after the second sweep registered = %v, want %v", registered(), moved)
+			}
+			if moved {
+				echo(t, c, "after the move")
+			}
+		})
+	}
+}
