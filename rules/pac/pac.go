@@ -55,6 +55,9 @@ type Options struct {
 	// Log receives alert() messages at debug level (nil: discarded). They may name
 	// the destination, so they are never logged above debug.
 	Log *slog.Logger
+
+	// setupDelay slows the setting up of every runtime (tests: a busy machine).
+	setupDelay time.Duration
 }
 
 // Call is one evaluation of FindProxyForURL: the facts a flow carries.

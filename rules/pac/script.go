@@ -31,6 +31,7 @@ type pool struct {
 	loc          *time.Location
 	log          *slog.Logger
 	maxAbandoned int64
+	setupDelay   time.Duration // Options.setupDelay
 
 	// inline: calls run on the caller's goroutine (classify proved the script
 	// interruptible); otherwise each is handed to the runtime's own goroutine. why
@@ -92,6 +93,7 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 		loc:          o.Location,
 		log:          o.Log,
 		maxAbandoned: int64(o.MaxAbandoned),
+		setupDelay:   o.setupDelay,
 		inline:       inline,
 		why:          why,
 		regexes:      regexes,
@@ -111,11 +113,7 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 	}
 	p.idle <- w
 	for i := 1; i < runtime.GOMAXPROCS(0); i++ {
-		select {
-		case p.slots <- struct{}{}:
-			go p.grow()
-		default:
-		}
+		p.replace(true)
 	}
 	s := &Script{p: p}
 	runtime.AddCleanup(s, func(p *pool) { p.close() }, p)
@@ -364,6 +362,9 @@ func (p *pool) evalHandoff(c Call, d time.Duration) Result {
 			w.vm.Interrupt(errDeadline)
 			p.abandoned.Add(1)
 			<-p.slots // the abandoned runtime no longer counts as live
+			if !p.closed.Load() {
+				p.replace(true)
+			}
 			return deny(fmt.Sprintf("script did not finish within %v", p.deadline))
 		}
 		r := <-w.resp // it finished just as the deadline passed
@@ -382,11 +383,7 @@ func (p *pool) acquire(timer *time.Timer) *worker {
 	}
 	// None idle: grow the pool if it may, off this call's path, and wait for
 	// whichever runtime is free first.
-	select {
-	case p.slots <- struct{}{}:
-		go p.grow()
-	default:
-	}
+	p.replace(false)
 	select {
 	case w := <-p.idle:
 		return w
@@ -420,8 +417,20 @@ func (p *pool) start(limit time.Duration) (*worker, error) {
 	return w, nil
 }
 
+// replace starts setting up a new runtime in the background if the pool has room for
+// one. A spare one is for no call in particular: one per core at Compile, and one as
+// soon as a runtime is abandoned, so that the calls after a stuck one find a runtime
+// ready rather than wait for one to be set up (which may take longer than a deadline).
+func (p *pool) replace(spare bool) {
+	select {
+	case p.slots <- struct{}{}:
+		go p.grow(spare)
+	default:
+	}
+}
+
 // grow adds one runtime to the pool (the caller holds its slot).
-func (p *pool) grow() {
+func (p *pool) grow(spare bool) {
 	w, err := p.start(p.setupLimit())
 	if err != nil {
 		if p.log != nil {
@@ -429,9 +438,12 @@ func (p *pool) grow() {
 		}
 		return
 	}
-	// Into the pool even when it is closed: a call is waiting for it, and release
-	// retires it afterwards.
+	// Into the pool even when it is closed: a call may be waiting for it, and release
+	// retires it afterwards. A spare one no call waits for is retired now.
 	p.idle <- w
+	if spare && p.closed.Load() {
+		p.close()
+	}
 }
 
 // setupLimit bounds setting up a runtime and running the script's top-level code.
@@ -561,6 +573,9 @@ func (w *worker) setup() (err error) {
 			err = &CompileError{Code: CodeScript, Msg: fmt.Sprintf("setting up the runtime: %v", v)}
 		}
 	}()
+	if d := w.p.setupDelay; d > 0 {
+		time.Sleep(d) // tests: a slow machine
+	}
 	vm := w.vm
 	vm.SetMaxCallStackSize(maxStack)
 	vm.SetTimeSource(w.now)
