@@ -81,7 +81,7 @@ func BenchmarkRunCorporate(b *testing.B) {
 	b.ReportAllocs()
 	reportCPU(b, func() {
 		for i := 0; i < b.N; i++ {
-			if r := w.run(cs[i%len(cs)]); r.Failed {
+			if r, _ := w.run(cs[i%len(cs)], 0); r.Failed {
 				b.Fatalf("run: %+v", r)
 			}
 		}
@@ -119,7 +119,7 @@ func BenchmarkRunCorporateParallel(b *testing.B) {
 			defer put()
 			i := 0
 			for pb.Next() {
-				if r := w.run(cs[i%len(cs)]); r.Failed {
+				if r, _ := w.run(cs[i%len(cs)], 0); r.Failed {
 					b.Errorf("run: %+v", r)
 					return
 				}

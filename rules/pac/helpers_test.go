@@ -29,16 +29,17 @@ func testWorker(t testing.TB, o Options) *worker {
 // it back.
 func borrow(t testing.TB, s *Script) (w *worker, put func()) {
 	t.Helper()
-	timer := time.NewTimer(10 * time.Second)
+	until := sinceBase() + 10*time.Second
+	timer := time.NewTimer(firstTick(10 * time.Second))
 	defer timer.Stop()
 	if s.p.inline {
-		h := s.p.getInline(&timer)
+		h := s.p.getInline(&timer, until)
 		if h == nil {
 			t.Fatal("no idle runtime")
 		}
 		return h.w, func() { s.p.putInline(h) }
 	}
-	if w = s.p.acquire(timer); w == nil {
+	if w = s.p.acquire(timer, until); w == nil {
 		t.Fatal("no idle runtime")
 	}
 	return w, func() { s.p.release(w) }

@@ -35,9 +35,9 @@ func (h *handle) unwrap() *worker {
 }
 
 // getInline returns an idle runtime, from this P's cache if it can, else as acquire
-// does (nil when none is free before the timer fires). timer may be nil: it is only
-// reset when the call has to wait.
-func (p *pool) getInline(timer **time.Timer) *handle {
+// does (nil when none is free before the deadline until). timer may be nil: it is
+// only armed when the call has to wait.
+func (p *pool) getInline(timer **time.Timer, until time.Duration) *handle {
 	if h, _ := p.local.Get().(*handle); h != nil {
 		return h
 	}
@@ -55,9 +55,9 @@ func (p *pool) getInline(timer **time.Timer) *handle {
 	}
 	if *timer == nil {
 		*timer = timers.Get().(*time.Timer)
-		(*timer).Reset(p.deadline)
+		(*timer).Reset(firstTick(until - sinceBase()))
 	}
-	if w := p.acquire(*timer); w != nil {
+	if w := p.acquire(*timer, until); w != nil {
 		return newHandle(w)
 	}
 	return nil

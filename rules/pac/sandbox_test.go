@@ -534,6 +534,8 @@ func TestHeapGrowth(t *testing.T) {
 		{"call", `function FindProxyForURL(url, host) { ` + keep + ` return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
 		{"arrays", `function FindProxyForURL(url, host) { var a = []; for (var i = 0; i < 128; i++) a.push(new Array(1 << 20).fill(i)); return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
 		{"top-level", keep + "\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", "top-level code stopped: the heap grew by more than 256 MiB"},
+		// The inline path: the runtime's own timer watches the call.
+		{"inline", `function FindProxyForURL(url, host) { var s = host, a = []; for (var i = 0; i < 10; i++) s = s + s; for (var j = 0; j < 200000; j++) a.push(s + j); return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
 		{"garbage", `function FindProxyForURL(url, host) { var n = 0; for (var i = 0; i < 128; i++) n += ("x".repeat(1 << 24) + i).length; return n > 0 ? "DIRECT" : null; }`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -543,6 +545,9 @@ func TestHeapGrowth(t *testing.T) {
 				var s *Script
 				s, err = Compile("t.pac", tc.src, Options{Deadline: time.Minute})
 				if err == nil {
+					if p, why := s.Path(); tc.name == "inline" && p != PathInline {
+						t.Errorf("Path() = %q (%s), want inline", p, why)
+					}
 					r = s.Eval(Call{Host: "a.example"})
 					s.Close()
 				}

@@ -241,7 +241,7 @@ func (s *Script) Eval(c Call) Result {
 	if s.p.inline {
 		return s.p.evalInline(c)
 	}
-	return s.p.evalHandoff(c, s.p.deadline)
+	return s.p.evalHandoff(c, sinceBase()+s.p.deadline)
 }
 
 // Path is how calls run: PathInline or PathHandoff, and for the hand-off path what
@@ -267,9 +267,9 @@ const (
 
 // evalInline runs the call on the caller's goroutine.
 func (p *pool) evalInline(c Call) Result {
-	start := time.Now()
+	until := sinceBase() + p.deadline
 	var timer *time.Timer
-	h := p.getInline(&timer)
+	h := p.getInline(&timer, until)
 	if timer != nil {
 		timer.Stop()
 		timers.Put(timer)
@@ -277,41 +277,36 @@ func (p *pool) evalInline(c Call) Result {
 	if h == nil {
 		return deny(fmt.Sprintf("no runtime free within the %v deadline", p.deadline))
 	}
-	r, handoff := h.w.runInline(c, p.deadline-time.Since(start))
+	r, handoff := h.w.runInline(c, until)
 	p.putInline(h)
 	if handoff {
 		// An input past the inline bounds: run it where anything may run.
 		p.handoffs.Add(1)
-		if left := p.deadline - time.Since(start); left > 0 {
-			return p.evalHandoff(c, left)
+		if until > sinceBase() {
+			return p.evalHandoff(c, until)
 		}
 		return deny(fmt.Sprintf("script did not finish within %v", p.deadline))
 	}
 	return r
 }
 
-// runInline runs one call on the caller's goroutine; the runtime's timer interrupts
-// it at the deadline. handoff: a guard stopped it (guard.go).
-func (w *worker) runInline(c Call, d time.Duration) (r Result, handoff bool) {
+// runInline runs one call on the caller's goroutine; the runtime's timer watches its
+// heap and interrupts it at the deadline until (memwatch.go). handoff: a guard stopped
+// it (guard.go).
+func (w *worker) runInline(c Call, until time.Duration) (r Result, handoff bool) {
+	d := until - sinceBase()
 	if d <= 0 {
 		return deny(fmt.Sprintf("script did not finish within %v", w.p.deadline)), false
 	}
-	w.fired.Store(false)
+	w.until.Store(int64(until))
 	w.inlineCall = true
-	w.timer.Reset(d)
-	r = w.run(c)
-	stopped := w.timer.Stop()
+	r, stopped := w.run(c, firstTick(d))
+	w.timer.Stop()
 	w.inlineCall = false
 	tripped := w.tripped
 	w.tripped = false
-	if !stopped {
-		// The timer's Interrupt has run or is running: wait for it, so that it
-		// cannot land in the next call, then clear it.
-		for !w.fired.Load() {
-			runtime.Gosched()
-		}
-		w.vm.ClearInterrupt()
-		return deny(fmt.Sprintf("script did not finish within %v", w.p.deadline)), false
+	if stopped {
+		return r, false // the deadline or the heap bound
 	}
 	if tripped {
 		w.vm.ClearInterrupt()
@@ -320,24 +315,25 @@ func (w *worker) runInline(c Call, d time.Duration) (r Result, handoff bool) {
 	return r, false
 }
 
-// evalHandoff hands the call to a runtime's goroutine and waits at most d for it.
-func (p *pool) evalHandoff(c Call, d time.Duration) Result {
+// evalHandoff hands the call to a runtime's goroutine and waits for it until the
+// deadline until (a sinceBase time), watching its heap meanwhile (memwatch.go).
+func (p *pool) evalHandoff(c Call, until time.Duration) Result {
 	if n := p.abandoned.Load(); n >= p.maxAbandoned {
 		return deny(fmt.Sprintf("%d runtimes are stuck past their deadline", n))
 	}
 	timer := timers.Get().(*time.Timer)
-	timer.Reset(d)
+	timer.Reset(firstTick(until - sinceBase()))
 	defer func() {
 		timer.Stop()
 		timers.Put(timer)
 	}()
 	var w *worker
 	if p.inline {
-		if h := p.getInline(&timer); h != nil {
+		if h := p.getInline(&timer, until); h != nil {
 			w = h.unwrap()
 		}
 	} else {
-		w = p.acquire(timer)
+		w = p.acquire(timer, until)
 	}
 	if w == nil {
 		return deny(fmt.Sprintf("no runtime free within the %v deadline", p.deadline))
@@ -353,29 +349,28 @@ func (p *pool) evalHandoff(c Call, d time.Duration) Result {
 		go w.loop(true) // an inline pool's runtimes have no goroutine of their own
 	}
 	w.req <- request{call: c}
-	select {
-	case r := <-w.resp:
-		p.release(w)
-		return r
-	case <-timer.C:
-		if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
-			w.vm.Interrupt(errDeadline)
-			p.abandoned.Add(1)
-			<-p.slots // the abandoned runtime no longer counts as live
-			if !p.closed.Load() {
-				p.replace(true)
-			}
-			return deny(fmt.Sprintf("script did not finish within %v", p.deadline))
-		}
-		r := <-w.resp // it finished just as the deadline passed
+	if r, ok := w.watchWait(timer, until); ok {
 		p.release(w)
 		return r
 	}
+	if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
+		w.vm.Interrupt(errDeadline)
+		p.abandoned.Add(1)
+		<-p.slots // the abandoned runtime no longer counts as live
+		if !p.closed.Load() {
+			p.replace(true)
+		}
+		return deny(fmt.Sprintf("script did not finish within %v", p.deadline))
+	}
+	r := <-w.resp // it finished just as the deadline passed
+	p.release(w)
+	return r
 }
 
 // acquire returns an idle runtime, a new one while there are fewer than the pool
-// size, or waits for one until the timer fires (nil).
-func (p *pool) acquire(timer *time.Timer) *worker {
+// size, or waits for one until the deadline until (nil). The timer is the call's
+// (armed at firstTick): it is armed again on each tick before the deadline.
+func (p *pool) acquire(timer *time.Timer, until time.Duration) *worker {
 	select {
 	case w := <-p.idle:
 		return w
@@ -384,11 +379,17 @@ func (p *pool) acquire(timer *time.Timer) *worker {
 	// None idle: grow the pool if it may, off this call's path, and wait for
 	// whichever runtime is free first.
 	p.replace(false)
-	select {
-	case w := <-p.idle:
-		return w
-	case <-timer.C:
-		return nil
+	for {
+		select {
+		case w := <-p.idle:
+			return w
+		case <-timer.C:
+			left := until - sinceBase()
+			if left <= 0 {
+				return nil
+			}
+			timer.Reset(min(left, memTick))
+		}
 	}
 }
 
@@ -396,12 +397,11 @@ func (p *pool) acquire(timer *time.Timer) *worker {
 // caller holds a slot for it; on failure the slot is given back.
 func (p *pool) start(limit time.Duration) (*worker, error) {
 	w := p.newWorker()
-	timer := time.NewTimer(limit)
+	until := sinceBase() + limit
+	timer := time.NewTimer(firstTick(limit))
 	defer timer.Stop()
 	w.req <- request{init: true}
-	select {
-	case <-w.resp:
-	case <-timer.C:
+	if _, ok := w.watchWait(timer, until); !ok {
 		if w.state.CompareAndSwap(stateRunning, stateAbandoned) {
 			w.vm.Interrupt(errDeadline)
 			p.abandoned.Add(1)
@@ -508,16 +508,20 @@ type worker struct {
 	gen     uint64
 	loading bool
 
-	// The inline path (inline pools only): timer interrupts the call at its deadline
-	// and sets fired; inlineCall turns the guards on; tripped is set by a guard.
+	// The inline path (inline pools only): timer ticks the call's watch and
+	// interrupts it at its deadline, until (memwatch.go); inlineCall turns the guards
+	// on; tripped is set by a guard.
 	timer      *time.Timer
-	fired      atomic.Bool
+	until      atomic.Int64
 	inlineCall bool
 	tripped    bool
 
-	// The heap watch (memwatch.go): mem is written by both sides, watchGen and
-	// watchBase only by the watch.
+	// The watch of the running call (memwatch.go): mem is written by both sides, cause
+	// by the tick that interrupts the call; watchGen and watchBase, under watchMu, by
+	// the ticks.
 	mem                 atomic.Uint64
+	cause               error
+	watchMu             sync.Mutex
 	watchGen, watchBase uint64
 }
 
@@ -527,13 +531,9 @@ func (p *pool) newWorker() *worker {
 	w := &worker{p: p, vm: goja.New(), req: make(chan request, 1), resp: make(chan Result, 1), loc: p.loc, log: p.log}
 	w.state.Store(stateRunning)
 	if p.inline {
-		w.timer = time.AfterFunc(time.Hour, func() {
-			w.vm.Interrupt(errDeadline)
-			w.fired.Store(true)
-		})
+		w.timer = time.AfterFunc(time.Hour, w.inlineTick)
 		w.timer.Stop()
 	}
-	heapWatch.add(w)
 	go w.loop(p.inline)
 	return w
 }
@@ -551,7 +551,7 @@ func (w *worker) loop(once bool) {
 			}
 		}
 		if !rq.init && !w.broken {
-			r = w.run(rq.call)
+			r, _ = w.run(rq.call, 0)
 		}
 		if !w.state.CompareAndSwap(stateRunning, stateIdle) {
 			// The caller gave up on us: drop this runtime, it may be mid-way through
@@ -621,7 +621,7 @@ func (w *worker) setup() (err error) {
 	w.watchStart()
 	_, err = vm.RunProgram(w.p.prog)
 	w.loading = false
-	if w.watchEnd() {
+	if w.watchEnd() != nil {
 		return &CompileError{Code: CodeScript, Msg: "top-level code stopped: " + memoryMsg}
 	}
 	if err != nil {
@@ -691,16 +691,31 @@ func (w *worker) random() float64 {
 	return float64(z>>11) / (1 << 53)
 }
 
-func (w *worker) run(c Call) (r Result) {
+// run runs one call on this goroutine, watched (memwatch.go): with tick > 0 the
+// runtime's timer is armed for it (the inline path), otherwise the caller watches.
+// stopped: the watch stopped it (its deadline or the heap bound), and r says which.
+func (w *worker) run(c Call, tick time.Duration) (r Result, stopped bool) {
 	w.watchStart()
+	if tick > 0 {
+		w.timer.Reset(tick)
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			r = deny(fmt.Sprintf("script failed: %v", v))
 		}
-		if w.watchEnd() {
-			r = deny("script stopped: " + memoryMsg)
+		switch w.watchEnd() {
+		case nil:
+		case errMemory:
+			r, stopped = deny("script stopped: "+memoryMsg), true
+		default:
+			r, stopped = deny(fmt.Sprintf("script did not finish within %v", w.p.deadline)), true
 		}
 	}()
+	return w.invoke(c), false
+}
+
+// invoke calls FindProxyForURL and maps its answer.
+func (w *worker) invoke(c Call) Result {
 	w.lendStack()
 	if err := w.resetState(); err != nil {
 		return deny("script made its state impossible to reset: " + err.Error())
@@ -744,7 +759,7 @@ func (w *worker) run(c Call) (r Result) {
 	if r, ok := w.results[str]; ok {
 		return r
 	}
-	r = ParseResult(str)
+	r := ParseResult(str)
 	if w.results == nil || len(w.results) >= resultCacheMax {
 		w.results = make(map[string]Result)
 	}
