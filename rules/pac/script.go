@@ -609,6 +609,11 @@ func (w *worker) setup() (err error) {
 	if err := w.installDepth(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the native depth bound: " + err.Error()}
 	}
+	// After it: the functions that replace them call nothing, and keep a prototype
+	// that the depth wrapper would not.
+	if err := w.removeCodeGeneration(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "removing eval and Function: " + err.Error()}
+	}
 	sealer, err := w.prepareState()
 	if err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the global variables: " + err.Error()}

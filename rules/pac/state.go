@@ -46,8 +46,7 @@ import (
 // var j = JSON; j.x = ..., which only the hand-off path can reach) shares it between
 // calls; so does one that keeps state in the local variables
 // of a function its top-level code called (a closure over an IIFE's var), or in a
-// global property that top-level code made under a computed name (this[k] = ...,
-// eval("var x")).
+// global property that top-level code made under a computed name (this[k] = ...).
 
 // globalVar is one of the script's global variables (see above).
 type globalVar struct {
