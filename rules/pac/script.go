@@ -125,6 +125,9 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 // It also refuses a script whose calls would keep state (checkState), lists the names
 // sealing needs (stateNames) and classifies the script for the inline path (classify).
 func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inline bool, why string, regexes []string, names stateNameLists, err error) {
+	if ce := checkNesting(name, src); ce != nil {
+		return nil, false, "", nil, names, ce
+	}
 	ast, err := parser.ParseFile(nil, name, src, 0)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
