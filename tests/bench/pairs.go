@@ -18,20 +18,23 @@ import (
 func init() {
 	register(Section{
 		Name: "pairs",
-		Doc: "kl-relayd against redsocks (Debian 0.5) through the same upstream, head to head: on " +
-			"the relay section's topology, kl-relayd relays the pod (transparent, `default: proxy` " +
-			"through the upstream) while a second pod netns (" + pairPodAddr + ", its own veth to the " +
-			"server netns) is relayed by redsocks (splice on, and its default) through the same squid " +
-			"or dante, both relays running throughout; and against the upstream alone, the second " +
-			"pod's client speaking CONNECT or SOCKS5 itself (the ceiling of any relay in front of it). " +
+		Doc: "kl-relayd head to head with the alternatives, both running throughout, measured in " +
+			"alternating bursts: on the relay section's topology kl-relayd relays the pod (transparent) " +
+			"while a second pod netns (" + pairPodAddr + ", its own veth to the server netns) goes " +
+			"direct, or is relayed by redsocks (Debian 0.5; splice on, and its default) through the " +
+			"same squid or dante, or speaks CONNECT or SOCKS5 to that upstream itself (the upstream " +
+			"alone: the ceiling of any relay in front of it). " +
 			fmt.Sprintf("%d pairs of %s bursts of the relay section's short-connection loop (%d workers: connect, 1 byte, echo, close), ",
 				pairCount, pairBurst, benchWorkers) +
+			fmt.Sprintf("or %d pairs of its Go stream (%s, one connection), ", pairStreams, benchStream) +
 			"one from each pod, the order alternating from pair to pair so a load trend falls on both " +
-			"alike; TIME_WAIT sockets and conntrack entries are cleared before each burst. `kl ÷ other " +
-			"by pair` is the median of the pairs' own ratios [lowest–highest]; `kl ahead` counts the " +
-			"pairs kl-relayd's pod won. The control row runs the pairs with no relay in either pod: " +
-			"the two pods' own difference. Target (issue 5): conn/s via the same upstream at least " +
-			"redsocks'; the upstream, not kl, the bottleneck.",
+			"alike; TIME_WAIT sockets and conntrack entries are cleared before each burst. The relayed " +
+			"direct rows run kl-relayd with `noFastPath: true` (every flow through the relay), the " +
+			"upstream rows with `default: proxy` through it. `kl ÷ other by pair` is the median of the " +
+			"pairs' own ratios [lowest–highest]; `kl ahead` counts the pairs kl-relayd's pod won. The " +
+			"control row runs the pairs with no relay in either pod: the two pods' own difference. " +
+			"Targets (issue 5): relayed >= 0.65x direct throughput and >= 0.45x direct conn/s; conn/s " +
+			"via the same upstream at least redsocks'.",
 		Run: runPairs,
 	})
 }
@@ -42,6 +45,7 @@ const (
 	pairSrvAddr = "198.51.100.1"
 	pairCount   = 24
 	pairBurst   = time.Second
+	pairStreams = 8 // pairs of streams (benchStream each)
 )
 
 func runPairs(ctx context.Context) ([]Row, error) {
@@ -56,11 +60,30 @@ func runPairs(ctx context.Context) ([]Row, error) {
 	// The control: no relay in either pod, so whatever differs between the two pods
 	// themselves (their veths, the route) shows here and nowhere else.
 	b.clear()
-	control, err := b.headToHead(ctx, "control: no relay in either pod", nil)
+	control, err := b.headToHead(ctx, "control: no relay in either pod", pairCount, nil, b.connRate)
 	if err != nil {
 		return nil, err
 	}
 	rows := []Row{control}
+	// The transparent relay with the direct exit, every flow through it, against the
+	// other pod's direct connections: the issue's targets relative to direct.
+	if err := b.startRelayBin(b.bin, "", "noFastPath: true\n"); err != nil {
+		return nil, err
+	}
+	for _, m := range []struct {
+		name    string
+		n       int
+		measure func(context.Context, string, upstream.Dialer) (float64, error)
+	}{
+		{"kl relayed (direct exit) vs direct: conn/s", pairCount, b.connRate},
+		{"kl relayed (direct exit) vs direct: stream Gbit/s", pairStreams, b.streamIn},
+	} {
+		row, err := b.headToHead(ctx, m.name, m.n, nil, m.measure)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
 	for _, up := range []struct {
 		name, typ, scheme string
 		port              int
@@ -73,9 +96,9 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			return nil, err
 		}
 		add := func(name string, via upstream.Dialer) {
-			row, err := b.headToHead(ctx, name, via)
+			row, err := b.headToHead(ctx, name, pairCount, via, b.connRate)
 			if err != nil {
-				row = Row{Name: name, Cols: []Col{{"kl's pod conn/s", "error: " + firstLine(err)}}}
+				row = Row{Name: name, Cols: []Col{{"kl's pod", "error: " + firstLine(err)}}}
 			}
 			rows = append(rows, row)
 		}
@@ -100,12 +123,18 @@ func runPairs(ctx context.Context) ([]Row, error) {
 	return rows, nil
 }
 
-// headToHead runs the pairs of bursts, kl-relayd's pod against the other pod (redsocks
-// relays it, or its client speaks to the upstream via itself).
-func (b *relayBench) headToHead(ctx context.Context, name string, via upstream.Dialer) (Row, error) {
+// connRate is one burst of the connection loop from the netns at podPath: conn/s.
+func (b *relayBench) connRate(ctx context.Context, podPath string, via upstream.Dialer) (float64, error) {
+	c, _, _, _, err := b.connLoopIn(ctx, podPath, via, pairBurst)
+	return c, err
+}
+
+// headToHead runs the pairs of measure, kl-relayd's pod against the other pod (redsocks
+// relays it, its client speaks to the upstream via itself, or it goes direct).
+func (b *relayBench) headToHead(ctx context.Context, name string, n int, via upstream.Dialer, measure func(context.Context, string, upstream.Dialer) (float64, error)) (Row, error) {
 	paths := [2]string{b.podPath, "/var/run/netns/" + b.pair} // kl, redsocks
-	var cps [2][]float64
-	for k := range pairCount {
+	var cps [2][]float64                                      // (the figure measure gives)
+	for k := range n {
 		for j := range 2 {
 			who := (j + k) % 2 // kl first in even pairs, redsocks first in odd ones
 			if err := b.fresh(); err != nil {
@@ -115,7 +144,7 @@ func (b *relayBench) headToHead(ctx context.Context, name string, via upstream.D
 				return Row{}, err
 			}
 			d := [2]upstream.Dialer{nil, via}[who]
-			c, _, _, _, err := b.connLoopIn(ctx, paths[who], d, pairBurst)
+			c, err := measure(ctx, paths[who], d)
 			if err != nil {
 				return Row{}, fmt.Errorf("%s pod, pair %d: %w", [2]string{"kl's", "the other"}[who], k+1, err)
 			}
@@ -123,17 +152,17 @@ func (b *relayBench) headToHead(ctx context.Context, name string, via upstream.D
 		}
 	}
 	ahead := 0
-	for k := range pairCount {
+	for k := range n {
 		if cps[0][k] > cps[1][k] {
 			ahead++
 		}
 	}
 	byPair := paired(cps[0], cps[1]) // before median sorts them
 	return Row{Name: name, Cols: []Col{
-		{"kl's pod conn/s", fmt.Sprintf("%.0f", median(slices.Clone(cps[0])))},
-		{"other pod conn/s", fmt.Sprintf("%.0f", median(slices.Clone(cps[1])))},
+		{"kl's pod", fmt.Sprintf("%.4g", median(slices.Clone(cps[0])))},
+		{"other pod", fmt.Sprintf("%.4g", median(slices.Clone(cps[1])))},
 		{"kl ÷ other by pair", byPair},
-		{"kl ahead", fmt.Sprintf("%d of %d", ahead, pairCount)},
+		{"kl ahead", fmt.Sprintf("%d of %d", ahead, n)},
 	}}, nil
 }
 

@@ -862,8 +862,13 @@ func dialFrom(ctx context.Context, via upstream.Dialer, port uint16) (net.Conn, 
 // stream sends benchBlock writes on one connection from the pod to the sink until the
 // sink answers what arrived in benchStream; it returns that in Gbit/s.
 func (b *relayBench) stream(ctx context.Context, via upstream.Dialer) (float64, error) {
+	return b.streamIn(ctx, b.podPath, via)
+}
+
+// streamIn is stream from the netns at podPath.
+func (b *relayBench) streamIn(ctx context.Context, podPath string, via upstream.Dialer) (float64, error) {
 	var gbps float64
-	err := netns.Do(b.podPath, func() error {
+	err := netns.Do(podPath, func() error {
 		c, err := dialFrom(ctx, via, benchSinkPort)
 		if err != nil {
 			return err
