@@ -17,6 +17,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
@@ -39,31 +40,8 @@ func TestReregisterNewPath(t *testing.T) {
 		{"another netns", api.ModeTransparent, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			pod := testutil.NewNetns(t, "klrp")
-			srv := testutil.NewNetns(t, "klrps")
-			testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
-			ln, err := netns.Listen(srv.Path, "tcp4", "192.0.2.2:4711")
-			if err != nil {
-				t.Fatal(err)
-			}
-			testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
-
-			cfg := testConfig(t, t.TempDir())
-			cfg.NoFastPath = true // every flow through the relay
-			if err := netns.Install(pod.Path, netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { netns.Remove(pod.Path) })
 			var logs testutil.Buffer
-			d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				d.relay.Shutdown(ctx)
-			})
+			pod, cfg, d := echoPodDaemon(t, "klrp", &logs)
 
 			// The first member's path: a bind mount of the pod's netns, gone after the
 			// re-registration.
@@ -113,6 +91,37 @@ func TestReregisterNewPath(t *testing.T) {
 			echo(t, after, "new flow")
 		})
 	}
+}
+
+// echoPodDaemon makes a pod netns (prefix) linked to a server netns with an echo server
+// on 192.0.2.2:4711, the pod's capture table, and a daemon logging to logs with every
+// flow through the relay (NoFastPath), shut down when the test ends.
+func echoPodDaemon(t *testing.T, prefix string, logs io.Writer) (*testutil.Netns, *config.Config, *Daemon) {
+	t.Helper()
+	pod := testutil.NewNetns(t, prefix)
+	srv := testutil.NewNetns(t, prefix+"s")
+	testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
+	ln, err := netns.Listen(srv.Path, "tcp4", "192.0.2.2:4711")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
+	cfg := testConfig(t, t.TempDir())
+	cfg.NoFastPath = true
+	if err := netns.Install(pod.Path, netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netns.Remove(pod.Path) })
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		d.relay.Shutdown(ctx)
+	})
+	return pod, cfg, d
 }
 
 // bindNetns bind-mounts the netns file at nsPath on a file of a temporary directory and
@@ -179,29 +188,7 @@ func TestSweepGrace(t *testing.T) {
 	testutil.RequireTool(t, "nft")
 	for _, moved := range []bool{true, false} {
 		t.Run("moved="+strconv.FormatBool(moved), func(t *testing.T) {
-			pod := testutil.NewNetns(t, "klrg")
-			srv := testutil.NewNetns(t, "klrgs")
-			testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
-			ln, err := netns.Listen(srv.Path, "tcp4", "192.0.2.2:4711")
-			if err != nil {
-				t.Fatal(err)
-			}
-			testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
-			cfg := testConfig(t, t.TempDir())
-			cfg.NoFastPath = true
-			if err := netns.Install(pod.Path, netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark}); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { netns.Remove(pod.Path) })
-			d, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				defer cancel()
-				d.relay.Shutdown(ctx)
-			})
+			pod, cfg, d := echoPodDaemon(t, "klrg", io.Discard)
 			first := bindNetns(t, pod.Path)
 			w := api.Workload{ID: "shared", Netns: first, Mode: api.ModeTransparent, Source: "oci"}
 			if _, err := d.Register(w); err != nil {
