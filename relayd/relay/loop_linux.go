@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -831,18 +832,8 @@ func (l *loop) pumpHalves(lf *lflow, up, down bool) {
 // when empty, so an EAGAIN reading src means src has nothing, never that the pipe is
 // full; an empty pipe goes back to the loop's pool, so an idle flow holds none.
 func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
-	for len(h.early) > 0 {
-		n, err := rawsys.Write(dst, h.early)
-		if err == unix.EAGAIN {
-			h.blocked = true
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		h.early = h.early[n:]
-		h.moved += int64(n)
-		lf.last = l.now
+	if blocked, err := l.writeEarly(lf, h, dst); blocked || err != nil {
+		return err
 	}
 	for !h.done {
 		if h.n > 0 {
@@ -886,16 +877,13 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			}
 			lf.last = l.now
 			h.bulk = n == len(l.buf)
-			w, err := rawsys.Write(dst, l.buf[:n])
-			if err != nil && err != unix.EAGAIN {
-				return err
+			h.early = l.buf[:n]
+			blocked, err := l.writeEarly(lf, h, dst)
+			if blocked {
+				h.early = bytes.Clone(h.early) // the rest, out of the loop's buffer
 			}
-			w = max(w, 0)
-			h.moved += int64(w)
-			if w < n {
-				h.early = append([]byte(nil), l.buf[w:n]...)
-				h.blocked = true
-				return nil
+			if blocked || err != nil {
+				return err
 			}
 			continue
 		}
@@ -922,6 +910,24 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		}
 	}
 	return nil
+}
+
+// writeEarly writes h's early bytes to dst; blocked: dst took only part of them.
+func (l *loop) writeEarly(lf *lflow, h *lhalf, dst int) (blocked bool, err error) {
+	for len(h.early) > 0 {
+		n, err := rawsys.Write(dst, h.early)
+		if err == unix.EAGAIN {
+			h.blocked = true
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		h.early = h.early[n:]
+		h.moved += int64(n)
+		lf.last = l.now
+	}
+	return false, nil
 }
 
 func (l *loop) getPipe() ([2]int, error) {
