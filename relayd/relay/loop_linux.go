@@ -40,7 +40,6 @@ const (
 	loopBatch      = 256
 	loopPipeSize   = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
 	loopPipesKept  = 256     // empty pipes kept for the next flows
-	loopAcceptMany = 64      // connections taken per listener event before others' events
 	loopHeldWait   = 4       // ms a busy loop waits for its next event holding its P (rawsys.WaitHeld)
 	loopET         = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 )
@@ -138,6 +137,14 @@ type lhalf struct {
 	eof     bool  // the source ended
 	done    bool  // and all of it went on, followed by a half-close
 	bulk    bool  // a read filled the loop's buffer: splice from now on
+	// ready: the source may hold bytes not read yet; it reported some (or a hang-up)
+	// since it was last found empty, by an EAGAIN or by a read that did not fill the
+	// buffer. Edge-triggered, anything that arrives after that reports again, so a
+	// direction reads only when ready: no read that would only say EAGAIN. hup: the
+	// source reported a hang-up or an error, which it reports only once, so its reads go
+	// on to the end of stream (or the error) whatever their size.
+	ready bool
+	hup   bool
 }
 
 func newLoop(r *Relay) (*loop, error) {
@@ -436,19 +443,21 @@ func (l *loop) goHome() {
 	l.in = nil
 }
 
-// accept takes waiting connections from lp's listener. A listener closed earlier in
-// this batch (its event was already in it) takes none.
+// accept takes one waiting connection from lp's listener, as nginx does by default: the
+// listener is level-triggered, so the next wait reports it again while more are waiting,
+// along with the other sockets' events, and no accept is made only to hear EAGAIN. A
+// listener closed earlier in this batch (its event was already in it) takes none.
 func (l *loop) accept(lp *lpod) {
 	if lp.fd < 0 {
 		return
 	}
-	for range loopAcceptMany {
+	for {
 		var peer rawsys.Sockaddr
 		c, err := rawsys.Accept4(lp.fd, &peer)
 		switch err {
 		case nil:
-		case unix.EAGAIN:
 			lp.delay = 0
+		case unix.EAGAIN:
 			return
 		case unix.ECONNABORTED:
 			continue
@@ -464,6 +473,7 @@ func (l *loop) accept(lp *lpod) {
 			return
 		}
 		l.admit(lp, c, peer.AddrPort())
+		return
 	}
 }
 
@@ -493,6 +503,9 @@ func (l *loop) admit(lp *lpod, c int, src netip.AddrPort) {
 	}
 	lf := &lflow{lp: lp, c: c, u: -1, f: r.newFlow(w, dst, src, id), pol: r.o.Policy(), idx: len(l.flows)}
 	lf.h[0].p, lf.h[1].p = [2]int{-1, -1}, [2]int{-1, -1}
+	// The workload may have written before the loop watches c; the outgoing socket is
+	// new, and anything it receives comes with an event once it is watched.
+	lf.h[0].ready = true
 	l.flows = append(l.flows, lf)
 	if wantsProcess(lf.pol) {
 		l.handoff(lf, nil) // sock_diag and /proc: not for the loop
@@ -680,6 +693,16 @@ func (l *loop) dialError(lf *lflow, err error) error {
 
 // step moves flow lf on after events ev on its socket fd.
 func (l *loop) step(lf *lflow, fd int, ev uint32) {
+	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+		// Noted in every state: an event that arrives while nothing reads the socket
+		// (connecting, a direction waiting for its destination) does not come again.
+		h := &lf.h[0] // c is up's source, u down's
+		if fd == lf.u {
+			h = &lf.h[1]
+		}
+		h.ready = true
+		h.hup = h.hup || ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
+	}
 	switch lf.state {
 	case lSniff:
 		if fd == lf.c {
@@ -689,11 +712,16 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 		if fd != lf.u || ev&(unix.EPOLLOUT|unix.EPOLLERR|unix.EPOLLHUP) == 0 {
 			return
 		}
-		soerr, err := rawsys.GetsockoptInt(lf.u, unix.SOL_SOCKET, unix.SO_ERROR)
-		if err == nil && soerr != 0 {
-			err = unix.Errno(soerr)
-		}
-		if err != nil {
+		if ev&(unix.EPOLLERR|unix.EPOLLHUP) != 0 {
+			// Writable alone is a connect that succeeded; a failed one reports an error
+			// or a hang-up, and SO_ERROR says which.
+			soerr, err := rawsys.GetsockoptInt(lf.u, unix.SOL_SOCKET, unix.SO_ERROR)
+			if err == nil {
+				err = unix.Errno(soerr)
+				if soerr == 0 {
+					err = unix.ECONNRESET // hung up with no error: reset since
+				}
+			}
 			l.fail(lf, l.dialError(lf, os.NewSyscallError("connect", err)))
 			return
 		}
@@ -713,9 +741,11 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 }
 
 // handshake talks to the upstream until the tunnel is open, it refuses, or the socket
-// has nothing more to read or no room to write (its next event resumes).
+// has nothing more to read or no room to write (its next event resumes). The upstream
+// answers only what it was sent: right after a write there is nothing to read yet, and
+// the answer's arrival is the event that resumes.
 func (l *loop) handshake(lf *lflow) {
-	hs := lf.hs
+	hs, down := lf.hs, &lf.h[1]
 	for !hs.Done() {
 		if out := hs.Out(); len(out) > 0 {
 			n, err := rawsys.Write(lf.u, out[lf.sent:])
@@ -733,9 +763,15 @@ func (l *loop) handshake(lf *lflow) {
 			hs.Sent()
 			continue
 		}
-		n, err := rawsys.Read(lf.u, l.buf[:min(hs.Want(), len(l.buf))])
+		if !down.ready {
+			return
+		}
+		want := min(hs.Want(), len(l.buf))
+		n, err := rawsys.Read(lf.u, l.buf[:want])
+		down.ready = n == want || down.hup
 		switch {
 		case err == unix.EAGAIN:
+			down.ready = false
 			return
 		case err != nil:
 			l.fail(lf, hs.IOError(os.NewSyscallError("read", err)))
@@ -853,9 +889,17 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		if h.eof {
 			h.done = true
 			l.putPipe(h)
+			if lf.h[0].done && lf.h[1].done {
+				return nil // the flow ends: closing dst sends the end of stream
+			}
 			if err := rawsys.Shutdown(dst); err != nil && err != unix.ENOTCONN {
 				return err
 			}
+			return nil
+		}
+		if !h.ready {
+			h.blocked = false
+			l.putPipe(h)
 			return nil
 		}
 		if !h.bulk {
@@ -865,7 +909,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			// direction to splice for good.
 			n, err := rawsys.Read(src, l.buf[:])
 			if err == unix.EAGAIN {
-				h.blocked = false
+				h.blocked, h.ready = false, false
 				return nil
 			}
 			if err != nil {
@@ -877,6 +921,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			}
 			lf.last = l.now
 			h.bulk = n == len(l.buf)
+			h.ready = h.bulk || h.hup // a short read emptied the socket
 			h.early = l.buf[:n]
 			blocked, err := l.writeEarly(lf, h, dst)
 			if blocked {
@@ -896,7 +941,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		}
 		n, err := rawsys.Splice(src, h.p[1], loopPipeSize)
 		if err == unix.EAGAIN {
-			h.blocked = false
+			h.blocked, h.ready = false, false
 			l.putPipe(h)
 			return nil
 		}

@@ -41,7 +41,8 @@ func testLoops() int {
 
 // loopNet is a pod netns with kl's capture and a server netns behind a veth: 192.0.2.2
 // echoes on :80 (then writes "bye" after the client's half-close), holds connections
-// silently on :82 and drops SYNs to :83; nothing listens on :81.
+// silently on :82 and drops SYNs to :83; nothing listens on :81 (:88 and :89:
+// newLoopNet).
 type loopNet struct {
 	pod, srv *testutil.Netns
 }
@@ -75,6 +76,26 @@ func newLoopNet(t *testing.T) *loopNet {
 		t.Fatal(err)
 	}
 	testutil.Serve(t, ln, func(c net.Conn) { io.Copy(io.Discard, c) })
+	// :88 speaks first, then echoes as :80 does; :89 reads nothing for 300 ms, then
+	// everything, and answers with the count.
+	ln, err = netns.Listen(n.srv.Path, "tcp", "192.0.2.2:88")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) {
+		c.Write([]byte("hello"))
+		io.Copy(c, c)
+		c.Write([]byte("bye"))
+	})
+	ln, err = netns.Listen(n.srv.Path, "tcp", "192.0.2.2:89")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) {
+		time.Sleep(300 * time.Millisecond)
+		k, _ := io.Copy(io.Discard, c)
+		fmt.Fprint(c, k)
+	})
 	// A fresh veth may lose the first packets (IPv6 while the link comes up): wait until
 	// both families reach the server, as the relay's marked sockets do.
 	for _, a := range []string{"192.0.2.2:80", "[fd00:4c::2]:80"} {
@@ -809,4 +830,108 @@ func TestLoopSizes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLoopReadiness: a loop direction reads its source only after an event said it had
+// something, and stops at a read that does not fill its buffer; a hang-up it was told
+// of while it could not read (waiting for its destination, or before the relaying
+// started) must still be read to the end. Small exchanges whose last bytes and
+// half-close arrive together, a server that speaks first (its bytes may be there when
+// the connect completes), and a destination that takes nothing for a while as the
+// workload sends 4 MiB and half-closes: every stream arrives whole and ends.
+func TestLoopReadiness(t *testing.T) {
+	loops := testLoops()
+	n := newLoopNet(t)
+	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: loops, Policy: func() relay.Decider { return pol }})
+	defer func() {
+		// Bounded: a stalled flow (what this test looks for) would hold the drain.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r.Shutdown(ctx)
+	}()
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	// exchange1 writes payload in pieces (the last one and the half-close back to back),
+	// then reads to the end.
+	exchange1 := func(to, first string, payload []byte, pieces int) error {
+		c, err := n.dial(t, to)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second)) // a stalled stream fails soon
+		if first != "" {
+			got := make([]byte, len(first))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != first {
+				return fmt.Errorf("server's greeting: got %q, %v", got, err)
+			}
+		}
+		for i := range pieces {
+			if _, err := c.Write(payload[i*len(payload)/pieces : (i+1)*len(payload)/pieces]); err != nil {
+				return err
+			}
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			return err
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			return fmt.Errorf("read: %w", err)
+		}
+		if want := string(payload) + "bye"; string(got) != want {
+			return fmt.Errorf("got %q, want %q", got, want)
+		}
+		return nil
+	}
+	for _, tc := range []struct {
+		name, to, first string
+	}{
+		{"small exchanges", "192.0.2.2:80", ""},
+		{"server speaks first", "192.0.2.2:88", "hello"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const conns, parallel = 240, 6
+			var failed atomic.Pointer[error]
+			sem := make(chan struct{}, parallel)
+			for i := 0; i < conns && failed.Load() == nil; i++ {
+				sem <- struct{}{}
+				go func() {
+					defer func() { <-sem }()
+					payload := []byte(strings.Repeat(string(rune('a'+i%26)), 1+i*37%300))
+					if err := exchange1(tc.to, tc.first, payload, 1+i%3); err != nil {
+						failed.CompareAndSwap(nil, &err)
+					}
+				}()
+			}
+			for range parallel {
+				sem <- struct{}{}
+			}
+			if err := failed.Load(); err != nil {
+				t.Fatal(*err)
+			}
+		})
+	}
+	t.Run("destination slow to read", func(t *testing.T) {
+		c, err := n.dial(t, "192.0.2.2:89")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		const size = 4 << 20
+		if _, err := c.Write(make([]byte, size)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil || string(got) != fmt.Sprint(size) {
+			t.Fatalf("server counted %q (%v), want %d", got, err, size)
+		}
+	})
 }
