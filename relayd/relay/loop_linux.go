@@ -37,11 +37,11 @@ import (
 // in Go code (attach, gateway, an upstream named by hostname) is handed to the goroutine
 // path (carry) as a *net.TCPConn, with its decision when it has one.
 const (
-	loopBatch      = 256
-	loopPipeSize   = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
-	loopPipesKept  = 256     // empty pipes kept for the next flows
-	loopHeldWait   = 4       // ms a busy loop waits for its next event holding its P (rawsys.WaitHeld)
-	loopET         = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+	loopBatch     = 256
+	loopPipeSize  = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
+	loopPipesKept = 256     // empty pipes kept for the next flows
+	loopHeldWait  = 4       // ms a busy loop waits for its next event holding its P (rawsys.WaitHeld)
+	loopET        = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 )
 
 // loop is one event-loop thread. Its fields below mu are only touched on that thread.
