@@ -1,12 +1,19 @@
 package relay
 
 import (
+	"context"
+	"io"
+	"net"
 	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // TestLoopAfterStop checks a command sent to a loop that has ended (an Open that picked
@@ -122,5 +129,61 @@ func TestLoopAddsP(t *testing.T) {
 	}
 	if got := runtime.GOMAXPROCS(0); got != before {
 		t.Errorf("GOMAXPROCS after the loops ended = %d, want %d", got, before)
+	}
+}
+
+// TestLoopNoDelay: both sockets of a loop flow have TCP_NODELAY, as the goroutine path's
+// Go connections do, so no byte the relay passes on waits for an acknowledgement.
+func TestLoopNoDelay(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	pod, srv := testutil.NewNetns(t, "klnd"), testutil.NewNetns(t, "klnds")
+	testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
+	const mark, port = 0x4b4c, 15912
+	if err := netns.Install(pod.Path, netns.Capture{RedirectPort: port, Mark: mark}); err != nil {
+		t.Fatal(err)
+	}
+	defer netns.Remove(pod.Path)
+	ln, err := netns.Listen(srv.Path, "tcp", "192.0.2.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
+	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(Options{RedirectPort: port, Mark: mark, Loops: 1, Policy: func() Decider { return pol }})
+	defer r.Shutdown(context.Background())
+	if _, err := r.Open(api.Workload{ID: "w", Netns: pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := netns.Dial(ctx, pod.Path, 0, "tcp", "192.0.2.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil { // relayed: both sockets exist
+		t.Fatal(err)
+	}
+	l := r.loops[0]
+	var socks int
+	l.do(func() {
+		for _, lf := range l.flows {
+			for _, fd := range []int{lf.c, lf.u} {
+				socks++
+				if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY); err != nil || v == 0 {
+					t.Errorf("socket %d of the flow: TCP_NODELAY = %d, %v; want set", fd, v, err)
+				}
+			}
+		}
+	})
+	if socks != 2 {
+		t.Fatalf("%d sockets on the loop, want the flow's 2", socks)
 	}
 }

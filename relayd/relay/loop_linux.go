@@ -645,6 +645,10 @@ func (l *loop) connect(lf *lflow) {
 		return
 	}
 	lf.u = u
+	if err := rawsys.SetsockoptInt(u, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		l.fail(lf, fmt.Errorf("set TCP_NODELAY: %w", err))
+		return
+	}
 	if m := l.r.o.Mark; m != 0 {
 		if err := rawsys.SetsockoptInt(u, unix.SOL_SOCKET, unix.SO_MARK, int32(m)); err != nil {
 			l.fail(lf, fmt.Errorf("set SO_MARK %#x: %w", m, err))
@@ -1129,6 +1133,14 @@ func (r *Relay) openOnLoop(p *pod) (bool, error) {
 		if fd, err4 = p.ns.ListenFD(netip.AddrPortFrom(netip.IPv4Unspecified(), r.o.RedirectPort)); err4 != nil {
 			return false, errors.Join(err, err4)
 		}
+	}
+	// Accepted connections inherit TCP_NODELAY, as Go's connections have it (the
+	// goroutine path's): what the workload or the destination writes goes on at once,
+	// never held back by Nagle's algorithm waiting for an acknowledgement (a delayed
+	// one: up to 40 ms for a request written in two parts).
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		_ = unix.Close(fd)
+		return false, fmt.Errorf("set TCP_NODELAY on the redirect listener: %w", err)
 	}
 	lp := &lpod{p: p, fd: fd}
 	var aerr error

@@ -39,18 +39,26 @@ func (b *relayBench) startRelayChild(child string, args ...string) error {
 	// Everything before stops first: a bare relay's undo removes the capture table,
 	// so stopping one after the Install below would leave the next one uncaptured.
 	b.clear()
+	return b.startRelayChildIn(b.pod, child, args...)
+}
+
+// startRelayChildIn is startRelayChild in netns ns (a name), stopping only the other
+// relay before it (kl-relayd may go on relaying the first pod: pairs.go).
+func (b *relayBench) startRelayChildIn(ns, child string, args ...string) error {
+	b.stopOtherRelay()
 	self, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	if err := netns.Install(b.podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
+	path := "/var/run/netns/" + ns
+	if err := netns.Install(path, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
 		return fmt.Errorf("install capture: %w", err)
 	}
-	if err := b.startOther(func() { _ = netns.Remove(b.podPath) }, "env", append([]string{"KL_BENCH_CHILD=" + child, self}, args...)...); err != nil {
-		_ = netns.Remove(b.podPath)
+	if err := b.startOtherIn(ns, func() { _ = netns.Remove(path) }, "env", append([]string{"KL_BENCH_CHILD=" + child, self}, args...)...); err != nil {
+		_ = netns.Remove(path)
 		return err
 	}
-	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort), 10*time.Second)
+	return waitTCP(path, fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort), 10*time.Second)
 }
 
 // bareRelay is the bare relay, run inside the pod netns: accept on the redirect port,

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/upstream"
 )
 
@@ -21,9 +24,12 @@ func init() {
 		Doc: "kl-relayd head to head with the alternatives, both running throughout, measured in " +
 			"alternating bursts: on the relay section's topology kl-relayd relays the pod (transparent) " +
 			"while a second pod netns (" + pairPodAddr + ", its own veth to the server netns) goes " +
-			"direct, or is relayed by redsocks (Debian 0.5; splice on, and its default) through the " +
+			"direct, or is relayed by the bare Go splice relay (the issue's reference, relay section), or " +
+			"by redsocks (Debian 0.5; splice on, and its default) through the " +
 			"same squid or dante, or speaks CONNECT or SOCKS5 to that upstream itself (the upstream " +
-			"alone: the ceiling of any relay in front of it). " +
+			"alone: the ceiling of any relay in front of it). KL_BENCH_BASE_BIN=path/to/kl-relayd adds " +
+			"rows where an older build relays the other pod (its own daemon): a change's effect; " +
+			"KL_BENCH_PAIRS_ONLY=words keeps only the rows naming one (and the control). " +
 			fmt.Sprintf("%d pairs of %s bursts of the relay section's short-connection loop (%d workers: connect, 1 byte, echo, close), ",
 				pairCount, pairBurst, benchWorkers) +
 			fmt.Sprintf("or %d pairs of its Go stream (%s, one connection), ", pairStreams, benchStream) +
@@ -33,8 +39,8 @@ func init() {
 			"upstream rows with `default: proxy` through it. `kl ÷ other by pair` is the median of the " +
 			"pairs' own ratios [lowest–highest]; `kl ahead` counts the pairs kl-relayd's pod won. The " +
 			"control row runs the pairs with no relay in either pod: the two pods' own difference. " +
-			"Targets (issue 5): relayed >= 0.65x direct throughput and >= 0.45x direct conn/s; conn/s " +
-			"via the same upstream at least redsocks'.",
+			"Targets (issue 5): relayed >= 0.65x direct throughput and >= 0.45x direct conn/s (at least " +
+			"what the bare relay does); conn/s via the same upstream at least redsocks'.",
 		Run: runPairs,
 	})
 }
@@ -48,6 +54,18 @@ const (
 	pairStreams = 8 // pairs of streams (benchStream each)
 )
 
+// pairSpec is one row of the section: kl-relayd's set-up in its pod, the other pod's,
+// and what each burst measures.
+type pairSpec struct {
+	name    string
+	klURL   string   // kl-relayd's upstream ("": the direct exit)
+	klExtra []string // its settings lines besides
+	other   func() error
+	via     upstream.Dialer // the other pod's client speaks to this upstream itself
+	n       int             // pairs
+	measure func(context.Context, string, upstream.Dialer) (float64, error)
+}
+
 func runPairs(ctx context.Context) ([]Row, error) {
 	b, err := newRelayBench("redsocks", "conntrack")
 	if err != nil {
@@ -57,6 +75,10 @@ func runPairs(ctx context.Context) ([]Row, error) {
 	if err := b.addPair(); err != nil {
 		return nil, fmt.Errorf("second pod: %w", err)
 	}
+	base := os.Getenv("KL_BENCH_BASE_BIN")
+	if base != "" && !fileExists(base) {
+		return nil, fmt.Errorf("KL_BENCH_BASE_BIN=%s: no such file", base)
+	}
 	// The control: no relay in either pod, so whatever differs between the two pods
 	// themselves (their veths, the route) shows here and nowhere else.
 	b.clear()
@@ -65,24 +87,24 @@ func runPairs(ctx context.Context) ([]Row, error) {
 		return nil, err
 	}
 	rows := []Row{control}
-	// The transparent relay with the direct exit, every flow through it, against the
-	// other pod's direct connections: the issue's targets relative to direct.
-	if err := b.startRelayBin(b.bin, "", "noFastPath: true\n"); err != nil {
-		return nil, err
+	none := func() error { b.stopOtherRelay(); return nil }
+	relayed := []string{"noFastPath: true\n"} // every flow through the relay
+	specs := []pairSpec{
+		// The issue's targets relative to direct, and its reference: the bare relay.
+		{name: "kl relayed (direct exit) vs direct: conn/s", klExtra: relayed, other: none, n: pairCount, measure: b.connRate},
+		{name: "kl relayed (direct exit) vs direct: stream Gbit/s", klExtra: relayed, other: none, n: pairStreams, measure: b.streamIn},
+		{name: "kl relayed (direct exit) vs bare Go splice relay: conn/s", klExtra: relayed,
+			other: func() error { return b.startRelayChildIn(b.pair, "bare-relay") }, n: pairCount, measure: b.connRate},
+		{name: "kl relayed (direct exit) vs bare Go splice relay: stream Gbit/s", klExtra: relayed,
+			other: func() error { return b.startRelayChildIn(b.pair, "bare-relay") }, n: pairStreams, measure: b.streamIn},
 	}
-	for _, m := range []struct {
-		name    string
-		n       int
-		measure func(context.Context, string, upstream.Dialer) (float64, error)
-	}{
-		{"kl relayed (direct exit) vs direct: conn/s", pairCount, b.connRate},
-		{"kl relayed (direct exit) vs direct: stream Gbit/s", pairStreams, b.streamIn},
-	} {
-		row, err := b.headToHead(ctx, m.name, m.n, nil, m.measure)
-		if err != nil {
-			return nil, err
-		}
-		rows = append(rows, row)
+	if base != "" {
+		// An older kl-relayd (its own daemon) relaying the other pod: a change's effect.
+		specs = append(specs,
+			pairSpec{name: "kl vs kl@base, relayed (direct exit): conn/s", klExtra: relayed,
+				other: func() error { return b.startKlOther(base, "", relayed...) }, n: pairCount, measure: b.connRate},
+			pairSpec{name: "kl vs kl@base, relayed (direct exit): stream Gbit/s", klExtra: relayed,
+				other: func() error { return b.startKlOther(base, "", relayed...) }, n: pairStreams, measure: b.streamIn})
 	}
 	for _, up := range []struct {
 		name, typ, scheme string
@@ -92,35 +114,73 @@ func runPairs(ctx context.Context) ([]Row, error) {
 		{"dante", "socks5", "socks5", benchDante},
 	} {
 		url := fmt.Sprintf("%s://%s:%d", up.scheme, benchSrvAddr, up.port)
-		if err := b.startRelayBin(b.bin, url); err != nil {
-			return nil, err
-		}
-		add := func(name string, via upstream.Dialer) {
-			row, err := b.headToHead(ctx, name, pairCount, via, b.connRate)
-			if err != nil {
-				row = Row{Name: name, Cols: []Col{{"kl's pod", "error: " + firstLine(err)}}}
-			}
-			rows = append(rows, row)
-		}
-		for _, splice := range []bool{true, false} {
-			name := "kl → " + up.name + " vs redsocks → " + up.name
-			if !splice {
-				name = "kl → " + up.name + " vs redsocks default (no splice) → " + up.name
-			}
-			if err := b.redsocksIn(b.pair, up.typ, up.port, splice); err != nil {
-				return nil, err
-			}
-			add(name, nil)
-		}
-		// The upstream's ceiling: the other pod's client speaks to it itself, no relay.
-		b.stopOtherRelay()
 		alone, err := upstream.New(url, 3*time.Second, nil)
 		if err != nil {
 			return nil, err
 		}
-		add("kl → "+up.name+" vs "+up.name+" alone (no relay)", alone)
+		kl := "kl → " + up.name + " vs "
+		specs = append(specs,
+			pairSpec{name: kl + "redsocks → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
+				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }},
+			pairSpec{name: kl + "redsocks default (no splice) → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
+				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, false) }},
+			// The upstream's ceiling: the other pod's client speaks to it itself, no relay.
+			pairSpec{name: kl + up.name + " alone (no relay)", klURL: url, n: pairCount, measure: b.connRate,
+				other: func() error { b.stopOtherRelay(); return nil }, via: alone})
+		if base != "" {
+			specs = append(specs, pairSpec{name: kl + "kl@base → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
+				other: func() error { return b.startKlOther(base, url) }})
+		}
+	}
+	if only := os.Getenv("KL_BENCH_PAIRS_ONLY"); only != "" {
+		// A focused run: the rows whose names contain one of these words (and the control).
+		specs = slices.DeleteFunc(specs, func(s pairSpec) bool {
+			return !slices.ContainsFunc(strings.Split(only, ","), func(w string) bool { return strings.Contains(s.name, w) })
+		})
+	}
+	var running *pairSpec // kl-relayd's set-up now
+	for i := range specs {
+		s := &specs[i]
+		if running == nil || running.klURL != s.klURL || !slices.Equal(running.klExtra, s.klExtra) {
+			if err := b.startRelayBin(b.bin, s.klURL, s.klExtra...); err != nil {
+				return nil, err
+			}
+			running = s
+		}
+		row, err := Row{}, s.other()
+		if err == nil {
+			row, err = b.headToHead(ctx, s.name, s.n, s.via, s.measure)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			row = Row{Name: s.name, Cols: []Col{{"kl's pod", "error: " + firstLine(err)}}}
+		}
+		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// startKlOther runs kl-relayd (bin) as the other pod's relay: its own daemon, socket
+// and state, next to the one that relays kl's pod.
+func (b *relayBench) startKlOther(bin, proxyURL string, extra ...string) error {
+	b.stopOtherRelay()
+	path := "/var/run/netns/" + b.pair
+	cmd, done, _, err := b.runKl(bin, "other", path, proxyURL, extra...)
+	if cmd == nil {
+		return err
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			stopProc(cmd, done)
+			_ = netns.Remove(path)
+		})
+	}
+	b.onCleanup(stop)
+	b.stopOther, b.otherPid = stop, cmd.Process.Pid
+	return err
 }
 
 // connRate is one burst of the connection loop from the netns at podPath: conn/s.

@@ -767,53 +767,68 @@ func (b *relayBench) startRelay(proxyURL string) error { return b.startRelayBin(
 func (b *relayBench) startRelayBin(bin, proxyURL string, extra ...string) error {
 	b.stopRelay()
 	b.stopOtherRelay()
-	rulesPath := filepath.Join(b.dir, "rules.yaml")
+	cmd, done, log, err := b.runKl(bin, "", b.podPath, proxyURL, extra...)
+	if cmd != nil {
+		// Stopped by stopRelay, which removes the capture (whether or not it got that far).
+		b.relay, b.relayDone, b.relayLog, b.podCapture = cmd, done, log, true
+	}
+	return err
+}
+
+// runKl starts kl-relayd (bin) with its own settings, socket and state under b.dir
+// (named by tag: "" for the pod's daemon), in the host netns as deployed, and registers
+// the pod netns at podPath with it (transparent, its capture installed): the direct
+// exit when proxyURL is empty, else `default: proxy` through that upstream. cmd is set
+// once the process runs, even when err reports a later step.
+func (b *relayBench) runKl(bin, tag, podPath, proxyURL string, extra ...string) (cmd *exec.Cmd, done chan struct{}, log *bytes.Buffer, err error) {
+	rulesPath := filepath.Join(b.dir, "rules"+tag+".yaml")
 	rulesText := "default: direct\n"
+	socket := b.socket
+	if tag != "" {
+		socket = filepath.Join(b.dir, "relayd-"+tag+".sock")
+	}
 	settings := fmt.Sprintf("socket: %s\nstateDir: %s\nrules: %s\nidleTimeout: 5m\nconnectTimeout: 3s\n",
-		b.socket, filepath.Join(b.dir, "state"), rulesPath)
+		socket, filepath.Join(b.dir, "state"+tag), rulesPath)
 	if proxyURL != "" {
 		rulesText = "default: proxy\n"
 		settings += fmt.Sprintf("proxy:\n  url: %s\n", proxyURL)
 	}
 	settings += strings.Join(extra, "")
 	if err := os.WriteFile(rulesPath, []byte(rulesText), 0o644); err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	sp := filepath.Join(b.dir, "relayd.yaml")
+	sp := filepath.Join(b.dir, "relayd"+tag+".yaml")
 	if err := os.WriteFile(sp, []byte(settings), 0o600); err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	cmd := exec.Command(bin, "--settings", sp)
-	b.relayLog = &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = b.relayLog, b.relayLog
+	cmd = exec.Command(bin, "--settings", sp)
+	log = &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start kl-relayd: %w", err)
+		return nil, nil, nil, fmt.Errorf("start kl-relayd: %w", err)
 	}
-	b.relay = cmd
-	b.relayDone = make(chan struct{})
-	done := b.relayDone
+	done = make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	cl := api.NewClient(b.socket, 2*time.Second)
+	cl := api.NewClient(socket, 2*time.Second)
 	deadline := time.Now().Add(10 * time.Second)
 	for cl.Ping(context.Background()) != nil {
 		select {
 		case <-done:
-			return fmt.Errorf("kl-relayd exited: %s", b.relayLog.String())
+			return cmd, done, log, fmt.Errorf("kl-relayd exited: %s", log.String())
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("kl-relayd not ready: %s", b.relayLog.String())
+			return cmd, done, log, fmt.Errorf("kl-relayd not ready: %s", log.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := netns.Install(b.podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
-		return fmt.Errorf("install capture: %w", err)
+	if err := netns.Install(podPath, netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark}); err != nil {
+		return cmd, done, log, fmt.Errorf("install capture: %w", err)
 	}
-	b.podCapture = true
-	if _, err := cl.Register(context.Background(), api.Workload{ID: "bench-" + b.pod, Netns: b.podPath, Mode: api.ModeTransparent, Source: "cni"}); err != nil {
-		return fmt.Errorf("register: %w", err)
+	if _, err := cl.Register(context.Background(), api.Workload{ID: "bench-" + filepath.Base(podPath), Netns: podPath, Mode: api.ModeTransparent, Source: "cni"}); err != nil {
+		return cmd, done, log, fmt.Errorf("register: %w", err)
 	}
-	return waitTCP(b.podPath, fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort), 10*time.Second)
+	return cmd, done, log, waitTCP(podPath, fmt.Sprintf("127.0.0.1:%d", api.DefaultRedirectPort), 10*time.Second)
 }
 
 func (b *relayBench) stopRelay() {
