@@ -65,8 +65,14 @@ func waited(n uintptr, e unix.Errno) (int, error) {
 	return 0, e
 }
 
-// Close closes fd.
-func Close(fd int) error { _, err := call(unix.SYS_CLOSE, uintptr(fd), 0, 0, 0, 0, 0); return err }
+// Close closes fd. It is not retried on EINTR: Linux has released the descriptor by
+// then, and its number may already be another socket's.
+func Close(fd int) error {
+	if _, _, e := unix.RawSyscall(unix.SYS_CLOSE, uintptr(fd), 0, 0); e != 0 && e != unix.EINTR {
+		return e
+	}
+	return nil
+}
 
 // Read reads into b (len(b) > 0).
 func Read(fd int, b []byte) (int, error) {
