@@ -58,8 +58,9 @@ const (
 // and what each burst measures.
 type pairSpec struct {
 	name    string
-	klURL   string   // kl-relayd's upstream ("": the direct exit)
-	klExtra []string // its settings lines besides
+	klURL   string       // kl-relayd's upstream ("": the direct exit)
+	klExtra []string     // its settings lines besides
+	first   func() error // instead of kl-relayd, in the first pod (the reference row)
 	other   func() error
 	via     upstream.Dialer // the other pod's client speaks to this upstream itself
 	n       int             // pairs
@@ -97,6 +98,12 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			other: func() error { return b.startRelayChildIn(b.pair, "bare-relay") }, n: pairCount, measure: b.connRate},
 		{name: "kl relayed (direct exit) vs bare Go splice relay: stream Gbit/s", klExtra: relayed,
 			other: func() error { return b.startRelayChildIn(b.pair, "bare-relay") }, n: pairStreams, measure: b.streamIn},
+		// The reference itself against direct, measured as kl is above: the first pod runs
+		// the bare relay instead of kl-relayd.
+		{name: "reference: bare Go splice relay (no kl) vs direct: stream Gbit/s", n: pairStreams,
+			measure: b.streamIn,
+			other:   func() error { return nil }, // direct: first stopped every relay
+			first:   func() error { return b.startRelayChild("bare-relay") }},
 	}
 	if base != "" {
 		// An older kl-relayd (its own daemon) relaying the other pod: a change's effect.
@@ -141,7 +148,12 @@ func runPairs(ctx context.Context) ([]Row, error) {
 	var running *pairSpec // kl-relayd's set-up now
 	for i := range specs {
 		s := &specs[i]
-		if running == nil || running.klURL != s.klURL || !slices.Equal(running.klExtra, s.klExtra) {
+		if s.first != nil {
+			if err := s.first(); err != nil { // stops kl-relayd and the other pod's relay
+				return nil, err
+			}
+			running = nil
+		} else if running == nil || running.klURL != s.klURL || !slices.Equal(running.klExtra, s.klExtra) {
 			if err := b.startRelayBin(b.bin, s.klURL, s.klExtra...); err != nil {
 				return nil, err
 			}
