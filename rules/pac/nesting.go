@@ -7,6 +7,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/dop251/goja/ast"
 	"github.com/dop251/goja/file"
 )
 
@@ -16,6 +17,37 @@ import (
 // process with a fatal stack overflow at Compile, which no recover can catch. So the
 // source is scanned before goja parses it. Real PAC files nest a few levels deep.
 const maxNesting = 1000
+
+// maxDepth bounds how deeply a script's syntax tree nests (expressions and statements,
+// brackets or not). goja's compiler takes time in the square of a chain's length: one
+// condition of 16000 || terms took 1.4 s to compile, a megabyte of "1 + 1 + ..." some
+// five minutes, during which the reload waited. A chain of maxDepth terms compiles in
+// about a tenth of a second; real PAC files nest a few dozen levels.
+const maxDepth = 5000
+
+// checkDepth refuses a parsed script whose tree nests deeper than maxDepth, naming the
+// line and column of the node past the bound.
+func checkDepth(prog *ast.Program) *CompileError {
+	var deep ast.Node
+	walkASTDepth(prog, func(n ast.Node, depth int) bool {
+		if deep != nil {
+			return false
+		}
+		if depth > maxDepth {
+			deep = n
+			return false
+		}
+		return true
+	})
+	if deep == nil {
+		return nil
+	}
+	p := prog.File.Position(int(deep.Idx0()))
+	ce := &CompileError{Code: CodeScript, Line: p.Line, Column: p.Column,
+		Msg: fmt.Sprintf("expressions or statements nested deeper than %d levels (a condition of thousands of || terms: split it, or match against a list)", maxDepth)}
+	ce.Msg += ce.at()
+	return ce
+}
 
 // maxScanForks bounds the readings of a script checkNesting follows at once (below).
 const maxScanForks = 64
@@ -39,14 +71,21 @@ func checkNesting(name, src string) *CompileError {
 		pos  int
 		open []byte // the open brackets: ( [ { and $ for ${
 		prev byte   // what a / after the last token is (slashAfter)
+		// arrows counts, for each open bracket (and the top level first), the arrow
+		// functions with an expression body since its last , or ; (a => b => ... nests
+		// as brackets do, and goja's parser takes time in the square of it); narrows
+		// is their sum.
+		arrows  []int
+		narrows int
 	}
+	depth := func(r *reading) int { return len(r.open) + r.narrows }
 	fail := func(pos int, msg string) *CompileError {
 		p := file.NewFile(name, src, 1).Position(pos)
 		ce := &CompileError{Code: CodeScript, Line: p.Line, Column: p.Column, Msg: msg}
 		ce.Msg += ce.at()
 		return ce
 	}
-	readings := []*reading{{prev: slashRegexp}}
+	readings := []*reading{{prev: slashRegexp, arrows: []int{0}}}
 	for len(readings) > 0 {
 		// Advance the reading furthest behind, after merging those at its place.
 		cur := 0
@@ -58,8 +97,8 @@ func checkNesting(name, src string) *CompileError {
 		r := readings[cur]
 		for i := 0; i < len(readings); i++ {
 			if o := readings[i]; o != r && o.pos == r.pos && bytes.Count(o.open, dollar) == bytes.Count(r.open, dollar) {
-				if len(o.open) > len(r.open) {
-					r.open = o.open
+				if depth(o) > depth(r) {
+					r.open, r.arrows, r.narrows = o.open, o.arrows, o.narrows
 				}
 				readings[i] = readings[len(readings)-1]
 				readings = readings[:len(readings)-1]
@@ -75,6 +114,16 @@ func checkNesting(name, src string) *CompileError {
 				}
 			}
 			continue
+		}
+		// One count per open bracket: brackets closed since (a template's may open and
+		// close several at once) take theirs along; a count left from a closed one on a
+		// new one only counts too deep.
+		for len(r.arrows) > len(r.open)+1 {
+			r.narrows -= r.arrows[len(r.arrows)-1]
+			r.arrows = r.arrows[:len(r.arrows)-1]
+		}
+		for len(r.arrows) < len(r.open)+1 {
+			r.arrows = append(r.arrows, 0)
 		}
 		top := byte(0)
 		if len(r.open) > 0 {
@@ -136,7 +185,8 @@ func checkNesting(name, src string) *CompileError {
 				if len(readings) >= maxScanForks {
 					return fail(i, "too many ways to read the script's regular expressions and divisions to check its nesting")
 				}
-				readings = append(readings, &reading{pos: skipRegexp(src, i+1), open: append([]byte(nil), r.open...), prev: slashDivides})
+				readings = append(readings, &reading{pos: skipRegexp(src, i+1), open: append([]byte(nil), r.open...), prev: slashDivides,
+					arrows: append([]int(nil), r.arrows...), narrows: r.narrows})
 				i++
 				prev = slashRegexp
 			}
@@ -145,12 +195,34 @@ func checkNesting(name, src string) *CompileError {
 		default:
 			i = skipOrdinary(src, i)
 			prev = slashAfter(src[start:i])
+			level := &r.arrows[len(r.arrows)-1]
+			for j := start; j < i; j++ {
+				switch {
+				case src[j] == ',' || src[j] == ';':
+					r.narrows -= *level
+					*level = 0
+				case src[j] == '=' && j+1 < i && src[j+1] == '>':
+					// A block body is a bracket, counted as one.
+					if k := skipSpace(src, j+2); k >= len(src) || src[k] != '{' {
+						*level++
+						r.narrows++
+						if depth(r) > maxNesting {
+							return fail(j, fmt.Sprintf("brackets and arrow functions nested deeper than %d levels", maxNesting))
+						}
+					}
+					j++
+				}
+			}
 		}
-		if len(r.open) > maxNesting {
-			if r.open[len(r.open)-1] == '$' { // at the ${, not at the template's start
+		if depth(r) > maxNesting {
+			if len(r.open) > 0 && r.open[len(r.open)-1] == '$' { // at the ${, not at the template's start
 				start = i - 2
 			}
-			return fail(start, fmt.Sprintf("brackets nested deeper than %d levels", maxNesting))
+			what := "brackets"
+			if r.narrows > 0 {
+				what = "brackets and arrow functions"
+			}
+			return fail(start, fmt.Sprintf("%s nested deeper than %d levels", what, maxNesting))
 		}
 		r.pos, r.prev = i, prev
 	}

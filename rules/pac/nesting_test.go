@@ -2,8 +2,10 @@ package pac
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestCheckNesting: the scan counts every bracket goja's parser nests, wherever a
@@ -51,6 +53,14 @@ func TestCheckNesting(t *testing.T) {
 		{"closer in a regex after a keyword and a no-break space", "var a = " + strings.Repeat("[function(){return\u00a0/]/}, ", deep), true},
 		{"closer in a regex after ++", "var a = " + strings.Repeat("[x++ /]/ ", deep), true},
 		{"property named like a keyword", "var a = " + strings.Repeat(`[x.return / "/]", `, deep), true},
+		// Arrow functions with an expression body nest as brackets do.
+		{"arrows", "var f = " + strings.Repeat("a => ", deep) + "1;", true},
+		{"arrows and brackets", "var f = " + strings.Repeat("a => (", deep/2+1), true},
+		{"arrows across lines", "var f = " + strings.Repeat("a =>\n", deep) + "1;", true},
+		{"arrows at the bound", "var f = " + strings.Repeat("a=>", maxNesting) + "1;", false},
+		{"arrows in a list", "var f = [" + strings.Repeat("a => 1, ", 5*deep) + "];", false},
+		{"arrows in statements", strings.Repeat("f(a => a + 1);\n", 5*deep), false},
+		{"arrows with block bodies", strings.Repeat("var f = a => { return a; }\n", 5*deep), false},
 		// Real scripts: regexes, divisions, templates and comments by the thousand.
 		{"many regexes and divisions", strings.Repeat("if (/^(a|b)\\.\"x/i.test(h) && n / 2 > m / 3) { r = `${h}/${[n]}`; } // ) ] }\n", 3000), false},
 		{"many groups", "var a = " + strings.Repeat("[[1], (2), {a: 3}], ", 20000) + "0;", false},
@@ -82,14 +92,51 @@ func TestCompileDeepNesting(t *testing.T) {
 		{"arrays", "var a = \n  " + strings.Repeat("[", 500000), 2, 3 + maxNesting},
 		{"parens", "var a = " + strings.Repeat("(", 500000), 1, 9 + maxNesting},
 		{"hidden closers", "var a = " + strings.Repeat(`["]",`, 200000), 1, 9 + 5*maxNesting},
+		{"arrows", "var f = " + strings.Repeat("a=>", 300000) + "1", 1, 10 + 3*maxNesting},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Compile("deep.pac", tc.src, Options{})
 			var ce *CompileError
 			if !errors.As(err, &ce) || ce.Code != CodeScript || ce.Line != tc.line || ce.Column != tc.column ||
-				!strings.Contains(ce.Error(), "brackets nested deeper than 1000 levels") {
+				!strings.Contains(ce.Error(), "nested deeper than 1000 levels") {
 				t.Errorf("Compile = %#v, want E_SCRIPT at line %d column %d", err, tc.line, tc.column)
 			}
+		})
+	}
+}
+
+// TestCompileDeepExpressions: goja's compiler takes time in the square of how deeply
+// a script's tree nests, brackets or not: a megabyte of "1 + 1 + ..." compiled for
+// minutes while the reload waited. Compile refuses a tree deeper than maxDepth at
+// once, naming where, and compiles one just within it.
+func TestCompileDeepExpressions(t *testing.T) {
+	const fn = "function FindProxyForURL(url, host) {\n  var x = "
+	for _, tc := range []struct {
+		name, src string
+		refused   bool
+	}{
+		{"sum", fn + "1" + strings.Repeat(" + 1", 250000) + ";\n  return 'DIRECT';\n}", true},
+		{"or", fn + "host == 'a'" + strings.Repeat(" || host == 'a'", 60000) + ";\n  return 'DIRECT';\n}", true},
+		{"unary", fn + strings.Repeat("- ", 300000) + "1;\n  return 'DIRECT';\n}", true},
+		{"not", fn + strings.Repeat("!", 500000) + "1;\n  return 'DIRECT';\n}", true},
+		{"assignments", fn + strings.Repeat("x = ", 200000) + "1;\n  return 'DIRECT';\n}", true},
+		{"conditionals", fn + strings.Repeat("host ? 1 : ", 90000) + "1;\n  return 'DIRECT';\n}", true},
+		{"else if", "function FindProxyForURL(url, host) {\n  " + strings.Repeat("if (host) x = 1; else ", 40000) + "x = 2;\n  return 'DIRECT';\n}", true},
+		{"or within the bound", fn + "host == 'a'" + strings.Repeat(" || host == 'a'", maxDepth-10) + ";\n  return 'DIRECT';\n}", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			_, err := Compile("deep.pac", tc.src, Options{})
+			took := time.Since(start)
+			var ce *CompileError
+			switch {
+			case !tc.refused && err != nil:
+				t.Fatalf("Compile = %v, want compiled", err)
+			case tc.refused && (!errors.As(err, &ce) || ce.Code != CodeScript || ce.Line != 2 ||
+				!strings.Contains(ce.Error(), fmt.Sprintf("nested deeper than %d levels", maxDepth))):
+				t.Fatalf("Compile = %#v, want E_SCRIPT at line 2", err)
+			}
+			t.Logf("%v (%v)", took, err) // no bound asserted: the machine is shared
 		})
 	}
 }

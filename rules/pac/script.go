@@ -144,6 +144,9 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 		}
 		return nil, false, "", nil, names, ce
 	}
+	if ce := checkDepth(ast); ce != nil {
+		return nil, false, "", nil, names, ce
+	}
 	if ce := checkState(ast); ce != nil {
 		return nil, false, "", nil, names, ce
 	}

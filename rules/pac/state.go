@@ -761,6 +761,11 @@ var (
 // false the node's children are skipped. goja's ast package has no walker: this one
 // follows every field by reflection, so that no kind of node is missed.
 func walkAST(n ast.Node, fn func(ast.Node) bool) {
+	walkASTDepth(n, func(n ast.Node, _ int) bool { return fn(n) })
+}
+
+// walkASTDepth is walkAST telling fn how many nodes are above each (0 for n).
+func walkASTDepth(n ast.Node, fn func(ast.Node, int) bool) {
 	if n == nil {
 		return
 	}
@@ -768,47 +773,51 @@ func walkAST(n ast.Node, fn func(ast.Node) bool) {
 	if v.Kind() == reflect.Pointer && v.IsNil() {
 		return
 	}
-	walkValue(v, fn)
+	walkValue(v, 0, fn)
 }
 
-func walkValue(v reflect.Value, fn func(ast.Node) bool) {
+func walkValue(v reflect.Value, depth int, fn func(ast.Node, int) bool) {
 	switch v.Kind() {
 	case reflect.Interface:
 		if !v.IsNil() {
-			walkValue(v.Elem(), fn)
+			walkValue(v.Elem(), depth, fn)
 		}
 	case reflect.Pointer:
 		if v.IsNil() || v.Type() == fileType {
 			return
 		}
+		below := depth
 		if v.Type().Implements(nodeType) {
-			if !fn(v.Interface().(ast.Node)) {
+			if !fn(v.Interface().(ast.Node), depth) {
 				return
 			}
+			below++
 		}
 		if v.Elem().Kind() == reflect.Struct {
-			walkFields(v.Elem(), fn)
+			walkFields(v.Elem(), below, fn)
 		}
 	case reflect.Struct:
 		// A node held by value (PropertyShort.Name, a LexicalDeclaration in a for
 		// loop): visit it through its address.
+		below := depth
 		if v.CanAddr() && v.Addr().Type().Implements(nodeType) {
-			if !fn(v.Addr().Interface().(ast.Node)) {
+			if !fn(v.Addr().Interface().(ast.Node), depth) {
 				return
 			}
+			below++
 		}
-		walkFields(v, fn)
+		walkFields(v, below, fn)
 	case reflect.Slice:
 		for i := 0; i < v.Len(); i++ {
-			walkValue(v.Index(i), fn)
+			walkValue(v.Index(i), depth, fn)
 		}
 	}
 }
 
-func walkFields(v reflect.Value, fn func(ast.Node) bool) {
+func walkFields(v reflect.Value, depth int, fn func(ast.Node, int) bool) {
 	for i := 0; i < v.NumField(); i++ {
 		if f := v.Field(i); f.CanInterface() {
-			walkValue(f, fn)
+			walkValue(f, depth, fn)
 		}
 	}
 }
