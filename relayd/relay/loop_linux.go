@@ -135,7 +135,7 @@ type lhalf struct {
 	blocked bool
 	moved   int64 // bytes delivered
 	eof     bool  // the source ended
-	done    bool  // and all of it went on, followed by a half-close
+	done    bool  // and all of it went on, followed by a half-close (or the close)
 	bulk    bool  // a read filled the loop's buffer: splice from now on
 	// ready: the source may hold bytes not read yet; it reported some (or a hang-up)
 	// since it was last found empty, by an EAGAIN or by a read that did not fill the
@@ -723,7 +723,7 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 			if err == nil {
 				err = unix.Errno(soerr)
 				if soerr == 0 {
-					err = unix.ECONNRESET // hung up with no error: reset since
+					err = unix.ECONNRESET // a hang-up whose error was taken: reset
 				}
 			}
 			l.fail(lf, l.dialError(lf, os.NewSyscallError("connect", err)))
