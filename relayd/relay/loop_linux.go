@@ -140,7 +140,9 @@ type lhalf struct {
 	// ready: the source may hold bytes not read yet; it reported some (or a hang-up)
 	// since it was last found empty, by an EAGAIN or by a read that did not fill the
 	// buffer. Edge-triggered, anything that arrives after that reports again, so a
-	// direction reads only when ready: no read that would only say EAGAIN. hup: the
+	// direction reads only when ready: no read that would only say EAGAIN. A socket
+	// reports what it already holds when the loop starts watching it, so both start
+	// not ready. hup: the
 	// source reported a hang-up or an error, which it reports only once, so its reads go
 	// on to the end of stream (or the error) whatever their size.
 	ready bool
@@ -503,9 +505,6 @@ func (l *loop) admit(lp *lpod, c int, src netip.AddrPort) {
 	}
 	lf := &lflow{lp: lp, c: c, u: -1, f: r.newFlow(w, dst, src, id), pol: r.o.Policy(), idx: len(l.flows)}
 	lf.h[0].p, lf.h[1].p = [2]int{-1, -1}, [2]int{-1, -1}
-	// The workload may have written before the loop watches c; the outgoing socket is
-	// new, and anything it receives comes with an event once it is watched.
-	lf.h[0].ready = true
 	l.flows = append(l.flows, lf)
 	if wantsProcess(lf.pol) {
 		l.handoff(lf, nil) // sock_diag and /proc: not for the loop
