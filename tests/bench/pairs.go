@@ -4,10 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/upstream"
@@ -30,6 +35,11 @@ func init() {
 			"alone: the ceiling of any relay in front of it). KL_BENCH_BASE_BIN=path/to/kl-relayd adds " +
 			"rows where an older build relays the other pod (its own daemon): a change's effect; " +
 			"KL_BENCH_PAIRS_ONLY=words keeps only the rows naming one (and the control). " +
+			"The `on a CPU of its own` rows pin kl-relayd to the last CPU and everything else of the " +
+			"bench (clients, echo server, upstream) to the others, then pair kl's pod against the " +
+			"upstream alone: kl-relayd's own CPU time is then off the clients' and the upstream's, and " +
+			"what remains below 1.0x is what a second hop costs them: its latency (each of the 4 workers " +
+			"waits for its echo) and its kernel work on their CPU (a loopback connect runs the peer's side inline). " +
 			fmt.Sprintf("%d pairs of %s bursts of the relay section's short-connection loop (%d workers: connect, 1 byte, echo, close), ",
 				pairCount, pairBurst, benchWorkers) +
 			fmt.Sprintf("or %d pairs of its Go stream (%s, one connection), ", pairStreams, benchStream) +
@@ -61,6 +71,9 @@ type pairSpec struct {
 	klURL   string       // kl-relayd's upstream ("": the direct exit)
 	klExtra []string     // its settings lines besides
 	first   func() error // instead of kl-relayd, in the first pod (the reference row)
+	// ownCPU: kl-relayd runs alone on the second CPU, everything else (this process:
+	// clients and echo server; the upstream) on the first.
+	ownCPU  bool
 	other   func() error
 	via     upstream.Dialer // the other pod's client speaks to this upstream itself
 	n       int             // pairs
@@ -134,6 +147,13 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			// The upstream's ceiling: the other pod's client speaks to it itself, no relay.
 			pairSpec{name: kl + up.name + " alone (no relay)", klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { b.stopOtherRelay(); return nil }, via: alone})
+		if runtime.NumCPU() >= 2 {
+			// Whether kl-relayd's CPU time is what holds the upstream rows back: with a
+			// CPU of its own, its pod against the upstream alone on the CPU both pods'
+			// clients, the server and the upstream share.
+			specs = append(specs, pairSpec{name: kl + up.name + " alone, kl-relayd on a CPU of its own", klURL: url, n: pairCount,
+				measure: b.connRate, other: func() error { b.stopOtherRelay(); return nil }, via: alone, ownCPU: true})
+		}
 		if base != "" {
 			specs = append(specs, pairSpec{name: kl + "kl@base → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { return b.startKlOther(base, url) }})
@@ -160,8 +180,16 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			running = s
 		}
 		row, err := Row{}, s.other()
+		if err == nil && s.ownCPU {
+			err = b.pinCPUs(true)
+		}
 		if err == nil {
 			row, err = b.headToHead(ctx, s.name, s.n, s.via, s.measure)
+		}
+		if s.ownCPU {
+			if perr := b.pinCPUs(false); err == nil {
+				err = perr
+			}
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -263,4 +291,59 @@ func (b *relayBench) addPair() error {
 		}
 	}
 	return sh("ip", "netns", "exec", pair, "sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1")
+}
+
+// pinCPUs puts kl-relayd's threads on the last CPU and this process's and the
+// upstreams' (with their children) on the others; pinned false gives every one of them
+// all CPUs back.
+func (b *relayBench) pinCPUs(pinned bool) error {
+	var all, first, last unix.CPUSet
+	n := runtime.NumCPU()
+	for c := range n {
+		all.Set(c)
+		if c < n-1 {
+			first.Set(c)
+		}
+	}
+	last.Set(n - 1)
+	if !pinned {
+		first, last = all, all
+	}
+	pin := func(pid int, set *unix.CPUSet) error {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(filepath.Base(t))
+			if err != nil {
+				continue
+			}
+			if err := unix.SchedSetaffinity(tid, set); err != nil && err != unix.ESRCH {
+				return fmt.Errorf("pin thread %d of %d: %w", tid, pid, err)
+			}
+		}
+		return nil
+	}
+	var tree func(pid int, set *unix.CPUSet) error
+	tree = func(pid int, set *unix.CPUSet) error {
+		if err := pin(pid, set); err != nil {
+			return err
+		}
+		for _, c := range childPids(pid) {
+			if err := tree(c, set); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if b.relay == nil {
+		return fmt.Errorf("pin: kl-relayd is not running")
+	}
+	for _, p := range []struct {
+		pid int
+		set *unix.CPUSet
+	}{{os.Getpid(), &first}, {b.squidPid, &first}, {b.dantePid, &first}, {b.relay.Process.Pid, &last}} {
+		if err := tree(p.pid, p.set); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1093,6 +1093,17 @@ func treeCPU(pid int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
+	for _, c := range childPids(pid) {
+		if ct, err := treeCPU(c); err == nil {
+			t += ct
+		}
+	}
+	return t, nil
+}
+
+// childPids lists the processes pid's threads started that are still running.
+func childPids(pid int) []int {
+	var cs []int
 	kids, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
 	for _, k := range kids {
 		data, err := os.ReadFile(k)
@@ -1101,13 +1112,11 @@ func treeCPU(pid int) (time.Duration, error) {
 		}
 		for _, f := range strings.Fields(string(data)) {
 			if c, err := strconv.Atoi(f); err == nil {
-				if ct, err := treeCPU(c); err == nil {
-					t += ct
-				}
+				cs = append(cs, c)
 			}
 		}
 	}
-	return t, nil
+	return cs
 }
 
 // ctxSwitches is the voluntary plus involuntary context switches of a process's threads
