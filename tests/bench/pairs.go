@@ -71,8 +71,8 @@ type pairSpec struct {
 	klURL   string       // kl-relayd's upstream ("": the direct exit)
 	klExtra []string     // its settings lines besides
 	first   func() error // instead of kl-relayd, in the first pod (the reference row)
-	// ownCPU: kl-relayd runs alone on the second CPU, everything else (this process:
-	// clients and echo server; the upstream) on the first.
+	// ownCPU: kl-relayd runs alone on the last CPU, everything else (this process:
+	// clients and echo server; the upstreams) on the others.
 	ownCPU  bool
 	other   func() error
 	via     upstream.Dialer // the other pod's client speaks to this upstream itself
@@ -113,10 +113,9 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			other: func() error { return b.startRelayChildIn(b.pair, "bare-relay") }, n: pairStreams, measure: b.streamIn},
 		// The reference itself against direct, measured as kl is above: the first pod runs
 		// the bare relay instead of kl-relayd.
-		{name: "reference: bare Go splice relay (no kl) vs direct: stream Gbit/s", n: pairStreams,
-			measure: b.streamIn,
-			other:   func() error { return nil }, // direct: first stopped every relay
-			first:   func() error { return b.startRelayChild("bare-relay") }},
+		{name: "reference: bare Go splice relay (no kl) vs direct: stream Gbit/s", n: pairStreams, measure: b.streamIn,
+			first: func() error { return b.startRelayChild("bare-relay") },
+			other: func() error { return nil }}, // direct: first stopped every relay
 	}
 	if base != "" {
 		// An older kl-relayd (its own daemon) relaying the other pod: a change's effect.
@@ -146,13 +145,13 @@ func runPairs(ctx context.Context) ([]Row, error) {
 				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, false) }},
 			// The upstream's ceiling: the other pod's client speaks to it itself, no relay.
 			pairSpec{name: kl + up.name + " alone (no relay)", klURL: url, n: pairCount, measure: b.connRate,
-				other: func() error { b.stopOtherRelay(); return nil }, via: alone})
+				other: none, via: alone})
 		if runtime.NumCPU() >= 2 {
 			// Whether kl-relayd's CPU time is what holds the upstream rows back: with a
 			// CPU of its own, its pod against the upstream alone on the CPU both pods'
 			// clients, the server and the upstream share.
 			specs = append(specs, pairSpec{name: kl + up.name + " alone, kl-relayd on a CPU of its own", klURL: url, n: pairCount,
-				measure: b.connRate, other: func() error { b.stopOtherRelay(); return nil }, via: alone, ownCPU: true})
+				measure: b.connRate, other: none, via: alone, ownCPU: true})
 		}
 		if base != "" {
 			specs = append(specs, pairSpec{name: kl + "kl@base → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
