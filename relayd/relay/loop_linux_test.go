@@ -784,17 +784,8 @@ func TestLoopHandoffDecidesOnce(t *testing.T) {
 // that fills it switches the direction to splice; the bytes arrive whole and in order on
 // either side of that switch, both ways (the echo sends back what it got).
 func TestLoopSizes(t *testing.T) {
-	loops := testLoops()
 	n := newLoopNet(t)
-	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: loops, Policy: func() relay.Decider { return pol }})
-	defer r.Shutdown(context.Background())
-	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
-		t.Fatal(err)
-	}
+	relayDirect(t, n)
 	for _, size := range []int{1, 4095, 4096, 4097, 3 * 4096, 64<<10 + 1, 4<<20 + 3} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
 			c, err := n.dial(t, "192.0.2.2:80")
@@ -840,22 +831,8 @@ func TestLoopSizes(t *testing.T) {
 // the connect completes), and a destination that takes nothing for a while as the
 // workload sends 4 MiB and half-closes: every stream arrives whole and ends.
 func TestLoopReadiness(t *testing.T) {
-	loops := testLoops()
 	n := newLoopNet(t)
-	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: loops, Policy: func() relay.Decider { return pol }})
-	defer func() {
-		// Bounded: a stalled flow (what this test looks for) would hold the drain.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		r.Shutdown(ctx)
-	}()
-	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
-		t.Fatal(err)
-	}
+	relayDirect(t, n)
 	// exchange1 writes payload in pieces (the last one and the half-close back to back),
 	// then reads to the end.
 	exchange1 := func(to, first string, payload []byte, pieces int) error {
@@ -934,4 +911,23 @@ func TestLoopReadiness(t *testing.T) {
 			t.Fatalf("server counted %q (%v), want %d", got, err, size)
 		}
 	})
+}
+
+// relayDirect runs a relay (on a loop unless KL_TEST_NOLOOP) carrying n's pod to the
+// direct exit until the test ends.
+func relayDirect(t *testing.T, n *loopNet) {
+	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(), Policy: func() relay.Decider { return pol }})
+	t.Cleanup(func() {
+		// Bounded: a stalled flow (what the tests look for) would hold the drain.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r.Shutdown(ctx)
+	})
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
 }
