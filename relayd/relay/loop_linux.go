@@ -771,7 +771,6 @@ func (l *loop) handshake(lf *lflow) {
 		}
 		want := min(hs.Want(), len(l.buf))
 		n, err := rawsys.Read(lf.u, l.buf[:want])
-		down.ready = n == want || down.hup
 		switch {
 		case err == unix.EAGAIN:
 			down.ready = false
@@ -783,12 +782,13 @@ func (l *loop) handshake(lf *lflow) {
 			l.fail(lf, hs.IOError(io.EOF))
 			return
 		}
+		down.ready = n == want || down.hup // a short read emptied the socket
 		if err := hs.Feed(l.buf[:n]); err != nil {
 			l.fail(lf, err)
 			return
 		}
 	}
-	lf.h[1].early = hs.Rest()
+	down.early = hs.Rest()
 	lf.hs = nil
 	l.connected(lf)
 }
@@ -900,7 +900,7 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			}
 			return nil
 		}
-		if !h.ready {
+		if !h.ready { // src has nothing: wait for it, holding no pipe
 			h.blocked = false
 			l.putPipe(h)
 			return nil
@@ -912,8 +912,8 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			// direction to splice for good.
 			n, err := rawsys.Read(src, l.buf[:])
 			if err == unix.EAGAIN {
-				h.blocked, h.ready = false, false
-				return nil
+				h.ready = false
+				continue
 			}
 			if err != nil {
 				return err
@@ -944,9 +944,8 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		}
 		n, err := rawsys.Splice(src, h.p[1], loopPipeSize)
 		if err == unix.EAGAIN {
-			h.blocked, h.ready = false, false
-			l.putPipe(h)
-			return nil
+			h.ready = false
+			continue
 		}
 		if err != nil {
 			return err
