@@ -145,7 +145,9 @@ http_access deny CONNECT !allowed_port
 		t.Fatal(err)
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	startDaemon(t, addr, "squid", "-N", "-f", cf)
+	args, rm := testutil.SquidArgs(cf)
+	t.Cleanup(rm) // after the stop startDaemon registers
+	startDaemon(t, addr, "squid", args...)
 	return addr
 }
 

@@ -231,7 +231,9 @@ http_access deny all
 `, laptopCorp, dir)
 	cf := filepath.Join(dir, "squid.conf")
 	must(t, os.WriteFile(cf, []byte(conf), 0o644))
-	tp.laptop.Start(t, "squid", "-N", "-f", cf)
+	args, rm := testutil.SquidArgs(cf)
+	t.Cleanup(rm) // after the stop Start registers
+	tp.laptop.Start(t, "squid", args...)
 	tp.laptop.WaitPort(t, "tcp", laptopCorp+":3128", 15*time.Second)
 	return filepath.Join(dir, "access.log")
 }

@@ -627,7 +627,9 @@ http_access deny all
 `, benchSrvAddr, benchSquid, b.dir, pairNet)), 0o644); err != nil {
 		return err
 	}
-	squid, _, err := b.start(b.srv, "squid", "-N", "-f", sconf)
+	args, rm := testutil.SquidArgs(sconf)
+	b.onCleanup(rm) // after the stop start registers
+	squid, _, err := b.start(b.srv, "squid", args...)
 	if err != nil {
 		return err
 	}

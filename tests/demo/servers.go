@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // visit is what a destination server saw of one request.
@@ -104,7 +105,9 @@ http_access allow all
 	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}
-	p, err := d.start(n, filepath.Join(dir, "squid.out"), nil, 5*time.Second, "squid", "-N", "-f", cf)
+	args, rm := testutil.SquidArgs(cf)
+	d.undo.push("remove squid "+name+"'s shared memory", func() error { rm(); return nil }) // after its stop
+	p, err := d.start(n, filepath.Join(dir, "squid.out"), nil, 5*time.Second, "squid", args...)
 	if err != nil {
 		return nil, err
 	}

@@ -102,7 +102,9 @@ dns_nameservers 127.0.0.1
 acl all_src src all
 http_access allow all_src
 `, squidAddr, dir)), 0o644))
-	ns.Start(t, "squid", "-N", "-f", conf)
+	args, rm := testutil.SquidArgs(conf)
+	t.Cleanup(rm) // after the stop Start registers
+	ns.Start(t, "squid", args...)
 	ns.WaitPort(t, "tcp", squidAddr+":3128", 30*time.Second)
 }
 

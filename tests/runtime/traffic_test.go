@@ -52,7 +52,9 @@ func startSquid(t *testing.T, world *testutil.Netns) string {
 	conf := fmt.Sprintf("http_port 3128\npid_filename %[1]s/squid.pid\ncache_log %[1]s/cache.log\naccess_log %[1]s/access.log\ncoredump_dir %[1]s\n"+
 		"cache deny all\nshutdown_lifetime 0 seconds\ndns_nameservers 127.0.0.1\nacl test src 192.0.2.0/24\nhttp_access allow test\nhttp_access deny all\n", sq)
 	os.WriteFile(filepath.Join(sq, "squid.conf"), []byte(conf), 0o644)
-	world.Start(t, "squid", "-N", "-f", filepath.Join(sq, "squid.conf"))
+	args, rm := testutil.SquidArgs(filepath.Join(sq, "squid.conf"))
+	t.Cleanup(rm) // after the stop Start registers
+	world.Start(t, "squid", args...)
 	world.WaitPort(t, "tcp", ":3128", 15*time.Second)
 	return sq
 }
