@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestParseGoBench(t *testing.T) {
 	out := []byte(`goos: linux
@@ -28,5 +31,23 @@ func TestMarkdownTable(t *testing.T) {
 	want := "| | x | y | z |\n|---|---:|---:|---:|\n| a | 1 | 2 |  |\n| b |  | 3 | 4 |\n"
 	if got := markdownTable(rows); got != want {
 		t.Errorf("markdownTable =\n%s\nwant\n%s", got, want)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	us := time.Microsecond
+	for _, c := range []struct {
+		relay, up, alone time.Duration
+		want             string
+	}{
+		{124 * us, 168 * us, 154 * us, "1.35x: the upstream"},
+		{250 * us, 200 * us, 0, "0.80x: the relay"},
+		{120 * us, 0, 164 * us, "1.37x: the upstream (upstream alone's CPU/conn)"},
+		{120 * us, 0, 0, ""}, // no upstream figure at all
+		{0, 168 * us, 154 * us, ""},
+	} {
+		if got := capacity(c.relay, c.up, c.alone); got != c.want {
+			t.Errorf("capacity(%v, %v, %v) = %q, want %q", c.relay, c.up, c.alone, got, c.want)
+		}
 	}
 }

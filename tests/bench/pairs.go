@@ -36,6 +36,12 @@ func init() {
 			"upstream alone: kl-relayd's own CPU time is then off the clients' and the upstream's, and " +
 			"what remains below 1.0x is what a second hop costs them: its latency (each of the 4 workers " +
 			"waits for its echo) and its kernel work on their CPU (a loopback connect runs the peer's side inline). " +
+			fmt.Sprintf("The `held to %.0f%% of a CPU` rows make the upstream the bottleneck by construction (squid and dante, with their "+
+				"children, in a CPU cgroup with that quota) and pair kl's pod against the upstream alone, with %d workers so the "+
+				"upstream is busy for all of its share whatever the round trip: a relay that costs the "+
+				"upstream nothing and carries every connection the upstream can take reaches 1.0x; what is missing is what the relay "+
+				"adds to the upstream's own work per connection; the same against redsocks in front of the held upstream "+
+				"compares what each relay costs it. ", pairUpShare*100, pairWideWorkers) +
 			fmt.Sprintf("%d pairs of %s bursts of the relay section's short-connection loop (%d workers: connect, 1 byte, echo, close), ",
 				pairCount, pairBurst, benchWorkers) +
 			fmt.Sprintf("or %d pairs of its Go stream (%s, one connection), ", pairStreams, benchStream) +
@@ -58,6 +64,11 @@ const (
 	pairCount   = 24
 	pairBurst   = time.Second
 	pairStreams = 8 // pairs of streams (benchStream each)
+	pairUpShare = 0.25
+	// Workers of the held rows: with 4, squid alone is busy about 60% of its time (each
+	// worker waits for its echo), and a relay's added round trip would show as missing
+	// upstream capacity.
+	pairWideWorkers = 16
 )
 
 // pairSpec is one row of the section: kl-relayd's set-up in its pod, the other pod's,
@@ -69,7 +80,10 @@ type pairSpec struct {
 	first   func() error // instead of kl-relayd, in the first pod (the reference row)
 	// ownCPU: kl-relayd runs alone on the last CPU, everything else (this process:
 	// clients and echo server; the upstreams) on the others.
-	ownCPU  bool
+	ownCPU bool
+	// upShare > 0: the upstreams (squid, dante) may use only this share of one CPU, so
+	// they are the bottleneck by construction.
+	upShare float64
 	other   func() error
 	via     upstream.Dialer // the other pod's client speaks to this upstream itself
 	n       int             // pairs
@@ -149,6 +163,14 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			specs = append(specs, pairSpec{name: kl + up.name + " alone, kl-relayd on a CPU of its own", klURL: url, n: pairCount,
 				measure: b.connRate, other: none, via: alone, ownCPU: true})
 		}
+		// The upstream made the bottleneck: a relay that costs it nothing reaches 1.0x
+		// against it alone; redsocks in front of it tells what relaying itself costs it.
+		held := fmt.Sprintf(", %s held to %.0f%% of a CPU", up.name, pairUpShare*100)
+		specs = append(specs,
+			pairSpec{name: kl + up.name + " alone" + held, klURL: url, n: pairCount, measure: b.connRateWide,
+				other: none, via: alone, upShare: pairUpShare},
+			pairSpec{name: kl + "redsocks → " + up.name + held, klURL: url, n: pairCount, measure: b.connRateWide,
+				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }, upShare: pairUpShare})
 		if base != "" {
 			specs = append(specs, pairSpec{name: kl + "kl@base → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { return b.startKlOther(base, url) }})
@@ -175,15 +197,19 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			running = s
 		}
 		row, err := Row{}, s.other()
+		var undo func() error // of the pinning or the limit
 		if err == nil && s.ownCPU {
-			err = b.pinCPUs(true)
+			err, undo = b.pinCPUs(true), func() error { return b.pinCPUs(false) }
+		}
+		if err == nil && s.upShare > 0 {
+			undo, err = b.limitUpstreams(s.upShare)
 		}
 		if err == nil {
 			row, err = b.headToHead(ctx, s.name, s.n, s.via, s.measure)
 		}
-		if s.ownCPU {
-			if perr := b.pinCPUs(false); err == nil {
-				err = perr
+		if undo != nil {
+			if uerr := undo(); err == nil {
+				err = uerr
 			}
 		}
 		if err != nil {
@@ -220,7 +246,14 @@ func (b *relayBench) startKlOther(bin, proxyURL string, extra ...string) error {
 
 // connRate is one burst of the connection loop from the netns at podPath: conn/s.
 func (b *relayBench) connRate(ctx context.Context, podPath string, via upstream.Dialer) (float64, error) {
-	c, _, _, _, err := b.connLoopIn(ctx, podPath, via, pairBurst)
+	c, _, _, _, err := b.connLoopIn(ctx, podPath, via, pairBurst, benchWorkers)
+	return c, err
+}
+
+// connRateWide is connRate with pairWideWorkers workers: enough connections at once that
+// a held upstream is busy for all of its share of the CPU, whatever each one's round trip.
+func (b *relayBench) connRateWide(ctx context.Context, podPath string, via upstream.Dialer) (float64, error) {
+	c, _, _, _, err := b.connLoopIn(ctx, podPath, via, pairBurst, pairWideWorkers)
 	return c, err
 }
 

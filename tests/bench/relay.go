@@ -51,7 +51,7 @@ func init() {
 			"both upstreams and relayed direct: an older build measured in the same rounds " +
 			"(KL_BENCH_RELAY_ONLY=words keeps only the rows naming one, KL_BENCH_RELAY_RUNS=n sets the rounds). `setup +p50/p99` is the added " +
 			"connect+echo latency over direct. `conn/s vs redsocks … by round` is the median of each round's own ratio, [lowest–highest]: both ran in every round, so a load change on the shared machine falls on both. `relay CPU/conn` is the relaying process's user+system " +
-			"CPU time (from /proc) per connection of the loop, `upstream CPU/conn` the same for the upstream (squid; dante with its children, less those that ended during the loop, so a floor and blank when none ran long enough), and `ctx switches/conn` the relay's threads' context switches (voluntary and not) per connection: " +
+			"CPU time (from /proc) per connection of the loop, `upstream CPU/conn` the same for the upstream (squid, dante: the process with all its children, running or ended), `relay ÷ upstream conn/s per CPU` the connections a second the relay could carry on a CPU of its own over those the upstream could (the upstream's CPU/conn over the relay's, the upstream alone's when its own is blank; above 1.0x the upstream runs out of CPU first: it, not the relay, is the bottleneck), and `ctx switches/conn` the relay's threads' context switches (voluntary and not) per connection: " +
 			"on this virtual machine a switch is the dearest thing a relay does, and it is where a Go relay (kl or bare) and redsocks' single epoll loop differ. `idle KiB/conn` is the relaying process's RSS growth " +
 			"(kl-relayd, redsocks) with 1000 relayed connections held open. Targets: transparent >= " +
 			"0.65x direct throughput and >= 0.45x direct conn/s; via an upstream >= 3x redsocks' " +
@@ -435,6 +435,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		}
 		if f.upcpu > 0 {
 			cols = append(cols, Col{"upstream CPU/conn", fmtNs(float64(f.upcpu))})
+		}
+		if c := capacity(f.cpu, f.upcpu, figs[v.alone].upcpu); v.alone != "" && c != "" {
+			cols = append(cols, Col{"relay ÷ upstream conn/s per CPU", c})
 		}
 		if a, ok := figs[v.alone]; ok {
 			cols = append(cols, Col{"vs alone", fmt.Sprintf("%s stream, %s conn/s", ratio(f.sgbps, a.sgbps), ratio(f.cps, a.cps))})
@@ -938,18 +941,18 @@ func (b *relayBench) connLoop(ctx context.Context) (float64, time.Duration, time
 // connLoopN is connLoop with the pod's client speaking to the upstream via itself (nil:
 // plain TCP); it also returns the number of connections made.
 func (b *relayBench) connLoopN(ctx context.Context, via upstream.Dialer) (float64, time.Duration, time.Duration, int, error) {
-	return b.connLoopIn(ctx, b.podPath, via, benchLoopFor)
+	return b.connLoopIn(ctx, b.podPath, via, benchLoopFor, benchWorkers)
 }
 
-// connLoopIn is connLoopN from the netns at podPath for d.
-func (b *relayBench) connLoopIn(ctx context.Context, podPath string, via upstream.Dialer, d time.Duration) (float64, time.Duration, time.Duration, int, error) {
+// connLoopIn is connLoopN from the netns at podPath for d, with this many workers.
+func (b *relayBench) connLoopIn(ctx context.Context, podPath string, via upstream.Dialer, d time.Duration, workers int) (float64, time.Duration, time.Duration, int, error) {
 	var mu sync.Mutex
 	var lat []time.Duration
 	var firstErr error
 	var wg sync.WaitGroup
 	start := time.Now()
 	end := start.Add(d)
-	for range benchWorkers {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -1050,26 +1053,36 @@ func (b *relayBench) idleCost(ctx context.Context, pid int) (float64, error) {
 
 // cpuTime is the user plus system CPU time a process has used so far (all its threads).
 func cpuTime(pid int) (time.Duration, error) {
+	own, _, err := cpuTimes(pid)
+	return own, err
+}
+
+// cpuTimes is cpuTime, and the same of the children the process has waited for (those
+// that ended: cutime and cstime).
+func cpuTimes(pid int) (own, reaped time.Duration, err error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The fields after the command (which may hold spaces) start after the last ')'.
 	i := bytes.LastIndexByte(data, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
 	}
 	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	if len(f) < 15 {
+		return 0, 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
 	}
-	// utime and stime are fields 14 and 15 of stat(5), in clock ticks (USER_HZ, 100).
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime or stime", pid)
+	// utime, stime, cutime and cstime are fields 14 to 17 of stat(5), in clock ticks
+	// (USER_HZ, 100).
+	var t [4]int64
+	for k := range t {
+		if t[k], err = strconv.ParseInt(f[11+k], 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("/proc/%d/stat: field %d: %w", pid, 14+k, err)
+		}
 	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+	tick := 10 * time.Millisecond
+	return time.Duration(t[0]+t[1]) * tick, time.Duration(t[2]+t[3]) * tick, nil
 }
 
 // paired compares two variants round by round (both ran in every round, minutes apart
@@ -1088,13 +1101,15 @@ func paired(a, b []float64) string {
 	return fmt.Sprintf("%s [%s–%s]", ratio(median(rs), 1), ratio(slices.Min(rs), 1), ratio(slices.Max(rs), 1))
 }
 
-// treeCPU is cpuTime of a process and of its descendants now running (dante's mother
-// process hands connections to children).
+// treeCPU is the CPU time of a process and of all its descendants, running or ended and
+// waited for (dante's mother process hands connections to children, which end after a
+// number of them); only those that ended without being waited for are missing.
 func treeCPU(pid int) (time.Duration, error) {
-	t, err := cpuTime(pid)
+	own, reaped, err := cpuTimes(pid)
 	if err != nil {
 		return 0, err
 	}
+	t := own + reaped
 	for _, c := range childPids(pid) {
 		if ct, err := treeCPU(c); err == nil {
 			t += ct
@@ -1169,4 +1184,25 @@ func signedNs(d time.Duration) string {
 		return "-" + fmtNs(float64(-d))
 	}
 	return "+" + fmtNs(float64(d))
+}
+
+// capacity compares what the relay and its upstream could each carry on a CPU of their
+// own: connections a second per CPU is the inverse of CPU time per connection, so the
+// relay's over the upstream's is the upstream's CPU per connection over the relay's (up,
+// or alone, the upstream's own figure without a relay, when up is blank: dante's children
+// end during the loop). Above 1.0x the upstream runs out of CPU first: it is the
+// bottleneck. Empty when a figure is missing.
+func capacity(relay, up, alone time.Duration) string {
+	src := ""
+	if up == 0 {
+		up, src = alone, " (upstream alone's CPU/conn)"
+	}
+	if relay <= 0 || up <= 0 {
+		return ""
+	}
+	who := "the upstream"
+	if up < relay {
+		who = "the relay"
+	}
+	return fmt.Sprintf("%s: %s%s", ratio(float64(up), float64(relay)), who, src)
 }
