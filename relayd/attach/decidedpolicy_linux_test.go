@@ -86,7 +86,7 @@ func TestDecidedPolicyCarried(t *testing.T) {
 				}},
 				Log: slog.New(slog.NewTextHandler(f.log, nil)),
 			})
-			defer r.Shutdown(context.Background())
+			defer testutil.Shutdown(t, r)
 			w := api.Workload{ID: payWorkload.ID, Netns: pod.Path, Mode: tt.mode, Labels: payWorkload.Labels, Image: payWorkload.Image}
 			if _, err := r.Open(w); err != nil {
 				t.Fatal(err)

@@ -65,7 +65,7 @@ func TestAuditKeepsDestinationsOut(t *testing.T) {
 				Audit:          aud,
 				Log:            slog.New(slog.NewTextHandler(&logs, nil)),
 			})
-			defer r.Shutdown(context.Background())
+			defer testutil.Shutdown(t, r)
 			for _, w := range []api.Workload{
 				{ID: "t", Netns: pod.Path, Mode: api.ModeTransparent},
 				{ID: "p", Netns: pod.Path, Mode: api.ModeProxy},

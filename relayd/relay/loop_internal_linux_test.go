@@ -153,7 +153,7 @@ func TestLoopNoDelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := New(Options{RedirectPort: port, Mark: mark, Loops: 1, Policy: func() Decider { return pol }})
-	defer r.Shutdown(context.Background())
+	defer testutil.Shutdown(t, r)
 	if _, err := r.Open(api.Workload{ID: "w", Netns: pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}

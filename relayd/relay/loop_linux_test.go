@@ -211,7 +211,7 @@ rules:
 				Exits:  map[string]relay.DialFunc{"named": exits["named"]},
 				Audit:  aud,
 			})
-			defer r.Shutdown(context.Background())
+			defer testutil.Shutdown(t, r)
 			if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 				t.Fatal(err)
 			}
@@ -273,7 +273,7 @@ func TestLoopLifecycle(t *testing.T) {
 
 	t.Run("idle timeout", func(t *testing.T) {
 		r := newRelay(300 * time.Millisecond)
-		defer r.Shutdown(context.Background())
+		defer testutil.Shutdown(t, r)
 		idle, err := n.dial(t, "192.0.2.2:80")
 		if err != nil {
 			t.Fatal(err)
@@ -298,7 +298,7 @@ func TestLoopLifecycle(t *testing.T) {
 
 	t.Run("close", func(t *testing.T) {
 		r := newRelay(time.Minute)
-		defer r.Shutdown(context.Background())
+		defer testutil.Shutdown(t, r)
 		c, err := n.dial(t, "192.0.2.2:80")
 		if err != nil {
 			t.Fatal(err)
@@ -495,7 +495,7 @@ rules:
 		Policy: func() relay.Decider { return pol },
 		Exits:  exits, Upstreams: ups, Audit: aud,
 	})
-	defer r.Shutdown(context.Background())
+	defer testutil.Shutdown(t, r)
 	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}
@@ -556,7 +556,7 @@ func TestLoopSniff(t *testing.T) {
 	}
 	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
 		SniffWait: 100 * time.Millisecond, Policy: func() relay.Decider { return pol }, Audit: aud})
-	defer r.Shutdown(context.Background())
+	defer testutil.Shutdown(t, r)
 	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}
@@ -619,7 +619,7 @@ func TestLoopClosePeeking(t *testing.T) {
 	}
 	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
 		SniffWait: time.Minute, Policy: func() relay.Decider { return pol }})
-	defer r.Shutdown(context.Background())
+	defer testutil.Shutdown(t, r)
 	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}
@@ -667,7 +667,7 @@ func TestLoopCloseConnecting(t *testing.T) {
 			}
 			r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
 				ConnectTimeout: 300 * time.Millisecond, Policy: func() relay.Decider { return pol }, Audit: aud})
-			defer r.Shutdown(context.Background())
+			defer testutil.Shutdown(t, r)
 			if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 				t.Fatal(err)
 			}
@@ -759,7 +759,7 @@ func TestLoopHandoffDecidesOnce(t *testing.T) {
 		Exits: map[string]relay.DialFunc{"named": func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 			return relay.NetnsFrom(ctx).DialAddrPort(ctx, loopMark, netip.MustParseAddrPort("192.0.2.2:80"))
 		}}})
-	defer r.Shutdown(context.Background())
+	defer testutil.Shutdown(t, r)
 	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}
@@ -921,12 +921,7 @@ func relayDirect(t *testing.T, n *loopNet) {
 		t.Fatal(err)
 	}
 	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(), Policy: func() relay.Decider { return pol }})
-	t.Cleanup(func() {
-		// Bounded: a stalled flow (what the tests look for) would hold the drain.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		r.Shutdown(ctx)
-	})
+	t.Cleanup(func() { testutil.Shutdown(t, r) })
 	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ package testutil
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -294,4 +295,19 @@ func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// ShutdownWait is how long Shutdown lets a relay's flows drain.
+const ShutdownWait = 10 * time.Second
+
+// Shutdown stops s (a relay), letting its flows drain for at most ShutdownWait; a flow
+// still open then fails the test. A stalled flow, what many relay tests look for, so
+// fails the test instead of hanging it until the package's timeout.
+func Shutdown(t testing.TB, s interface{ Shutdown(context.Context) error }) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ShutdownWait)
+	defer cancel()
+	if err := s.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: flows still open after %v: %v", ShutdownWait, err)
+	}
 }
