@@ -40,15 +40,16 @@ func (b *relayBench) limitUpstreams(share float64) (undo func() error, err error
 		}
 		return os.Remove(dir)
 	}
-	limit := map[bool][2]string{
-		true:  {"cpu.max", fmt.Sprintf("%d %d", quota, period)},
-		false: {"cpu.cfs_quota_us", strconv.Itoa(quota)},
-	}[cg.v2]
-	if !cg.v2 {
-		err = os.WriteFile(filepath.Join(dir, "cpu.cfs_period_us"), []byte(strconv.Itoa(period)), 0)
+	set := func(file, value string) {
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, file), []byte(value), 0)
+		}
 	}
-	if err == nil {
-		err = os.WriteFile(filepath.Join(dir, limit[0]), []byte(limit[1]), 0)
+	if cg.v2 {
+		set("cpu.max", fmt.Sprintf("%d %d", quota, period))
+	} else {
+		set("cpu.cfs_period_us", strconv.Itoa(period))
+		set("cpu.cfs_quota_us", strconv.Itoa(quota))
 	}
 	var move func(pid int) error
 	move = func(pid int) error {
