@@ -112,9 +112,12 @@ func (c *Config) FlagRoutes() bool {
 type Upstream struct {
 	URL            string        `yaml:"url"`            // http://[user:pass@]host:port (CONNECT) or socks5://[user:pass@]host:port
 	ConnectTimeout time.Duration `yaml:"connectTimeout"` // default: Config.ConnectTimeout
-	// Pipeline (socks5 only) sends the SOCKS5 greeting and CONNECT request in one write,
-	// saving a round trip per connection; only for servers that read ahead, such as
-	// Dante (microsocks does not: every flow through it would time out).
+	// Pipeline saves a round trip per connection. socks5: the greeting and CONNECT
+	// request go in one write; only for servers that read ahead, such as Dante
+	// (microsocks does not: every flow through it would time out). http: the bytes the
+	// workload already sent go in the same write as the CONNECT request, not after the
+	// answer (flows on the event loops); only for proxies that forward bytes sent ahead
+	// of their answer, such as Squid.
 	Pipeline bool `yaml:"pipeline"`
 }
 
@@ -376,9 +379,6 @@ func (u *Upstream) fill(def time.Duration) error {
 	}
 	if p.Hostname() == "" || p.Port() == "" {
 		return fmt.Errorf("url %s needs a host and a port", Redact(u.URL))
-	}
-	if u.Pipeline && p.Scheme != "socks5" {
-		return fmt.Errorf("pipeline is for socks5 upstreams, not %s (a CONNECT is one round trip already)", Redact(u.URL))
 	}
 	return nil
 }

@@ -82,7 +82,11 @@ exits:
 		{name: "bad scheme", in: "proxy: {url: 'ftp://a:1'}\n", wantErr: `scheme "ftp"`},
 		{name: "no port", in: "proxy: {url: 'http://user:secret@a'}\n", wantErr: "needs a host and a port"},
 		{name: "missing url", in: "exits: {b: {}}\n", wantErr: "exits: b: url is missing"},
-		{name: "pipeline on http", in: "proxy: {url: 'http://user:secret@a:1', pipeline: true}\n", wantErr: "pipeline is for socks5 upstreams"},
+		{name: "pipeline on http", in: "proxy: {url: 'http://user:secret@a:1', pipeline: true}\n", check: func(t *testing.T, c *Config) {
+			if !c.Proxy.Pipeline {
+				t.Error("proxy: pipeline not set")
+			}
+		}},
 		{name: "pipeline on socks5", in: "exits: {b: {url: 'socks5://a:1080', pipeline: true}}\n", check: func(t *testing.T, c *Config) {
 			if !c.Exits["b"].Pipeline {
 				t.Error("exits: b: pipeline not set")

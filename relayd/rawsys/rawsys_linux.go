@@ -84,6 +84,15 @@ func Write(fd int, b []byte) (int, error) {
 	return call(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0, 0, 0)
 }
 
+// Write2 writes a, then b, in one system call (writev): one TCP segment where both fit
+// (len(a) > 0, len(b) > 0).
+func Write2(fd int, a, b []byte) (int, error) {
+	iov := [2]unix.Iovec{{Base: &a[0]}, {Base: &b[0]}}
+	iov[0].SetLen(len(a))
+	iov[1].SetLen(len(b))
+	return call(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), 2, 0, 0, 0)
+}
+
 // Splice moves up to n bytes from one descriptor to the other, one of them a pipe,
 // without blocking.
 func Splice(from, to, n int) (int, error) {

@@ -124,3 +124,19 @@ func TestLoopback(t *testing.T) {
 		}
 	}
 }
+
+func TestWrite2(t *testing.T) {
+	p, err := Pipe(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(p[0])
+	defer Close(p[1])
+	if n, err := Write2(p[1], []byte("CONNECT "), []byte("hello")); n != 13 || err != nil {
+		t.Fatalf("Write2 = %d, %v; want 13, nil", n, err)
+	}
+	buf := make([]byte, 32)
+	if n, err := Read(p[0], buf); err != nil || string(buf[:n]) != "CONNECT hello" {
+		t.Errorf("read %q, %v; want %q", buf[:n], err, "CONNECT hello")
+	}
+}

@@ -122,6 +122,8 @@ type lflow struct {
 	done    func(up, down int64)
 	hs      *upstream.Handshake // an upstream exit's, until the tunnel is open
 	sent    int                 // bytes of hs.Out() written
+	// earlyRead: the workload's first bytes were read for the handshake (EarlyData).
+	earlyRead bool
 }
 
 // lhalf is one direction of a flow: bytes spliced from its source into the pipe and not
@@ -747,11 +749,33 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 // has nothing more to read or no room to write (its next event resumes). The upstream
 // answers only what it was sent: right after a write there is nothing to read yet, and
 // the answer's arrival is the event that resumes.
+//
+// An upstream that takes early data (http, pipeline: true) gets what the workload has
+// sent by the first write (read once, at most the loop's buffer) in the same write as the
+// request; what that write does not take waits with the rest of the direction, for the
+// answer.
 func (l *loop) handshake(lf *lflow) {
-	hs, down := lf.hs, &lf.h[1]
+	hs, up, down := lf.hs, &lf.h[0], &lf.h[1]
 	for !hs.Done() {
 		if out := hs.Out(); len(out) > 0 {
-			n, err := rawsys.Write(lf.u, out[lf.sent:])
+			if hs.EarlyData() && !lf.earlyRead {
+				lf.earlyRead = true
+				if err := l.readEarly(lf); err != nil {
+					l.fail(lf, err)
+					return
+				}
+			}
+			var n int
+			var err error
+			if rest := out[lf.sent:]; len(up.early) > 0 && lf.sent == 0 {
+				n, err = rawsys.Write2(lf.u, rest, up.early)
+				if k := n - len(rest); k > 0 {
+					up.early, n = up.early[k:], len(rest)
+					up.moved += int64(k)
+				}
+			} else {
+				n, err = rawsys.Write(lf.u, rest)
+			}
 			if err == unix.EAGAIN {
 				return
 			}
@@ -791,6 +815,30 @@ func (l *loop) handshake(lf *lflow) {
 	down.early = hs.Rest()
 	lf.hs = nil
 	l.connected(lf)
+}
+
+// readEarly reads what the workload has sent so far into its direction's early bytes,
+// for a handshake that takes them with the request; an end of stream is kept for after
+// the tunnel opens. It reads even when epoll has not reported the socket yet: the
+// connect's event often comes first in the same batch.
+func (l *loop) readEarly(lf *lflow) error {
+	h := &lf.h[0]
+	n, err := rawsys.Read(lf.c, l.buf[:])
+	switch {
+	case err == unix.EAGAIN:
+		h.ready = false
+		return nil
+	case err != nil:
+		return fmt.Errorf("read the workload's first bytes: %w", os.NewSyscallError("read", err))
+	case n == 0:
+		h.eof = true
+		return nil
+	}
+	lf.last = l.now
+	h.bulk = n == len(l.buf)
+	h.ready = h.bulk || h.hup // a short read emptied the socket
+	h.early = bytes.Clone(l.buf[:n])
+	return nil
 }
 
 // connected records the decision and starts relaying.

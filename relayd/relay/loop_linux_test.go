@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -537,6 +538,107 @@ rules:
 	}
 	if s := r.Stats(); s.ByExit["socks"] != 1 || s.ByExit["http"] != 1 || s.ByExit["down"] != 1 {
 		t.Errorf("stats %+v, want one flow per exit", s)
+	}
+}
+
+// TestLoopPipelinedConnect: an http upstream with pipeline gets the workload's first
+// bytes (here a request the peek for its hostname waited for) in the same write as the
+// CONNECT request on the event loop; without it (and on the goroutine path) they follow
+// the answer. Either way the target gets them intact, once.
+func TestLoopPipelinedConnect(t *testing.T) {
+	n := newLoopNet(t)
+	ahead := make(chan bool, 1) // per CONNECT: tunnel bytes came with the request
+	ln, err := netns.Listen(n.srv.Path, "tcp", "192.0.2.2:3130")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) {
+		defer c.Close()
+		b := make([]byte, 4096)
+		var head []byte
+		for !bytes.Contains(head, []byte("\r\n\r\n")) {
+			k, err := c.Read(b)
+			if err != nil {
+				return
+			}
+			head = append(head, b[:k]...)
+		}
+		end := bytes.Index(head, []byte("\r\n\r\n")) + 4
+		ahead <- end < len(head)
+		e, err := netns.Dial(context.Background(), n.srv.Path, 0, "tcp", "192.0.2.2:80")
+		if err != nil {
+			return
+		}
+		defer e.Close()
+		c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+		e.Write(head[end:])
+		go func() { io.Copy(e, c); e.(*net.TCPConn).CloseWrite() }()
+		io.Copy(c, e)
+	})
+	pol, err := rules.Parse("t", []byte(`default: direct
+rules:
+  - domain: pipelined.example
+    exit: pipelined
+  - domain: plain.example
+    exit: plain
+`), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := map[string]upstream.Handshaker{}
+	exits := map[string]relay.DialFunc{}
+	for name, opts := range map[string][]upstream.Option{"pipelined": {upstream.Pipeline()}, "plain": nil} {
+		base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
+		}
+		d, err := upstream.New("http://192.0.2.2:3130", time.Second, base, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ups[name] = d.(upstream.Handshaker)
+		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
+		}
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+		SniffWait: time.Second, Policy: func() relay.Decider { return pol }, Exits: exits, Upstreams: ups})
+	defer testutil.Shutdown(t, r)
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		host      string
+		wantAhead bool
+	}{
+		{"pipelined.example", testLoops() > 0},
+		{"plain.example", false},
+	} {
+		t.Run(tc.host, func(t *testing.T) {
+			c, err := n.dial(t, "192.0.2.2:80")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			req := "GET / HTTP/1.1\r\nHost: " + tc.host + "\r\n\r\n"
+			if _, err := io.WriteString(c, req); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if string(got) != req+"bye" || err != nil {
+				t.Errorf("got %q, %v; want the request echoed intact", got, err)
+			}
+			select {
+			case a := <-ahead:
+				if a != tc.wantAhead {
+					t.Errorf("request bytes with the CONNECT: %v, want %v", a, tc.wantAhead)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the upstream got no CONNECT")
+			}
+		})
 	}
 }
 

@@ -42,6 +42,7 @@ type Handshake struct {
 	c        *common
 	socks    bool
 	pipeline bool // socks: everything was sent at once (Pipeline)
+	early    bool // http: the tunnel's first bytes may follow the request (Pipeline)
 
 	// The messages to send, out[sent:ready] due now. A SOCKS5 handshake lays out
 	// greeting, credentials and CONNECT request here once, and ready moves past each as
@@ -121,6 +122,11 @@ func (h *Handshake) Feed(b []byte) error {
 	}
 	return nil
 }
+
+// EarlyData reports whether the caller may send the tunnel's first bytes right behind
+// the request, in the same write, before the upstream answers: an http upstream made
+// with Pipeline. They reach the target only if the upstream opens the tunnel.
+func (h *Handshake) EarlyData() bool { return h.early }
 
 // Done reports whether the tunnel is open: what follows on the connection is the
 // target's.

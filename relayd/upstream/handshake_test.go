@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"syscall"
@@ -403,6 +404,33 @@ func TestHandshaker(t *testing.T) {
 		_, derr := hs.Dial(context.Background(), tt.target)
 		if h != nil || !errors.Is(herr, ErrTarget) || derr == nil || herr.Error() != derr.Error() {
 			t.Errorf("%s: Handshake(%+v) = %v, %v; want nil and Dial's error %v", tt.url, tt.target, h, herr, derr)
+		}
+	}
+}
+
+// TestHandshakeEarlyData: only an http upstream made with Pipeline lets its caller send
+// the tunnel's first bytes with the request.
+func TestHandshakeEarlyData(t *testing.T) {
+	for _, tt := range []struct {
+		url   string
+		opts  []Option
+		early bool
+	}{
+		{"http://h:3128", []Option{Pipeline()}, true},
+		{"http://h:3128", nil, false},
+		{"socks5://h:1080", []Option{Pipeline()}, false},
+		{"socks5://h:1080", nil, false},
+	} {
+		d, err := New(tt.url, time.Second, nil, tt.opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := d.(Handshaker).Handshake(Target{Addr: netip.MustParseAddrPort("192.0.2.1:443"), Port: 443})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.EarlyData() != tt.early {
+			t.Errorf("%s (%d options): EarlyData() = %v, want %v", tt.url, len(tt.opts), h.EarlyData(), tt.early)
 		}
 	}
 }

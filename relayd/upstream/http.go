@@ -21,7 +21,8 @@ const (
 
 type httpDialer struct {
 	common
-	auth string // the Proxy-Authorization header line, built once ("" without credentials)
+	auth     string // the Proxy-Authorization header line, built once ("" without credentials)
+	pipeline bool   // the tunnel's first bytes may follow the request at once (Pipeline)
 }
 
 // proxyAuthorization is the Basic Proxy-Authorization header line for user and pass.
@@ -48,7 +49,7 @@ func (d *httpDialer) start(h *Handshake, t Target) error {
 		return d.errorf("%w: target has no host or port", ErrTarget)
 	}
 	h.reset(&d.common)
-	h.sendStage = "send CONNECT"
+	h.sendStage, h.early = "send CONNECT", d.pipeline
 	host := t.hostOnly()
 	bracket := strings.IndexByte(host, ':') >= 0 // IPv6, as net.JoinHostPort
 	const fixed = len("CONNECT ") + len(" HTTP/1.1\r\nHost: ") + len("\r\n") + len("\r\n")

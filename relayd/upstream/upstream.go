@@ -92,11 +92,15 @@ type Option func(*options)
 
 type options struct{ pipeline bool }
 
-// Pipeline makes a socks5 upstream's Dialer send its greeting, credentials and CONNECT
-// request in one write instead of waiting for each answer: one round trip per connection
-// instead of two (three with credentials). Only for servers that read a request sent
-// ahead of their answer, as Dante does; microsocks does not, and every dial through it
-// then times out. New refuses it for an http upstream, whose CONNECT is one round trip.
+// Pipeline saves a round trip per connection. A socks5 upstream's Dialer sends its
+// greeting, credentials and CONNECT request in one write instead of waiting for each
+// answer: one round trip instead of two (three with credentials); only for servers that
+// read a request sent ahead of their answer, as Dante does (microsocks does not, and
+// every dial through it then times out). An http upstream's Handshake lets its caller send
+// the tunnel's first bytes (a TLS ClientHello, an HTTP request) in the same write as the
+// CONNECT request instead of after the answer (EarlyData); only for proxies that forward
+// bytes sent ahead of their answer, as Squid does. Dial has no such bytes: through it, an
+// http upstream's CONNECT goes alone.
 func Pipeline() Option { return func(o *options) { o.pipeline = true } }
 
 // DefaultConnectTimeout is used when New is given a timeout of zero or less.
@@ -139,10 +143,7 @@ func New(rawURL string, connectTimeout time.Duration, base DialFunc, opts ...Opt
 	}
 	switch u.Scheme {
 	case "http":
-		if o.pipeline {
-			return nil, fmt.Errorf("upstream %q: pipelining is for socks5 upstreams (an http CONNECT is already one round trip)", c.name)
-		}
-		d := &httpDialer{common: c}
+		d := &httpDialer{common: c, pipeline: o.pipeline}
 		if c.hasUser {
 			d.auth = proxyAuthorization(c.user, c.pass)
 		}

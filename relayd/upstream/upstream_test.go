@@ -41,7 +41,7 @@ func TestNew(t *testing.T) {
 		{name: "bad url keeps secret", url: "http://u:secret@h:1/%zz", wantErr: "does not parse"},
 		{name: "empty socks user", url: "socks5://:p@h:1", wantErr: "empty socks5 username"},
 		{name: "socks5 pipelined", url: "socks5://u:p@h:1080", want: "socks5://h:1080", opts: []Option{Pipeline()}},
-		{name: "http pipelined", url: "http://u:secret@h:3128", wantErr: "pipelining is for socks5 upstreams", opts: []Option{Pipeline()}},
+		{name: "http pipelined", url: "http://u:secret@h:3128", want: "http://h:3128", opts: []Option{Pipeline()}},
 		{name: "long socks user", url: "socks5://" + strings.Repeat("u", 256) + ":p@h:1", wantErr: "limited to 255"},
 	}
 	for _, tt := range tests {

@@ -151,6 +151,10 @@ func runPairs(ctx context.Context) ([]Row, error) {
 		specs = append(specs,
 			pairSpec{name: kl + "redsocks → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }},
+			// `pipeline: true` (the line continues the settings' proxy block): squid gets
+			// the client's first bytes with the CONNECT, dante greeting and CONNECT at once.
+			pairSpec{name: "kl (pipeline: true) → " + up.name + " vs redsocks → " + up.name, klURL: url, klExtra: []string{"  pipeline: true\n"},
+				n: pairCount, measure: b.connRate, other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }},
 			pairSpec{name: kl + "redsocks default (no splice) → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, false) }},
 			// The upstream's ceiling: the other pod's client speaks to it itself, no relay.

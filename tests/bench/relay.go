@@ -44,7 +44,7 @@ func init() {
 			"left out of the connection path, the shape of redsocks), direct and in front of dante and squid; each upstream " +
 			"alone, no relay (`dante alone`, `squid alone`: a Go client in the pod speaking SOCKS5 " +
 			"or CONNECT to it, the ceiling any relay in front of that upstream can reach; no iperf3, " +
-			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid) " +
+			"which cannot speak to a proxy); kl-relayd to a SOCKS5 (dante, also with `pipeline: true`, greeting and CONNECT in one write) and to a CONNECT (squid, also with `pipeline: true`, the client's first bytes in the CONNECT request's write) " +
 			"upstream; and redsocks (Debian 0.5) to the same upstreams, with splice on (its fastest setting: `vs redsocks`) and as configured by default (copies through libevent buffers, the setting the issue measured: `vs redsocks default`). " +
 			"`vs bare relay` is kl-relayd (or the epoll relay) over the bare relay doing the same job (direct, or to an upstream). `vs alone` is a relay's stream and conn/s over its upstream's ceiling (1.0x: the upstream " +
 			"is the bottleneck). KL_BENCH_BASE_BIN=path/to/kl-relayd adds `kl@base` rows through " +
@@ -242,6 +242,9 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		{name: epollSquidRow, prep: func() error { return b.startEpoll(squidURL) }, iperf: true, proc: otherPid,
 			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid", bare: bareSquidRow},
 		{name: "kl → squid (CONNECT)", prep: func() error { return b.startRelayBin(b.bin, squidURL) }, iperf: true, proc: relayPid,
+			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid", bare: bareSquidRow},
+		// `pipeline: true`: the client's first bytes go with the CONNECT request.
+		{name: "kl → squid (CONNECT, pipelined)", prep: func() error { return b.startRelayBin(b.bin, squidURL, "  pipeline: true\n") }, iperf: true, proc: relayPid,
 			alone: "squid alone (no relay)", red: "redsocks → squid", redCp: "redsocks default (no splice) → squid", bare: bareSquidRow},
 	}
 	if base := os.Getenv("KL_BENCH_BASE_BIN"); base != "" {
