@@ -759,15 +759,20 @@ func (l *loop) handshake(lf *lflow) {
 	for !hs.Done() {
 		if out := hs.Out(); len(out) > 0 {
 			if hs.EarlyData() && !lf.earlyRead {
+				// Read even if epoll has not reported the workload's socket yet: the
+				// connect's event often comes first in the same batch. An end of
+				// stream is kept for after the tunnel opens.
 				lf.earlyRead = true
-				if err := l.readEarly(lf); err != nil {
-					l.fail(lf, err)
+				b, err := l.bufRead(lf, up, lf.c)
+				if err != nil {
+					l.fail(lf, fmt.Errorf("read the workload's first bytes: %w", os.NewSyscallError("read", err)))
 					return
 				}
+				up.early = bytes.Clone(b) // out of the loop's buffer, which the answer is read into
 			}
 			var n int
 			var err error
-			if rest := out[lf.sent:]; len(up.early) > 0 && lf.sent == 0 {
+			if rest := out[lf.sent:]; len(up.early) > 0 {
 				n, err = rawsys.Write2(lf.u, rest, up.early)
 				if k := n - len(rest); k > 0 {
 					up.early, n = up.early[k:], len(rest)
@@ -817,28 +822,26 @@ func (l *loop) handshake(lf *lflow) {
 	l.connected(lf)
 }
 
-// readEarly reads what the workload has sent so far into its direction's early bytes,
-// for a handshake that takes them with the request; an end of stream is kept for after
-// the tunnel opens. It reads even when epoll has not reported the socket yet: the
-// connect's event often comes first in the same batch.
-func (l *loop) readEarly(lf *lflow) error {
-	h := &lf.h[0]
-	n, err := rawsys.Read(lf.c, l.buf[:])
+// bufRead reads src, direction h's source, into the loop's buffer and returns what it
+// read (nil when there was nothing: ready goes off; or at the end of stream: eof goes
+// on). A read that does not fill the buffer emptied the socket, so ready goes off
+// unless it hung up; one that fills it makes the direction bulk.
+func (l *loop) bufRead(lf *lflow, h *lhalf, src int) ([]byte, error) {
+	n, err := rawsys.Read(src, l.buf[:])
 	switch {
 	case err == unix.EAGAIN:
 		h.ready = false
-		return nil
+		return nil, nil
 	case err != nil:
-		return fmt.Errorf("read the workload's first bytes: %w", os.NewSyscallError("read", err))
+		return nil, err
 	case n == 0:
 		h.eof = true
-		return nil
+		return nil, nil
 	}
 	lf.last = l.now
 	h.bulk = n == len(l.buf)
-	h.ready = h.bulk || h.hup // a short read emptied the socket
-	h.early = bytes.Clone(l.buf[:n])
-	return nil
+	h.ready = h.bulk || h.hup
+	return l.buf[:n], nil
 }
 
 // connected records the decision and starts relaying.
@@ -958,22 +961,14 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			// buffer: a read and a write cost less than two splices and a pipe, which
 			// pay off only for bulk. A read that fills the buffer switches the
 			// direction to splice for good.
-			n, err := rawsys.Read(src, l.buf[:])
-			if err == unix.EAGAIN {
-				h.ready = false
-				continue
-			}
+			b, err := l.bufRead(lf, h, src)
 			if err != nil {
 				return err
 			}
-			if n == 0 {
-				h.eof = true
-				continue
+			if len(b) == 0 {
+				continue // nothing (ready is off) or the end of stream (eof is on)
 			}
-			lf.last = l.now
-			h.bulk = n == len(l.buf)
-			h.ready = h.bulk || h.hup // a short read emptied the socket
-			h.early = l.buf[:n]
+			h.early = b
 			blocked, err := l.writeEarly(lf, h, dst)
 			if blocked {
 				h.early = bytes.Clone(h.early) // the rest, out of the loop's buffer

@@ -51,21 +51,15 @@ func (b *relayBench) limitUpstreams(share float64) (undo func() error, err error
 		set("cpu.cfs_period_us", strconv.Itoa(period))
 		set("cpu.cfs_quota_us", strconv.Itoa(quota))
 	}
-	var move func(pid int) error
-	move = func(pid int) error {
+	move := func(pid int) error {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 			return fmt.Errorf("cpu cgroup: move %d: %w", pid, err)
-		}
-		for _, c := range childPids(pid) {
-			if err := move(c); err != nil {
-				return err
-			}
 		}
 		return nil
 	}
 	for _, pid := range []int{b.squidPid, b.dantePid} {
 		if err == nil {
-			err = move(pid)
+			err = inTree(pid, move)
 		}
 	}
 	if err != nil {

@@ -148,13 +148,13 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			return nil, err
 		}
 		kl := "kl → " + up.name + " vs "
+		redsocks := func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) } // splice on
 		specs = append(specs,
-			pairSpec{name: kl + "redsocks → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
-				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }},
+			pairSpec{name: kl + "redsocks → " + up.name, klURL: url, n: pairCount, measure: b.connRate, other: redsocks},
 			// `pipeline: true` (the line continues the settings' proxy block): squid gets
 			// the client's first bytes with the CONNECT, dante greeting and CONNECT at once.
 			pairSpec{name: "kl (pipeline: true) → " + up.name + " vs redsocks → " + up.name, klURL: url, klExtra: []string{"  pipeline: true\n"},
-				n: pairCount, measure: b.connRate, other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }},
+				n: pairCount, measure: b.connRate, other: redsocks},
 			pairSpec{name: kl + "redsocks default (no splice) → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, false) }},
 			// The upstream's ceiling: the other pod's client speaks to it itself, no relay.
@@ -174,7 +174,7 @@ func runPairs(ctx context.Context) ([]Row, error) {
 			pairSpec{name: kl + up.name + " alone" + held, klURL: url, n: pairCount, measure: b.connRateWide,
 				other: none, via: alone, upShare: pairUpShare},
 			pairSpec{name: kl + "redsocks → " + up.name + held, klURL: url, n: pairCount, measure: b.connRateWide,
-				other: func() error { return b.redsocksIn(b.pair, up.typ, up.port, true) }, upShare: pairUpShare})
+				other: redsocks, upShare: pairUpShare})
 		if base != "" {
 			specs = append(specs, pairSpec{name: kl + "kl@base → " + up.name, klURL: url, n: pairCount, measure: b.connRate,
 				other: func() error { return b.startKlOther(base, url) }})

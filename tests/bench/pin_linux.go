@@ -39,18 +39,6 @@ func (b *relayBench) pinCPUs(pinned bool) error {
 		}
 		return nil
 	}
-	var tree func(pid int, set *unix.CPUSet) error
-	tree = func(pid int, set *unix.CPUSet) error {
-		if err := pin(pid, set); err != nil {
-			return err
-		}
-		for _, c := range childPids(pid) {
-			if err := tree(c, set); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	if b.relay == nil {
 		return fmt.Errorf("pin: kl-relayd is not running")
 	}
@@ -58,7 +46,7 @@ func (b *relayBench) pinCPUs(pinned bool) error {
 		pid int
 		set *unix.CPUSet
 	}{{os.Getpid(), &first}, {b.squidPid, &first}, {b.dantePid, &first}, {b.relay.Process.Pid, &last}} {
-		if err := tree(p.pid, p.set); err != nil {
+		if err := inTree(p.pid, func(pid int) error { return pin(pid, p.set) }); err != nil {
 			return err
 		}
 	}

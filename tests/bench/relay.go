@@ -439,8 +439,10 @@ func runRelay(ctx context.Context) ([]Row, error) {
 		if f.upcpu > 0 {
 			cols = append(cols, Col{"upstream CPU/conn", fmtNs(float64(f.upcpu))})
 		}
-		if c := capacity(f.cpu, f.upcpu, figs[v.alone].upcpu); v.alone != "" && c != "" {
-			cols = append(cols, Col{"relay ÷ upstream conn/s per CPU", c})
+		if v.alone != "" {
+			if c := capacity(f.cpu, f.upcpu, figs[v.alone].upcpu); c != "" {
+				cols = append(cols, Col{"relay ÷ upstream conn/s per CPU", c})
+			}
 		}
 		if a, ok := figs[v.alone]; ok {
 			cols = append(cols, Col{"vs alone", fmt.Sprintf("%s stream, %s conn/s", ratio(f.sgbps, a.sgbps), ratio(f.cps, a.cps))})
@@ -1119,6 +1121,20 @@ func treeCPU(pid int) (time.Duration, error) {
 		}
 	}
 	return t, nil
+}
+
+// inTree calls fn for pid and then for each of its descendants now running; the first
+// error stops it.
+func inTree(pid int, fn func(pid int) error) error {
+	if err := fn(pid); err != nil {
+		return err
+	}
+	for _, c := range childPids(pid) {
+		if err := inTree(c, fn); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // childPids lists the processes pid's threads started that are still running.
