@@ -53,7 +53,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.a
 	}
 	// Undo order (LIFO): unmount what is left under dir, after the shims and containerd.
 	d.undo.push("unmount under "+dir, func() error { testutil.UnmountUnder(dir); return nil })
-	d.undo.push("stop containerd shims", func() error { testutil.KillShims(c.address); return nil })
+	d.undo.push("stop containerd shims", func() error {
+		testutil.KillShims(c.address)
+		testutil.RemoveEmptyCgroups(ctrNS)
+		return nil
+	})
 	p, err := d.start(nil, filepath.Join(dir, "containerd.log"), env, 10*time.Second, "containerd", "--config", cfgPath)
 	if err != nil {
 		return nil, err

@@ -146,6 +146,7 @@ imports = [%q]
 		}
 		c.stop(10 * time.Second)
 		testutil.KillShims(c.Address)
+		testutil.RemoveEmptyCgroups("kltest")
 		for _, err := range testutil.UnmountUnder(dir) {
 			t.Log(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -65,4 +66,14 @@ func unescapeMount(s string) string {
 		n, _ := strconv.ParseUint(o[1:], 8, 8)
 		return string(rune(n))
 	})
+}
+
+// RemoveEmptyCgroups removes the cgroup called name from every hierarchy where it is
+// empty: runc under containerd (cgroupfs) makes /<namespace>/<container> and removes only
+// the container's group. One still in use (another test's containerd) stays.
+func RemoveEmptyCgroups(name string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup/*", name))       // v1: one per controller
+	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", name)) { // v2
+		_ = os.Remove(d)
+	}
 }

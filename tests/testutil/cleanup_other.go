@@ -7,3 +7,6 @@ func KillShims(address string) {}
 
 // UnmountUnder has nothing to do where the tests mount nothing.
 func UnmountUnder(dir string) []error { return nil }
+
+// RemoveEmptyCgroups has nothing to do where runc makes no cgroups.
+func RemoveEmptyCgroups(name string) {}
