@@ -26,18 +26,7 @@ func wantsCapture(w api.Workload) bool {
 // skips fastRegister. When the fast path fails the plain capture goes in and the fast
 // path is left to fastRegister's retries, as for a table kl-cni installed.
 func (d *Daemon) installCapture(w api.Workload) (fast bool, err error) {
-	wc := w.Capture
-	c := netns.Capture{
-		RedirectPort: wc.RedirectPort,
-		Mark:         wc.Mark,
-		IPv6:         wc.IPv6,
-		RejectQUIC:   wc.RejectQUIC,
-		ExcludeCIDRs: wc.ExcludeCIDRs,
-		ExcludePorts: wc.ExcludePorts,
-	}
-	if err := c.Validate(); err != nil {
-		return false, fmt.Errorf("%w %s: capture: %w", errInvalid, w.ID, err)
-	}
+	c := captureOf(w.Capture)
 	if d.fast != nil {
 		err := d.fast.Add(fastpath.Pod{ID: w.ID, Netns: w.Netns, Labels: w.Labels, Image: w.Image, Capture: &c}, d.policy.Load())
 		if err == nil {
@@ -59,4 +48,16 @@ func (d *Daemon) removeCapture(w api.Workload) bool {
 		return false
 	}
 	return true
+}
+
+// captureOf is the capture table a registration asks for.
+func captureOf(wc *api.Capture) netns.Capture {
+	return netns.Capture{
+		RedirectPort: wc.RedirectPort,
+		Mark:         wc.Mark,
+		IPv6:         wc.IPv6,
+		RejectQUIC:   wc.RejectQUIC,
+		ExcludeCIDRs: wc.ExcludeCIDRs,
+		ExcludePorts: wc.ExcludePorts,
+	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/relayd/fastpath"
 	"github.com/kl-egress/kl/relayd/metrics"
+	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/rules"
@@ -172,6 +173,22 @@ func loadRules(cfg *config.Config) (*rules.Policy, error) {
 	return p, nil
 }
 
+// lastPublished loads the rules the daemon last published for containers (only rules
+// that loaded are published): what it starts on when the rules file is refused at start.
+// Their directory is under /run, so they never outlive a reboot. Routes given as flags
+// have no file to fall back from.
+func lastPublished(cfg *config.Config) (*rules.Policy, error) {
+	if cfg.PublishedRules == "-" || cfg.FlagRoutes() {
+		return nil, errors.New("no published rules")
+	}
+	src, err := publish.Read(cfg.PublishedRules)
+	if err != nil {
+		return nil, err
+	}
+	o := rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached}
+	return rules.Parse(filepath.Join(cfg.PublishedRules, publish.FileName), src, o)
+}
+
 // Daemon is one running kl-relayd.
 type Daemon struct {
 	cfg     *config.Config
@@ -179,9 +196,10 @@ type Daemon struct {
 	started time.Time
 
 	// policy is the live rule set. Every flow loads it once; a reload swaps it.
-	policy  atomic.Pointer[rules.Policy]
-	rulesMu sync.Mutex
-	rules   api.RulesStatus
+	policy   atomic.Pointer[rules.Policy]
+	reloadMu sync.Mutex // one Reload at a time, from reading the file to the swap
+	rulesMu  sync.Mutex
+	rules    api.RulesStatus
 
 	store   *registry.Store
 	relay   *relay.Relay
@@ -200,18 +218,50 @@ type Daemon struct {
 	fastClosed bool // under mu: late fast path retries stop after shutdown
 
 	restored func(id string) // tests: called after restore reopens each registration
+
+	hostNetns [2]uint64 // the daemon's own netns (device, inode); zero when unknown
+	unlock    func()    // releases the state directory's lock (lockState)
 }
 
-// New loads the rules and opens the state directory; nothing listens yet.
-func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
-	d := &Daemon{cfg: cfg, log: log, started: time.Now(), regs: map[string]registry.Entry{}}
-	p, err := loadRules(cfg)
+// New takes the state directory (one daemon per state directory: a second one stops
+// here, before it changes anything), loads the rules and opens the state; nothing
+// listens yet.
+func New(cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
+	unlock, err := lockState(cfg.StateDir)
 	if err != nil {
 		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			unlock()
+		}
+	}()
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), regs: map[string]registry.Entry{}, unlock: unlock}
+	if dev, ino, err := netnsID("/proc/self/ns/net"); err == nil {
+		d.hostNetns = [2]uint64{dev, ino}
+	}
+	p, err := loadRules(cfg)
+	var refused error
+	if err != nil {
+		last, lerr := lastPublished(cfg)
+		if lerr != nil {
+			return nil, err
+		}
+		// A restart (an upgrade, the watchdog, an OOM kill) while the file is broken must
+		// not take the node's pods down with it: the rules they ran on stay live, as a
+		// reload of the same file would have kept them.
+		log.Error("rules refused at start; running the last rules that loaded, published in "+cfg.PublishedRules+", until the file loads",
+			"path", cfg.Rules, "err", err, "hash", last.Hash())
+		p, refused = last, err
 	}
 	d.policy.Store(p)
 	d.publishRules(p)
 	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
+	if refused != nil {
+		d.rules.LastError = refused.Error() + " (running the last rules that loaded, from " + cfg.PublishedRules + ")"
+		d.rules.LastErrorCode = errCode(refused)
+		d.rules.LastErrorAt = d.rules.LoadedAt
+	}
 	exits, upstreams, err := buildExits(cfg)
 	if err != nil {
 		return nil, err
@@ -225,7 +275,7 @@ func New(cfg *config.Config, log *slog.Logger) (*Daemon, error) {
 		if d.metrics, err = metrics.New(d.metReg); err != nil {
 			return nil, err
 		}
-		d.metrics.Reloaded(time.Now(), "")
+		d.metrics.Reloaded(time.Now(), d.rules.LastErrorCode)
 	}
 	if d.audit, err = audit.New(cfg.Audit.Path, cfg.Audit.MaxBytes, cfg.Audit.Keep, cfg.Audit.Ring); err != nil {
 		return nil, err
@@ -365,6 +415,7 @@ func (d *Daemon) shutdown(srv *http.Server) {
 	if err := d.audit.Close(); err != nil {
 		d.log.Warn("audit log", "err", err)
 	}
+	d.unlock()
 }
 
 // healthy is the watchdog's liveness check: the daemon has restored its registrations

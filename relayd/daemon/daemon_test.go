@@ -201,7 +201,7 @@ func TestRegisterRefusals(t *testing.T) {
 		{"relative netns", api.Workload{ID: "a", Netns: "ns", Mode: "transparent"}, "absolute"},
 		{"bad mode", api.Workload{ID: "a", Netns: "/proc/self/ns/net", Mode: "magic"}, "mode"},
 		{"missing netns", api.Workload{ID: "a", Netns: "/nonexistent/ns", Mode: "transparent"}, "no such file"},
-		{"not a netns", api.Workload{ID: "a", Netns: notNetns, Mode: "transparent"}, "not a namespace"},
+		{"not a netns", api.Workload{ID: "a", Netns: notNetns, Mode: "transparent"}, "not a network namespace"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := c.Register(context.Background(), tt.w)
@@ -328,7 +328,9 @@ func TestStopDuringRestore(t *testing.T) {
 func TestSocketInUse(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	start(t, cfg)
-	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	other := *cfg // its own state (a second one on the same state stops in New: TestSecondDaemonLeavesStateAlone)
+	other.StateDir = filepath.Join(t.TempDir(), "state")
+	d, err := New(&other, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

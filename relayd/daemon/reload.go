@@ -13,19 +13,19 @@ import (
 // atomically (flows already decided keep going; new flows use the new rules) and one load
 // event is logged; on failure the live rules stay and the reason, with its code, shows in
 // Status and the log. It is what SIGHUP and POST /v1/reload do; the file watcher of the
-// next issue calls it too.
+// next issue calls it too. Reloads run one at a time, each reading the file when it
+// starts: SIGHUP, the API and the watcher can ask at once, and a slow load of older
+// content finishing last must not replace newer rules or leave a stale error in status.
 func (d *Daemon) Reload() error {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
 	p, err := loadRules(d.cfg)
 	now := time.Now().UTC()
 	d.rulesMu.Lock()
 	defer d.rulesMu.Unlock()
 	if err != nil {
 		d.rules.LastError = err.Error()
-		d.rules.LastErrorCode = ""
-		var re *rules.Error
-		if errors.As(err, &re) {
-			d.rules.LastErrorCode = string(re.Code)
-		}
+		d.rules.LastErrorCode = errCode(err)
 		d.rules.LastErrorAt = now
 		code := d.rules.LastErrorCode
 		if code == "" {
@@ -48,6 +48,15 @@ func (d *Daemon) Reload() error {
 	d.attachReload()
 	d.fastReload()
 	return nil
+}
+
+// errCode is the reason code of a rules load error ("" when it has none).
+func errCode(err error) string {
+	var re *rules.Error
+	if errors.As(err, &re) {
+		return string(re.Code)
+	}
+	return ""
 }
 
 // publishRules hands rules that loaded successfully to running containers (relayd/publish:

@@ -77,6 +77,28 @@ func validate(wl api.Workload) error {
 	return nil
 }
 
+// checkCapture refuses a capture table that is invalid or would not bring the pod's
+// connections to this daemon's relay, before anything changes: one that lets another
+// mark through sends the relay's own connections from the pod back to the relay (a loop
+// that ends when descriptors run out), and one that redirects to another port makes
+// every connection refused.
+func (d *Daemon) checkCapture(wl api.Workload) error {
+	c := wl.Capture
+	if c == nil {
+		return nil
+	}
+	if err := captureOf(c).Validate(); err != nil {
+		return fmt.Errorf("%w %s: capture: %w", errInvalid, wl.ID, err)
+	}
+	if c.Mark != d.cfg.Mark {
+		return fmt.Errorf("%w %s: capture mark %#x is not the daemon's %#x: the relay's own connections would be captured again (set the same mark in kl-cni's configuration and relayd.yaml)", errInvalid, wl.ID, c.Mark, d.cfg.Mark)
+	}
+	if c.RedirectPort != d.cfg.RedirectPort {
+		return fmt.Errorf("%w %s: capture redirect port %d is not the daemon's %d: every connection would be refused (set the same redirectPort in kl-cni's configuration and relayd.yaml)", errInvalid, wl.ID, c.RedirectPort, d.cfg.RedirectPort)
+	}
+	return nil
+}
+
 // errAbandoned marks a registration not made because its client had gone away.
 var errAbandoned = errors.New("registration abandoned")
 
@@ -102,11 +124,19 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 	if err := validate(wl); err != nil {
 		return api.Registration{}, err
 	}
-	wl = d.enrich(wl)
+	if err := d.checkCapture(wl); err != nil {
+		return api.Registration{}, err
+	}
 	dev, ino, err := netnsID(wl.Netns)
 	if err != nil {
 		return api.Registration{}, fmt.Errorf("%w %s: %w", errInvalid, wl.ID, err)
 	}
+	if wantsCapture(wl) && d.hostNetns != ([2]uint64{}) && d.hostNetns == [2]uint64{dev, ino} {
+		// A capture table there would send the node's own TCP through the relay, and
+		// refuse it whenever the daemon is down (SPEC: kl never touches the host netns).
+		return api.Registration{}, fmt.Errorf("%w %s: netns %s is the daemon's own (the node's): kl captures pods, never the host", errInvalid, wl.ID, wl.Netns)
+	}
+	wl = d.enrich(wl)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -137,12 +167,28 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 	} else if refresh {
 		d.relay.Close(wl.ID)
 	}
+	// fail returns err for a registration refused from here on. When the listeners of
+	// the id's previous registration are gone by then (closed for another netns, or
+	// replaced by a mode whose listeners did not open), nothing is served under the id
+	// any more: the previous registration is dropped too, rather than staying listed,
+	// and restored at the next start, with no listener behind it.
+	fail := func(err error) (api.Registration, error) {
+		if refresh && !d.relay.Serving(wl.ID) {
+			d.fastRemove(wl.ID)
+			delete(d.regs, wl.ID)
+			if derr := d.store.Delete(wl.ID); derr != nil {
+				d.log.Error("saved registration not removed", "workload", wl.ID, "err", derr)
+			}
+			d.log.Warn("registration refused; the previous one under its id is dropped, its listeners are closed", "workload", wl.ID, "err", err)
+		}
+		return api.Registration{}, err
+	}
 	// kl-cni's capture table first (capture.go): it stays when what follows fails, so
 	// the pod fails closed.
 	fastDone := false
 	if wantsCapture(wl) {
 		if fastDone, err = d.installCapture(wl); err != nil {
-			return api.Registration{}, err
+			return fail(err)
 		}
 	}
 	var ls api.Listeners
@@ -155,7 +201,7 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 			if fastDone {
 				d.fastRemove(wl.ID)
 			}
-			return api.Registration{}, err
+			return fail(err)
 		}
 	}
 	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since, Captured: wantsCapture(wl)}, NetnsDev: dev, NetnsIno: ino}
@@ -164,8 +210,7 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 		if fastDone {
 			d.fastRemove(wl.ID)
 		}
-		delete(d.regs, wl.ID)
-		return api.Registration{}, err
+		return fail(err)
 	}
 	d.regs[wl.ID] = e
 	if !fastDone {

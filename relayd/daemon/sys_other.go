@@ -12,3 +12,4 @@ func fdLimit() (uint64, error)                         { return 0, errors.ErrUns
 func fdCount() (int, error)                            { return 0, errors.ErrUnsupported }
 func disableCoreDumps(*slog.Logger)                    {}
 func netnsID(path string) (dev, ino uint64, err error) { return 0, 0, errors.ErrUnsupported }
+func lockState(dir string) (release func(), err error) { return func() {}, nil }

@@ -396,6 +396,14 @@ func (r *Relay) Close(id string) bool {
 	return true
 }
 
+// Serving says whether id has listeners open.
+func (r *Relay) Serving(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.pods[id]
+	return ok
+}
+
 // IDs returns the ids being served.
 func (r *Relay) IDs() []string {
 	r.mu.Lock()
