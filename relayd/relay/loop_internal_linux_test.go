@@ -106,6 +106,19 @@ func TestLoopAcceptClosedListener(t *testing.T) {
 // TestLoopAddsP: a loop waits holding its P while busy (rawsys.WaitHeld), so each loop
 // adds one to GOMAXPROCS while it runs, and gives it back when it ends.
 func TestLoopAddsP(t *testing.T) {
+	// An earlier test's relay may still be ending its loops: each gives its P back as it
+	// ends, which would change GOMAXPROCS under this test.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		psMu.Lock()
+		n := psAdded
+		psMu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d loops of earlier tests still running after 10 s", n)
+		}
+	}
 	before := runtime.GOMAXPROCS(0)
 	r := New(Options{})
 	var ls []*loop

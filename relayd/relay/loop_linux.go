@@ -330,10 +330,14 @@ func (l *loop) close() {
 
 // psMu serialises addPs: a busy loop waits holding its P (rawsys.WaitHeld), so each loop
 // running in the process adds one to GOMAXPROCS, which the rest of the daemon keeps.
-var psMu sync.Mutex
+var (
+	psMu    sync.Mutex
+	psAdded int // under psMu: loops running, each holding the P it added
+)
 
 func addPs(n int) {
 	psMu.Lock()
+	psAdded += n
 	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + n)
 	psMu.Unlock()
 }
