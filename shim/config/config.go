@@ -7,6 +7,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/publish"
 )
@@ -239,10 +241,11 @@ func (c *Config) Default() error {
 	if c.Capture.Mark == 0 {
 		c.Capture.Mark = api.DefaultMark
 	}
-	for i, s := range c.Capture.ExcludeCIDRs {
-		if _, err := ParsePrefix(s); err != nil {
-			return fmt.Errorf("%w: capture.excludeCIDRs[%d] %q: %w", ErrConfig, i, s, err)
-		}
+	// Checked as the hook's install checks it, against the default redirect port (the
+	// relay's may differ, and is valid whatever it is): a setting the install refuses
+	// would otherwise pass kl-hook check and fail every transparent container's start.
+	if _, err := c.Capture.Netns(api.DefaultRedirectPort); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	for i, g := range c.Exempt.Images {
 		if g == "" {
@@ -260,6 +263,27 @@ func (c *Config) Default() error {
 		return fmt.Errorf("%w: logLevel %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
 	}
 	return nil
+}
+
+// Netns is the capture program these settings describe, validated as netns.Install
+// validates it. redirect is the port when RedirectPort is unset: the one the relay
+// answers with.
+func (c Capture) Netns(redirect uint16) (netns.Capture, error) {
+	n := netns.Capture{
+		RedirectPort: cmp.Or(c.RedirectPort, redirect),
+		Mark:         c.Mark,
+		IPv6:         c.IPv6 == nil || *c.IPv6,
+		RejectQUIC:   c.RejectQUIC == nil || *c.RejectQUIC,
+		ExcludePorts: c.ExcludePorts,
+	}
+	for i, s := range c.ExcludeCIDRs {
+		p, err := ParsePrefix(s)
+		if err != nil {
+			return n, fmt.Errorf("capture.excludeCIDRs[%d] %q: %w", i, s, err)
+		}
+		n.ExcludeCIDRs = append(n.ExcludeCIDRs, p)
+	}
+	return n, n.Validate()
 }
 
 // PublishedRulesFor is the default published-rules directory for a relay socket: "rules"

@@ -64,6 +64,11 @@ func TestParseBad(t *testing.T) {
 		{"relative published rules", "publishedRules: run/kl/rules\n", "publishedRules"},
 		{"relative hook", "hook: kl-hook\n", "absolute"},
 		{"bad cidr", "capture:\n  excludeCIDRs: [10.0.0.300/8]\n", "excludeCIDRs[0]"},
+		// What the capture install would refuse is refused here, where kl-hook check
+		// sees it, rather than at every transparent container's start.
+		{"whole family excluded", "capture:\n  excludeCIDRs: [10.96.0.0/12, 0.0.0.0/0]\n", "capture: ExcludeCIDRs[1] 0.0.0.0/0"},
+		{"IPv4-mapped exclusion", "capture:\n  excludeCIDRs: ['::ffff:10.0.0.0/104']\n", "capture: ExcludeCIDRs[0] ::ffff:10.0.0.0/104"},
+		{"port 0 excluded", "capture:\n  excludePorts: [53, 0]\n", "capture: ExcludePorts[1]"},
 		{"noProxy list in one", "noProxy: ['a,b']\n", "noProxy[0]"},
 		{"bad level", "logLevel: loud\n", "logLevel"},
 		{"bad yaml", "mode: [\n", "ERR"},

@@ -16,6 +16,7 @@
 package hook
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -346,24 +347,7 @@ func (h *Hook) leave(ctx context.Context, st State, regID string, s share) error
 }
 
 func (h *Hook) capture(reg api.Registration) (netns.Capture, error) {
-	cc := h.Config.Capture
-	c := netns.Capture{RedirectPort: cc.RedirectPort, Mark: cc.Mark, ExcludePorts: cc.ExcludePorts}
-	if c.RedirectPort == 0 {
-		c.RedirectPort = reg.Listeners.Redirect
-	}
-	if c.RedirectPort == 0 {
-		c.RedirectPort = api.DefaultRedirectPort
-	}
-	c.IPv6 = cc.IPv6 == nil || *cc.IPv6
-	c.RejectQUIC = cc.RejectQUIC == nil || *cc.RejectQUIC
-	for _, s := range cc.ExcludeCIDRs {
-		p, err := config.ParsePrefix(s)
-		if err != nil {
-			return c, fmt.Errorf("excludeCIDRs %q: %w", s, err)
-		}
-		c.ExcludeCIDRs = append(c.ExcludeCIDRs, p)
-	}
-	return c, nil
+	return h.Config.Capture.Netns(cmp.Or(reg.Listeners.Redirect, api.DefaultRedirectPort))
 }
 
 func install(nsPath string, c netns.Capture) error {
