@@ -95,7 +95,7 @@ func New(ctx context.Context, stdout, stderr io.Writer, debugLog bool) *Plugin {
 	}
 }
 
-// config reads stdin with read (parseConfig, or decodeConfig for DEL) and lowers the
+// config reads stdin with read (parseConfig, or decodeLenient for DEL) and lowers the
 // log's level when the config asks for debug.
 func (p *Plugin) config(stdin []byte, read func([]byte) (*Config, error)) (*Config, error) {
 	c, err := read(stdin)
@@ -282,16 +282,17 @@ func (p *Plugin) print(c *Config) error {
 // An unreachable relay does not block the teardown (the plugin removes the table and
 // DEL succeeds, as an operator draining a node with the relay down expects): the relay
 // drops registrations whose netns has disappeared, at its next sweep or restart.
-// A config that ADD would refuse (one written by an older kl-cni that checked less, or
-// with a bad prevResult) does not block the teardown either: DEL uses only its socket
-// and timeout, and warns.
+// A config that ADD would refuse (one written by an older kl-cni that checked less, with
+// a bad prevResult, or with fields of the wrong JSON type) does not block the teardown
+// either: DEL uses only its socket and timeout, defaults for what does not decode, and
+// warns.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := p.config(args.StdinData, decodeConfig)
+	c, err := p.config(args.StdinData, decodeLenient)
 	if err != nil {
 		return configError(err)
 	}
 	log := p.Log.With("container", args.ContainerID)
-	if err := c.validate(); err != nil {
+	if err := errors.Join(c.dropped, c.validate()); err != nil {
 		log.Warn("kl-cni config is invalid; DEL goes on with its socket and timeout", "socket", c.Socket, "timeout", c.timeout, "err", err)
 	}
 	start := time.Now()

@@ -555,14 +555,23 @@ func TestGCTimeoutPerCall(t *testing.T) {
 }
 
 // TestDelInvalidConfig: DEL tears down with a config ADD would refuse (an older kl-cni
-// accepted it, or the prevResult is broken): a pod must not be stuck in teardown over a
-// field DEL does not use.
+// accepted it, or the prevResult is broken), even one with fields of the wrong JSON
+// type: a pod must not be stuck in teardown over a field DEL does not use, and libcni
+// stops a DEL at the first plugin that fails, so the main plugin would leak the pod's
+// address. DEL still reaches the relay at the socket, with the default timeout, and
+// warns, naming the field.
 func TestDelInvalidConfig(t *testing.T) {
-	tests := []struct{ name, extra string }{
-		{"host bits in an exclusion", `,"excludeCIDRs":["10.0.0.1/8"]`},
-		{"bad mode", `,"mode":"sideways"`},
-		{"bad timeout", `,"timeout":"soon"`},
-		{"bad prevResult", `,"prevResult":{"cniVersion":"1.1.0","ips":"none"}`},
+	tests := []struct{ name, extra, warn string }{
+		{"host bits in an exclusion", `,"excludeCIDRs":["10.0.0.1/8"]`, "ExcludeCIDRs[0]"},
+		{"bad mode", `,"mode":"sideways"`, "mode"},
+		{"bad timeout", `,"timeout":"soon"`, "timeout"},
+		{"bad prevResult", `,"prevResult":{"cniVersion":"1.1.0","ips":"none"}`, ""}, // DEL does not read it
+		// Fields of the wrong JSON type do not decode at all: DEL takes their defaults.
+		{"timeout a number", `,"timeout":5`, "timeout"},
+		{"exclusions a string", `,"excludeCIDRs":"10.96.0.0/12"`, "excludeCIDRs"},
+		{"ipv6 a string", `,"ipv6":"false"`, "ipv6"},
+		{"port out of range", `,"excludePorts":[53,70000]`, "excludePorts"},
+		{"several at once", `,"timeout":5,"debug":"yes","mark":-1,"runtimeConfig":[]`, "runtimeConfig"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -571,14 +580,28 @@ func TestDelInvalidConfig(t *testing.T) {
 				t.Fatal(err)
 			}
 			out.Reset()
+			var socket string
+			var timeout time.Duration
+			p.NewRelay = func(s string, d time.Duration) Relay {
+				socket, timeout = s, d
+				return fr
+			}
+			var log bytes.Buffer
+			p.Log = slog.New(slog.NewTextHandler(&log, nil))
 			if err := p.Del(args(conf(tt.extra, false))); err != nil {
 				t.Fatalf("Del = %v", err)
 			}
 			if len(fb.Tables) != 0 || len(fr.regs) != 0 {
 				t.Errorf("after Del: tables %v, registrations %v", fb.Tables, fr.regs)
 			}
+			if socket != "/run/x.sock" || timeout != DefaultTimeout {
+				t.Errorf("Del asked the relay at %q within %v, want /run/x.sock within %v", socket, timeout, DefaultTimeout)
+			}
 			if out.Len() != 0 {
 				t.Errorf("Del printed %q", out.String())
+			}
+			if tt.warn != "" && (!strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), tt.warn)) {
+				t.Errorf("Del's log does not warn naming %q:\n%s", tt.warn, log.String())
 			}
 		})
 	}

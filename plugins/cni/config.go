@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,6 +41,7 @@ type Config struct {
 	// Filled by parseConfig.
 	timeout  time.Duration
 	excludes []netip.Prefix
+	dropped  error // decodeLenient: the fields that did not decode
 }
 
 // RuntimeConfig is what the runtime passes for the capabilities the conflist declares.
@@ -69,7 +72,8 @@ func parseConfig(stdin []byte) (*Config, error) {
 }
 
 // decodeConfig decodes stdin and fills the defaults, without validating: what DEL
-// needs (the socket, the timeout) is there even in a config ADD would refuse.
+// needs (the socket, the timeout) is there even in a config ADD would refuse, as long
+// as every field has its JSON type (decodeLenient copes with the rest).
 func decodeConfig(stdin []byte) (*Config, error) {
 	c := &Config{}
 	if err := json.Unmarshal(stdin, c); err != nil {
@@ -91,6 +95,36 @@ func decodeConfig(stdin []byte) (*Config, error) {
 	if d, err := time.ParseDuration(c.Timeout); err == nil && d > 0 {
 		c.timeout = d
 	}
+	return c, nil
+}
+
+// decodeLenient is decodeConfig for DEL, which must release the sandbox whatever the
+// config holds: libcni stops a DEL at the first plugin that fails, so the main plugin
+// would never free the pod's address. A field of the wrong JSON type ("timeout": 5,
+// "ipv6": "false", a port above 65535) keeps its default, and c.dropped says which;
+// only stdin that is not a JSON object is an error.
+func decodeLenient(stdin []byte) (*Config, error) {
+	c, err := decodeConfig(stdin)
+	if err == nil {
+		return c, nil
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(stdin, &fields) != nil {
+		return nil, err
+	}
+	var dropped []error
+	for _, k := range slices.Sorted(maps.Keys(fields)) {
+		one, _ := json.Marshal(map[string]json.RawMessage{k: fields[k]})
+		if ferr := json.Unmarshal(one, &Config{}); ferr != nil {
+			delete(fields, k)
+			dropped = append(dropped, ferr)
+		}
+	}
+	rest, _ := json.Marshal(fields)
+	if c, err = decodeConfig(rest); err != nil {
+		return nil, err
+	}
+	c.dropped = errors.Join(dropped...)
 	return c, nil
 }
 

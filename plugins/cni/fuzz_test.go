@@ -20,6 +20,7 @@ func FuzzCommands(f *testing.F) {
 	f.Add(`{"cniVersion":"1.1.0","name":"n","type":"kl-cni","cni.dev/valid-attachments":[{"containerID":"x"}]}`)
 	f.Add(`{"cniVersion":"9.9.9","prevResult":{"cniVersion":"9.9.9"}}`)
 	f.Add(`{"timeout":"-1s","mode":"","excludeCIDRs":["::ffff:1.2.3.4/128","0.0.0.0/0","10.0.0.1/8"]}`)
+	f.Add(string(conf(`,"timeout":5,"excludeCIDRs":"10.96.0.0/12","ipv6":"false","excludePorts":[70000]`, true)))
 	f.Add(`null`)
 	f.Fuzz(func(t *testing.T, stdin string) {
 		for _, cmd := range []struct {
