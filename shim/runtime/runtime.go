@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
@@ -143,8 +144,8 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 		log.Info("exempt: spec left as it is", "id", info.ID, "why", info.Exempt)
 		return nil
 	}
-	hasNet, netPath := spec.HasNamespace("network")
-	mods, err := Modifiers(cfg, info, !hasNet, environ, log.With("id", info.ID))
+	hostNet, netPath := hostNetwork(spec)
+	mods, err := Modifiers(cfg, info, hostNet, environ, log.With("id", info.ID))
 	if err != nil {
 		return err
 	}
@@ -155,7 +156,7 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 		return err
 	}
 	log.Info("spec edited", "id", info.ID, "mode", info.Mode, "mode_from", info.ModeFrom, "engine", info.Engine,
-		"image", info.Image, "host_network", !hasNet, "netns_path", netPath, "edits", mods.String())
+		"image", info.Image, "host_network", hostNet, "netns_path", netPath, "edits", mods.String())
 	return nil
 }
 
@@ -190,8 +191,8 @@ func PrepareExec(ctx context.Context, cfg *config.Config, real string, inv Invoc
 		// changed since.
 		info.Mode, info.ModeFrom = m, "create"
 	}
-	hasNet, _ := spec.HasNamespace("network")
-	env, ok := EnvEdit(cfg, info, !hasNet, environ)
+	hostNet, _ := hostNetwork(spec)
+	env, ok := EnvEdit(cfg, info, hostNet, environ)
 	if !ok {
 		return nil
 	}
@@ -208,6 +209,25 @@ func PrepareExec(ctx context.Context, cfg *config.Config, real string, inv Invoc
 	}
 	log.Info("exec process edited", "id", info.ID, "mode", info.Mode, "mode_from", info.ModeFrom, "edits", env.String())
 	return nil
+}
+
+// hostNetwork reports whether the container of spec shares the host's network namespace,
+// and the netns path the spec joins. containerd leaves the network entry out of the spec
+// for that; dockerd keeps it and points it at the host's netns (--network host:
+// /var/run/docker/netns/default; --network container:X with X on the host network: X's
+// /proc/PID/ns/net), which is kl-runtime's own. A path that cannot be compared (not there,
+// or no namespaces on this system) is taken for the container's own netns: its proxy
+// variables then point at the relay's listeners, and fail closed if there are none.
+func hostNetwork(spec *oci.Spec) (host bool, path string) {
+	has, path := spec.HasNamespace("network")
+	if !has {
+		return true, ""
+	}
+	if path == "" {
+		return false, ""
+	}
+	same, err := netns.SameNetns(path, "/proc/self/ns/net")
+	return err == nil && same, path
 }
 
 // createdMode returns the mode kl-runtime passed to kl-hook (--mode) in spec's

@@ -61,6 +61,11 @@ const baseSpec = `{"process":{"env":["PATH=/bin"],"args":["sh"]},"linux":{"names
 
 func specWith(extra string) string { return strings.Replace(baseSpec, "%s", extra, 1) }
 
+// netnsSpec is a spec that joins the network namespace at path.
+func netnsSpec(path string) string {
+	return `{"process":{"env":["PATH=/bin"],"args":["sh"]},"linux":{"namespaces":[{"type":"network","path":"` + path + `"}]},"future":{"x":1}}`
+}
+
 func TestPrepare(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -88,6 +93,17 @@ func TestPrepare(t *testing.T) {
 			noEnv:   []string{"HTTPS_PROXY=", "ALL_PROXY="}},
 		{name: "host network proxy gets no variables", cfg: "mode: proxy\n", spec: `{"process":{"env":[]},"linux":{"namespaces":[{"type":"pid"}]},"future":1}`,
 			noEnv: []string{"HTTP_PROXY="}, wantHook: "proxy"},
+		// Docker keeps the network entry for --network host and points it at the host's
+		// netns (/var/run/docker/netns/default), and --network container:X at X's
+		// /proc/PID/ns/net: here, paths naming the test's own netns.
+		{name: "host netns by path gets no variables", cfg: "mode: proxy\n", spec: netnsSpec("/proc/self/ns/net"),
+			noEnv: []string{"HTTP_PROXY=", "NODE_USE_ENV_PROXY="}, wantHook: "proxy"},
+		{name: "netns of a host-network container gets no variables", cfg: "mode: proxy\n", spec: netnsSpec(fmt.Sprintf("/proc/%d/ns/net", os.Getpid())),
+			noEnv: []string{"HTTP_PROXY="}, wantHook: "proxy"},
+		// A path that cannot be compared is the container's own netns: its variables
+		// then point at the relay's listeners, never at nothing on the host.
+		{name: "netns path not there", cfg: "mode: proxy\n", spec: netnsSpec("/var/run/netns/kl-none"),
+			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080"}, wantHook: "proxy"},
 		{name: "exempt image", cfg: "mode: proxy\nexempt:\n  images: ['docker.io/library/registry:*']\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.image-name":"registry:2"}`), wantNone: true},
 		{name: "exempt namespace", cfg: "mode: proxy\nexempt:\n  namespaces: [kube-system]\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.sandbox-namespace":"kube-system"}`), wantNone: true},
 	}
@@ -387,6 +403,7 @@ func TestPrepareExec(t *testing.T) {
 		{name: "env mode", cfg: "mode: env\nenv:\n  httpsProxy: http://corp:3128\n", spec: specWith(""), wantEnv: []string{"HTTPS_PROXY=http://corp:3128", "https_proxy=http://corp:3128"}},
 		{name: "transparent: nothing", cfg: "mode: transparent\n", spec: specWith(""), wantSame: true},
 		{name: "host network proxy: nothing", cfg: "mode: proxy\n", spec: `{"process":{"env":[]},"linux":{"namespaces":[{"type":"pid"}]}}`, wantSame: true},
+		{name: "host netns by path, proxy: nothing", cfg: "mode: proxy\n", spec: netnsSpec("/proc/self/ns/net"), wantSame: true},
 		{name: "exempt: nothing", cfg: "mode: proxy\nexempt:\n  namespaces: [kube-system]\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.sandbox-namespace":"kube-system"}`), wantSame: true},
 		{name: "no state: fails", cfg: "mode: proxy\n", spec: specWith(""), noState: true, wantErr: "exec in container c1: find its bundle: container does not exist"},
 		{name: "bad process file", cfg: "mode: proxy\n", spec: specWith(""), procEnv: `,1`, wantErr: "malformed OCI spec"},
