@@ -74,6 +74,10 @@ type Config struct {
 	// DockerSocket is the Docker Engine API socket used to read a container's labels and
 	// image; "-" disables the lookup.
 	DockerSocket string `yaml:"dockerSocket"`
+	// DockerRoot is dockerd's data root (its --data-root), where a container's own record
+	// is read when the API does not answer (dockerd starting restart-policy containers
+	// before it serves the API); "-" never reads it.
+	DockerRoot string `yaml:"dockerRoot"`
 	// Exempt lists workloads kl leaves alone (no edits, no capture).
 	Exempt Exempt `yaml:"exempt"`
 	// Capture tunes the transparent-mode nftables capture the hook installs.
@@ -237,6 +241,12 @@ func (c *Config) Default() error {
 	}
 	if c.DockerSocket == "" {
 		c.DockerSocket = "/var/run/docker.sock"
+	}
+	if c.DockerRoot == "" {
+		c.DockerRoot = "/var/lib/docker"
+	}
+	if c.DockerRoot != "-" && !filepath.IsAbs(c.DockerRoot) {
+		return fmt.Errorf("%w: dockerRoot %q must be an absolute path", ErrConfig, c.DockerRoot)
 	}
 	if c.Capture.Mark == 0 {
 		c.Capture.Mark = api.DefaultMark

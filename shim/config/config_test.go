@@ -30,7 +30,8 @@ func TestDefaults(t *testing.T) {
 	}
 	exe, _ := os.Executable()
 	if c.Runtime != "runc" || c.Mode != api.ModeTransparent || c.Proxy.HTTPPort != 15080 || c.Proxy.SOCKSPort != 15081 || !*c.Proxy.AllProxy ||
-		c.Rules != api.DefaultRulesPath || c.PublishedRules != "/run/kl/rules" || c.RelaySocket != api.DefaultSocket || c.Hook != filepath.Join(filepath.Dir(exe), "kl-hook") || c.HookTimeout != 30 {
+		c.Rules != api.DefaultRulesPath || c.PublishedRules != "/run/kl/rules" || c.RelaySocket != api.DefaultSocket || c.Hook != filepath.Join(filepath.Dir(exe), "kl-hook") || c.HookTimeout != 30 ||
+		c.DockerSocket != "/var/run/docker.sock" || c.DockerRoot != "/var/lib/docker" {
 		t.Errorf("defaults = %+v", c)
 	}
 }
@@ -63,6 +64,7 @@ func TestParseBad(t *testing.T) {
 		{"relative rules", "rules: rules.yaml\n", "absolute"},
 		{"relative published rules", "publishedRules: run/kl/rules\n", "publishedRules"},
 		{"relative hook", "hook: kl-hook\n", "absolute"},
+		{"relative docker root", "dockerRoot: var/lib/docker\n", "dockerRoot"},
 		{"bad cidr", "capture:\n  excludeCIDRs: [10.0.0.300/8]\n", "excludeCIDRs[0]"},
 		// What the capture install would refuse is refused here, where kl-hook check
 		// sees it, rather than at every transparent container's start.

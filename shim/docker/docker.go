@@ -8,6 +8,11 @@
 // lock, so an inspect from inside `runc create` (kl-runtime) or a createRuntime hook
 // (kl-hook) would deadlock until the hook timed out. The list endpoint reads dockerd's
 // lock-free in-memory view and already holds labels, image and names.
+//
+// When the API does not answer, it reads the container's own record in dockerd's data
+// root instead: at startup dockerd starts the containers of a restart policy before it
+// serves its API, on a socket that already listens (or that systemd's docker.socket
+// holds), so a lookup made from their `runc create` gets no answer at all.
 package docker
 
 import (
@@ -19,6 +24,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -48,18 +55,42 @@ func (c Container) Name() string {
 // and treating it as another engine's would lose its labels, mode and exemptions.
 var ErrUnavailable = errors.New("docker engine unavailable")
 
-// Client reads from one Docker Engine socket.
+// errNoAnswer marks a request the engine did not answer: it timed out, or the
+// connection failed otherwise than ErrUnavailable says or broke.
+var errNoAnswer = errors.New("no answer")
+
+// Client reads from one Docker Engine socket, and from the engine's data root when the
+// socket does not answer.
 type Client struct {
-	Socket  string
+	Socket string
+	// Root is dockerd's data root (--data-root, /var/lib/docker by default); "" never
+	// reads it.
+	Root    string
 	Timeout time.Duration
 }
 
 // Lookup returns the container with exactly this id; found is false when Docker does not
-// know it (the container belongs to another engine).
+// know it (the container belongs to another engine). An engine that does not answer is
+// an error unless the container's record in Root says who it is: the record is dockerd's
+// own, but its layout is not an API, and a missing one may mean only that the data root
+// is elsewhere, so it is never taken for "not Docker's".
 func (c Client) Lookup(ctx context.Context, id string) (ct Container, found bool, err error) {
 	if id == "" {
 		return ct, false, errors.New("docker lookup: empty container id")
 	}
+	ct, found, err = c.ask(ctx, id)
+	if !errors.Is(err, errNoAnswer) || c.Root == "" {
+		return ct, found, err
+	}
+	ct, rerr := c.record(id)
+	if rerr != nil {
+		return ct, false, fmt.Errorf("%w; %w", err, rerr)
+	}
+	return ct, true, nil
+}
+
+// ask is Lookup through the API.
+func (c Client) ask(ctx context.Context, id string) (ct Container, found bool, err error) {
 	timeout := c.Timeout
 	if timeout <= 0 {
 		timeout = 5 * time.Second
@@ -84,17 +115,48 @@ func (c Client) Lookup(ctx context.Context, id string) (ct Container, found bool
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return ct, false, fmt.Errorf("%w at %s: %w", ErrUnavailable, c.Socket, err)
 		}
-		return ct, false, fmt.Errorf("docker lookup %s at %s: %w", id, c.Socket, err)
+		return ct, false, fmt.Errorf("docker lookup %s at %s: %w: %w", id, c.Socket, errNoAnswer, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		return ct, false, fmt.Errorf("docker lookup %s: read response: %w", id, err)
+		return ct, false, fmt.Errorf("docker lookup %s at %s: %w: read response: %w", id, c.Socket, errNoAnswer, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return ct, false, fmt.Errorf("docker lookup %s: HTTP %d: %s", id, resp.StatusCode, strings.TrimSpace(string(data)))
 	}
 	return Find(data, id)
+}
+
+// record reads the container's config.v2.json in Root (moby's container.Container,
+// written when the container is created): its name, its image as given (Config.Image)
+// and by id (Image), and its labels (Config.Labels).
+func (c Client) record(id string) (Container, error) {
+	if strings.ContainsRune(id, '/') {
+		return Container{}, fmt.Errorf("docker record of %q: not a container id", id)
+	}
+	p := filepath.Join(c.Root, "containers", id, "config.v2.json")
+	f, err := os.Open(p)
+	if err != nil {
+		return Container{}, fmt.Errorf("docker record: %w", err)
+	}
+	defer f.Close()
+	var rec struct {
+		ID     string
+		Name   string
+		Image  string
+		Config struct {
+			Image  string
+			Labels map[string]string
+		}
+	}
+	if err := json.NewDecoder(io.LimitReader(f, 8<<20)).Decode(&rec); err != nil {
+		return Container{}, fmt.Errorf("docker record %s: %w", p, err)
+	}
+	if rec.ID != id {
+		return Container{}, fmt.Errorf("docker record %s: holds container %q", p, rec.ID)
+	}
+	return Container{ID: id, Names: []string{rec.Name}, Image: rec.Config.Image, ImageID: rec.Image, Labels: rec.Config.Labels}, nil
 }
 
 // Find picks the container with this id out of a /containers/json answer.

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -104,5 +106,50 @@ func TestLookupUnavailable(t *testing.T) {
 				t.Errorf("Lookup = %v, %v; want an error, ErrUnavailable: %v", found, err, tt.unavailable)
 			}
 		})
+	}
+}
+
+// At startup dockerd starts --restart containers before it serves its API, on a socket
+// that already listens (or that systemd's docker.socket holds): a lookup then gets no
+// answer, and the container's own record in the data root, written when it was created,
+// says who it is. Without the record the lookup fails as before, naming both.
+func TestLookupRecord(t *testing.T) {
+	const id = "4c5e9a1f0b3d27e8c6f1a2b9d0e4f7a3c8b5d1e6f9a0b2c4d7e8f1a3b5c6d9e0"
+	sock := filepath.Join(t.TempDir(), "docker.sock")
+	ln, err := net.Listen("unix", sock) // never accepts: dockerd still starting containers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	root := t.TempDir()
+	rec, err := os.ReadFile("testdata/config.v2.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(root, "containers", id), 0o700)
+	if err := os.WriteFile(filepath.Join(root, "containers", id, "config.v2.json"), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := Client{Socket: sock, Root: root, Timeout: 200 * time.Millisecond}
+	ct, found, err := c.Lookup(context.Background(), id)
+	if err != nil || !found {
+		t.Fatalf("Lookup(%s) = %v, %v; want the container from its record", id, found, err)
+	}
+	if ct.ID != id || ct.Name() != "web" || ct.Image != "nginx:1.27" || ct.ImageID != "sha256:b52e0b094bc0e26c9eddc9e4ab7a64ce0033c3360d8b7ad4ff4132c4e03e8f7b" ||
+		ct.Labels["kl.egress.mode"] != "proxy" || ct.Labels["kl.route"] != "web" {
+		t.Errorf("Lookup(%s) = %+v", id, ct)
+	}
+
+	other := "0" + id[1:]
+	_, found, err = c.Lookup(context.Background(), other)
+	recPath := filepath.Join(root, "containers", other, "config.v2.json")
+	if err == nil || found || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), sock) || !strings.Contains(err.Error(), recPath) {
+		t.Errorf("Lookup without a record = %v, %v; want an error naming %s and %s", found, err, sock, recPath)
+	}
+	// A record that is not the container's own (a path trick, a copied file) is refused.
+	os.MkdirAll(filepath.Dir(recPath), 0o700)
+	os.WriteFile(recPath, rec, 0o600)
+	if _, found, err := c.Lookup(context.Background(), other); err == nil || found {
+		t.Errorf("Lookup with another container's record = %v, %v; want an error", found, err)
 	}
 }

@@ -30,7 +30,6 @@ import (
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/shim/config"
-	"github.com/kl-egress/kl/shim/docker"
 	"github.com/kl-egress/kl/shim/workload"
 )
 
@@ -49,12 +48,7 @@ var (
 	procRoot = "/proc"
 	hostNet  = "/proc/self/ns/net"
 	sameNs   = netns.SameNetns
-	lookup   = func(cfg *config.Config) workloadLookup {
-		if cfg.DockerSocket == "-" {
-			return nil
-		}
-		return docker.Client{Socket: cfg.DockerSocket}
-	}
+	lookup   = func(cfg *config.Config) workloadLookup { return workload.Docker(cfg, 0) }
 )
 
 type workloadLookup = workload.Lookup

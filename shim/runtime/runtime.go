@@ -28,7 +28,6 @@ import (
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
-	"github.com/kl-egress/kl/shim/docker"
 	"github.com/kl-egress/kl/shim/oci"
 	"github.com/kl-egress/kl/shim/workload"
 )
@@ -37,12 +36,7 @@ import (
 var (
 	execve         = syscall.Exec
 	containerState = runtimeState
-	dockerFrom     = func(cfg *config.Config) workload.Lookup {
-		if cfg.DockerSocket == "-" {
-			return nil
-		}
-		return docker.Client{Socket: cfg.DockerSocket, Timeout: 5 * time.Second}
-	}
+	dockerFrom     = func(cfg *config.Config) workload.Lookup { return workload.Docker(cfg, 5*time.Second) }
 )
 
 // Run is kl-runtime's main. It returns only on failure; on success the process has

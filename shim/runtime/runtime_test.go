@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/shim/config"
@@ -517,5 +519,55 @@ func checkEnv(t *testing.T, env, want, not []string) {
 		if slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, n) }) {
 			t.Errorf("env %q has %q", env, n)
 		}
+	}
+}
+
+// dockerd starts restart-policy containers before it serves its API (the socket listens,
+// nothing answers): kl-runtime identifies them from their record in dockerRoot, labels
+// and image included. With no record either, create fails as before, naming both.
+func TestPrepareDockerSilent(t *testing.T) {
+	const id = "4c5e9a1f0b3d27e8c6f1a2b9d0e4f7a3c8b5d1e6f9a0b2c4d7e8f1a3b5c6d9e0"
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "docker.sock")
+	ln, err := net.Listen("unix", sock) // never accepts
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	root := filepath.Join(dir, "docker")
+	rec, err := os.ReadFile("../docker/testdata/config.v2.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(root, "containers", id), 0o700)
+	if err := os.WriteFile(filepath.Join(root, "containers", id, "config.v2.json"), rec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, "mode: transparent\ndockerSocket: "+sock+"\ndockerRoot: "+root+"\n")
+	dockerFrom = func(cfg *config.Config) workload.Lookup { return workload.Docker(cfg, 200*time.Millisecond) }
+	t.Cleanup(func() { dockerFrom = func(*config.Config) workload.Lookup { return nil } })
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+
+	b := writeBundle(t, specWith(""))
+	if err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: id, Bundle: b}, nil, log); err != nil {
+		t.Fatalf("Prepare with dockerd silent and the container's record there: %v", err)
+	}
+	s, err := oci.Load(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, _ := s.Env()
+	checkEnv(t, env, []string{"HTTP_PROXY=http://127.0.0.1:15080"}, nil) // its label kl.egress.mode=proxy
+	if !strings.Contains(logs.String(), "image=docker.io/library/nginx:1.27") || !strings.Contains(logs.String(), "engine=docker") {
+		t.Errorf("log does not show the Docker image from the record:\n%s", logs.String())
+	}
+
+	other := "0" + id[1:]
+	b = writeBundle(t, specWith(""))
+	err = Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: other, Bundle: b}, nil, config.Discard())
+	recPath := filepath.Join(root, "containers", other, "config.v2.json")
+	if err == nil || !strings.Contains(err.Error(), sock) || !strings.Contains(err.Error(), recPath) {
+		t.Errorf("Prepare with dockerd silent and no record = %v, want an error naming %s and %s", err, sock, recPath)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/rules/imageref"
@@ -46,11 +47,26 @@ type Lookup interface {
 	Lookup(ctx context.Context, id string) (docker.Container, bool, error)
 }
 
+// Docker is the Lookup the settings ask for: the API at DockerSocket, answering within
+// timeout (0: the client's default), and the records in DockerRoot when it does not
+// answer; nil when dockerSocket is "-".
+func Docker(cfg *config.Config, timeout time.Duration) Lookup {
+	if cfg.DockerSocket == "-" {
+		return nil
+	}
+	c := docker.Client{Socket: cfg.DockerSocket, Root: cfg.DockerRoot, Timeout: timeout}
+	if c.Root == "-" {
+		c.Root = ""
+	}
+	return c
+}
+
 // Identify gathers Info for container id with spec annotations ann. dk may be nil (no
 // Docker lookup). A container whose spec carries the CRI's annotations is the CRI's
 // (Kubernetes), and Docker is not asked. Otherwise a Docker socket that is absent or
 // that nothing listens on is not an error: the container belongs to another engine. A
-// Docker engine that is there but fails to answer is: the container may be Docker's.
+// Docker engine that is there but fails to answer is, unless the container's record in
+// Docker's data root answers for it: the container may be Docker's.
 func Identify(ctx context.Context, cfg *config.Config, id string, ann map[string]string, dk Lookup, log *slog.Logger) (Info, error) {
 	in := Info{ID: id, Annotations: ann, Engine: "oci"}
 	var ct docker.Container

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kl-egress/kl/shim/config"
 	"github.com/kl-egress/kl/shim/docker"
@@ -114,6 +115,22 @@ func TestGlob(t *testing.T) {
 	for _, tt := range tests {
 		if got := Glob(tt.p, tt.s); got != tt.want {
 			t.Errorf("Glob(%q, %q) = %v, want %v", tt.p, tt.s, got, tt.want)
+		}
+	}
+}
+
+func TestDocker(t *testing.T) {
+	tests := []struct {
+		name, socket, root string
+		want               Lookup
+	}{
+		{"both", "/run/docker.sock", "/var/lib/docker", docker.Client{Socket: "/run/docker.sock", Root: "/var/lib/docker", Timeout: time.Second}},
+		{"no records", "/run/docker.sock", "-", docker.Client{Socket: "/run/docker.sock", Timeout: time.Second}},
+		{"no lookup", "-", "/var/lib/docker", nil},
+	}
+	for _, tt := range tests {
+		if got := Docker(&config.Config{DockerSocket: tt.socket, DockerRoot: tt.root}, time.Second); got != tt.want {
+			t.Errorf("%s: Docker = %#v, want %#v", tt.name, got, tt.want)
 		}
 	}
 }
