@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -162,16 +163,41 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 	if err != nil {
 		return fmt.Errorf("container %s: list relay registrations: %w", st.ID, err)
 	}
+	w := api.Workload{
+		ID: st.ID, Netns: nsPath, Mode: mode, Source: "hook",
+		Namespace: info.Namespace, Name: info.Name, Labels: info.Labels,
+		Annotations: st.Annotations, Image: info.Image,
+	}
+	var reg api.Registration
+	registered := false
 	for _, r := range regs {
 		if r.Workload.Netns == "" {
 			continue
 		}
 		same, err := sameNs(r.Workload.Netns, nsPath)
-		if err != nil {
-			continue // a stale registration whose netns is gone
+		if err != nil || !same {
+			continue // another netns, or a stale registration whose netns is gone
 		}
-		if !same {
-			continue
+		if r.Workload.Source == "hook" {
+			// The hook names a netns by /proc/PID/ns/net, and the pid may be another
+			// process's by now: a container that ended without a poststop leaves its
+			// registration behind, and when a new container's init gets its pid, the
+			// path names the new netns while the relay still serves the old one. Only
+			// the relay can tell, comparing the namespaces themselves (it holds the
+			// ones it serves open, so theirs cannot be reused): it refuses to register
+			// this container (409) only when another registration serves its netns.
+			// A registration under this container's own id, left from an earlier
+			// start, is refreshed below like any.
+			if r.Workload.ID == st.ID {
+				continue
+			}
+			if reg, err = h.Relay.Register(ctx, w); err == nil {
+				registered = true
+				break
+			}
+			if !alreadyServed(err) {
+				return fmt.Errorf("container %s: register with kl-relayd: %w", st.ID, err)
+			}
 		}
 		if r.Workload.Mode != mode {
 			// Fail closed rather than adopt the registered mode: kl-runtime has already
@@ -199,14 +225,10 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 		h.Log.Info("netns already registered; left as it is", "registered_id", r.Workload.ID, "source", r.Workload.Source, "mode", mode)
 		return nil
 	}
-	w := api.Workload{
-		ID: st.ID, Netns: nsPath, Mode: mode, Source: "hook",
-		Namespace: info.Namespace, Name: info.Name, Labels: info.Labels,
-		Annotations: st.Annotations, Image: info.Image,
-	}
-	reg, err := h.Relay.Register(ctx, w)
-	if err != nil {
-		return fmt.Errorf("container %s: register with kl-relayd: %w", st.ID, err)
+	if !registered {
+		if reg, err = h.Relay.Register(ctx, w); err != nil {
+			return fmt.Errorf("container %s: register with kl-relayd: %w", st.ID, err)
+		}
 	}
 	if mode == api.ModeTransparent {
 		c, err := h.capture(reg)
@@ -223,6 +245,13 @@ func (h *Hook) Create(ctx context.Context, st State, mode string) error {
 	h.Log.Info("registered", "mode", mode, "netns", nsPath, "engine", info.Engine, "image", info.Image,
 		"redirect", reg.Listeners.Redirect, "http", reg.Listeners.HTTP, "socks", reg.Listeners.SOCKS)
 	return nil
+}
+
+// alreadyServed reports whether kl-relayd refused a registration because another
+// registration serves its netns.
+func alreadyServed(err error) bool {
+	var he *api.HTTPError
+	return errors.As(err, &he) && he.Status == http.StatusConflict
 }
 
 // Delete removes the registration this hook made for the container, if any, once no

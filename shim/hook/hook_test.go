@@ -16,8 +16,13 @@ import (
 	"github.com/kl-egress/kl/shim/config"
 )
 
+// fakeRelay keeps registrations as kl-relayd does: it holds each one's netns file open
+// (as the relay's listeners hold the netns), and refuses with 409 a registration whose
+// netns another one serves, comparing the files themselves, not their paths. Netns paths
+// that do not exist (setup's /fakeproc) are not compared.
 type fakeRelay struct {
 	regs   map[string]api.Registration
+	held   map[string]*os.File
 	calls  []string
 	err    error
 	regErr error // Register alone fails
@@ -28,6 +33,20 @@ func (f *fakeRelay) Register(_ context.Context, w api.Workload) (api.Registratio
 	if err := cmp.Or(f.err, f.regErr); err != nil {
 		return api.Registration{}, err
 	}
+	if fi, err := os.Stat(w.Netns); err == nil {
+		for id, h := range f.held {
+			if hi, err := h.Stat(); err == nil && id != w.ID && os.SameFile(hi, fi) {
+				return api.Registration{}, &api.HTTPError{Status: 409, Msg: "conflict: netns " + w.Netns + " is already served for workload " + id}
+			}
+		}
+	}
+	f.release(w.ID)
+	if h, err := os.Open(w.Netns); err == nil {
+		if f.held == nil {
+			f.held = map[string]*os.File{}
+		}
+		f.held[w.ID] = h
+	}
 	r := api.Registration{Workload: w, Listeners: api.Listeners{Redirect: 16001}}
 	f.regs[w.ID] = r
 	return r, nil
@@ -36,7 +55,15 @@ func (f *fakeRelay) Register(_ context.Context, w api.Workload) (api.Registratio
 func (f *fakeRelay) Deregister(_ context.Context, id string) error {
 	f.calls = append(f.calls, "deregister "+id)
 	delete(f.regs, id)
+	f.release(id)
 	return f.err
+}
+
+func (f *fakeRelay) release(id string) {
+	if h := f.held[id]; h != nil {
+		h.Close()
+		delete(f.held, id)
+	}
 }
 
 func (f *fakeRelay) Get(_ context.Context, id string) (api.Registration, bool, error) {
@@ -69,6 +96,9 @@ func setup(t *testing.T) (*Hook, *fakeRelay, *netns.Fake) {
 	lookup = func(*config.Config) workloadLookup { return nil }
 	t.Cleanup(func() {
 		backend, procRoot, hostNet, sameNs = nil, "/proc", "/proc/self/ns/net", netns.SameNetns
+		for id := range fr.held {
+			fr.release(id)
+		}
 	})
 	cfg := &config.Config{Hook: "/x/kl-hook", Rules: "-"}
 	if err := cfg.Default(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 )
 
@@ -172,6 +173,43 @@ func TestSharedNetns(t *testing.T) {
 			}
 			if left := shareRecords(t, h.Shares); len(left) > 0 {
 				t.Errorf("share records left: %q", left)
+			}
+		})
+	}
+}
+
+// A container that ended without a poststop leaves its registration naming
+// /proc/PID/ns/net; when a new container's init gets that pid, the path names the new
+// container's netns. The new container must not be taken for one sharing the stale
+// registration: that would leave it with no capture table and no listeners, its
+// traffic going out direct (transparent mode fails closed, never open). Nor must its
+// own registration left from an earlier start under the same id (a restart after a
+// missed poststop).
+func TestCreatePidReused(t *testing.T) {
+	for _, tt := range []struct{ name, stale string }{
+		{"another container's registration", "x"},
+		{"its own, from an earlier start", "y"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h, fr, fb := setup(t)
+			p := newFakeProc(t)
+			p.start(42, 0)
+			if _, err := fr.Register(context.Background(), api.Workload{ID: tt.stale, Netns: p.ns(42), Mode: "transparent", Source: "hook"}); err != nil {
+				t.Fatal(err)
+			}
+			p.exit(42)     // no poststop: the registration stays
+			p.start(42, 0) // the pid is reused, in a new netns
+			if err := h.Create(context.Background(), State{ID: "y", Pid: 42}, "transparent"); err != nil {
+				t.Fatalf("Create(y) = %v", err)
+			}
+			if r, ok := fr.regs["y"]; !ok || r.Workload.Netns != p.ns(42) {
+				t.Errorf("y registered as %+v, %v; want it through %s (calls %q)", r.Workload, ok, p.ns(42), fr.calls)
+			}
+			if tbl, _ := fb.Get(p.ns(42), netns.TableName); tbl == nil {
+				t.Errorf("no capture table in y's netns (calls %q)", fr.calls)
+			}
+			if recs := shareRecords(t, h.Shares); len(recs) > 0 {
+				t.Errorf("share records %q: y was taken for a container sharing %s's registration", recs, tt.stale)
 			}
 		})
 	}
