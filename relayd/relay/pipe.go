@@ -28,7 +28,7 @@ func mono() int64 { return int64(time.Since(epoch)) }
 // closes both. Between two *net.TCPConn io.Copy uses splice(2), so payload never enters
 // user space. A clean end of one direction (EOF) is passed on as a half-close
 // (CloseWrite) and the other direction keeps flowing; an error or the idle timeout ends
-// both, with a reset when the cause was a reset or the idle timeout.
+// both with a reset.
 //
 // Idleness is shared by the two directions: each copies in windows of half the idle
 // timeout (a read deadline), records progress when a window moved bytes, and ends the
@@ -180,11 +180,15 @@ func (st *pipeState) end(err error) {
 func (st *pipeState) abort(err error) {
 	st.once.Do(func() {
 		st.first = err
-		// The idle timeout is the relay's own end of a flow neither side closed: a reset
-		// tells both so. A FIN would pass for the peer's clean close, and a stream that
-		// ends at its close (or whose receiver stopped reading while the relay held
-		// bytes it can no longer deliver) would look complete.
-		if isReset(err) || errors.Is(err, errIdle) {
+		// Only both directions' clean ends (err nil) close the flow with a FIN. Any error
+		// cut a direction: a reset from either side, the idle timeout (the relay's own end
+		// of a flow neither side closed), a destination whose retransmissions or
+		// keepalives timed out (ETIMEDOUT) or that became unreachable, a failure of the
+		// relay's own. The bytes the cut direction still held, or the ones its source
+		// would have sent, never arrive; a FIN would pass for the peer's clean close, and
+		// a stream that ends at its close would look complete. A reset tells both ends,
+		// as the event loop's end does for any error.
+		if err != nil {
 			setLinger0(st.a)
 			setLinger0(st.b)
 		}
@@ -276,10 +280,6 @@ func (st *pipeState) writeDeadline(c net.Conn, now time.Time) error {
 	idle := st.r.o.IdleTimeout
 	st.writeBy.Store(int64(now.Sub(epoch) + idle))
 	return c.SetWriteDeadline(now.Add(idle))
-}
-
-func isReset(err error) bool {
-	return err != nil && (errors.Is(err, errConnReset) || errors.Is(err, errPipe))
 }
 
 func setLinger0(c net.Conn) {

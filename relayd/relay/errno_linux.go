@@ -1,8 +1,0 @@
-package relay
-
-import "syscall"
-
-var (
-	errConnReset error = syscall.ECONNRESET
-	errPipe      error = syscall.EPIPE
-)
