@@ -408,14 +408,10 @@ func (l *loop) closeFlows(lp *lpod) {
 	}
 }
 
-// errCut is why a flow decided but not yet connected was not carried: its pod went away
-// or the relay shut down.
-var errCut = errors.New("closed by the relay before the exit answered")
-
-// errCutPeeking: the same, for a flow whose hostname had not arrived; errCutFlow for any
-// flow the relay ends (its pod closed, Shutdown's drain over): both ends are reset, as
-// the goroutine path resets the connections it tracks, so a cut never looks like a
-// clean end of stream.
+// errCutPeeking: as errCut (relay.go), for a flow whose hostname had not arrived;
+// errCutFlow for any flow the relay ends (its pod closed, Shutdown's drain over): both
+// ends are reset, as the goroutine path resets the connections it tracks, so a cut never
+// looks like a clean end of stream.
 var (
 	errCutPeeking = errors.New("closed by the relay before the hostname arrived")
 	errCutFlow    = errors.New("closed by the relay")

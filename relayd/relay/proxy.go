@@ -260,12 +260,15 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 			// the proxies answer 504, SOCKS 0x05 or 0x04 as the cause says.
 			return nil, audit.Redacted(err)
 		}
-		r.record(d, &f, "")
+		// Tracked before the record, as carry does: a workload closed while the exit
+		// was being dialed gets no tunnel, and its record says so.
 		tc := &trackedConn{Conn: c, p: p, exit: d.Exit}
 		if !p.track(tc) {
 			c.Close()
+			r.record(d, &f, errCut.Error())
 			return nil, ErrClosed
 		}
+		r.record(d, &f, "")
 		return tc, nil
 	}
 }

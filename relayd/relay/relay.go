@@ -577,6 +577,11 @@ func (r *Relay) flow(p *pod, c *net.TCPConn) {
 	r.carry(p, c, w, r.newFlow(w, dst, addrPort(c.RemoteAddr()), id), r.o.Policy(), nil)
 }
 
+// errCut is why a flow decided but not yet carried was not: its pod went away or the
+// relay shut down before its exit answered (on goroutines: while the exit's dial was
+// under way, whose connection is then closed unused).
+var errCut = errors.New("closed by the relay before the exit answered")
+
 // errSelf refuses a connection made straight to the relay port.
 var errSelf = errors.New("connection to the relay port itself")
 
@@ -683,12 +688,16 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 		reset(c)
 		return
 	}
-	r.record(d, &f, "")
+	// Tracked before the record: a pod closed while the exit was being dialed has already
+	// reset the workload's connection, and the record must say the flow was cut, not
+	// carried.
 	if !p.track(up) {
 		up.Close()
 		reset(c)
+		r.record(d, &f, errCut.Error())
 		return
 	}
+	r.record(d, &f, "")
 	done := r.o.Metrics.Start(d.Exit)
 	carried = true
 	debug, wid, id := r.o.Debug, w.ID, f.ID

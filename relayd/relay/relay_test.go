@@ -713,3 +713,65 @@ func TestWithoutDestination(t *testing.T) {
 		t.Errorf("withoutDestination with host %q = %q, want %q", one.Host, got, want)
 	}
 }
+
+// TestCutWhileDialing closes a workload while its flow's exit is still dialing: the
+// workload's connection is cut (reset), and when the dial then succeeds the decision's
+// record says the flow was not carried, as the event loop records a flow it cut before
+// its exit answered; transparent and proxy mode alike.
+func TestCutWhileDialing(t *testing.T) {
+	backend := echoServer(t)
+	for _, proxyMode := range []bool{false, true} {
+		t.Run(fmt.Sprintf("proxy mode %v", proxyMode), func(t *testing.T) {
+			dialing, release := make(chan struct{}), make(chan struct{})
+			exits := map[string]DialFunc{"slow": func(ctx context.Context, _ *api.Workload, _ Dest) (net.Conn, error) {
+				close(dialing)
+				<-release
+				return net.Dial("tcp4", backend.String()) // the exit answers after all
+			}}
+			h := newHarness(t, fakeDecider{9: "slow"}, time.Minute, exits)
+			dst := netip.AddrPortFrom(backend.Addr(), 9)
+			h.setDst(dst)
+			w := workload("a")
+			if proxyMode {
+				w.Mode = api.ModeProxy
+			}
+			if _, err := h.r.Open(w); err != nil {
+				t.Fatal(err)
+			}
+			var addr string
+			if proxyMode {
+				addr = h.addr(t, "/ns/a:15080")
+			} else {
+				addr = h.addr(t, "/ns/a")
+			}
+			c, err := net.Dial("tcp4", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			if proxyMode {
+				fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", dst, dst)
+			}
+			select {
+			case <-dialing:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the exit was never dialed")
+			}
+			h.r.Close("a")
+			close(release)
+			if got, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("workload read %q, %v; want a reset", got, err)
+			}
+			var recs []audit.Record
+			waitFor(func() bool { recs = h.aud.Recent(10); return len(recs) > 0 })
+			if len(recs) != 1 || recs[0].Exit != "slow" || recs[0].Reason == "" {
+				t.Errorf("audit records %+v, want one for exit slow with the reason it was not carried", recs)
+			}
+			waitFor(func() bool { return h.r.Stats().Active == 0 })
+			if s := h.r.Stats(); s.Active != 0 {
+				t.Errorf("stats %+v, want none active", s)
+			}
+		})
+	}
+}
