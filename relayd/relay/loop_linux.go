@@ -580,7 +580,9 @@ func (l *loop) route(lf *lflow) {
 			return
 		}
 		// The upstream's timeout bounds its connect and handshake, and so does the
-		// relay's, as the goroutine path's dial context does: the shorter one ends it.
+		// relay's, as the goroutine path's dial context does: the shorter one ends it,
+		// and is the one a timeout's reason names (Bound).
+		hs.Bound(r.o.ConnectTimeout)
 		lf.hs, lf.to, lf.by = hs, up.addr, l.now+int64(min(up.hs.Timeout(), r.o.ConnectTimeout))
 	}
 	r.count(d.Exit)

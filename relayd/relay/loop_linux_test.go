@@ -796,7 +796,8 @@ func TestLoopCloseConnecting(t *testing.T) {
 // TestLoopUpstreamConnectTimeout: the relay's ConnectTimeout bounds an upstream exit's
 // connect and handshake too when it is the shorter bound, as the goroutine path's dial
 // context does: a silent upstream with a long timeout of its own is given up after the
-// relay's, and the workload reset.
+// relay's, the workload reset, and the record names the relay's bound, the one that
+// expired.
 func TestLoopUpstreamConnectTimeout(t *testing.T) {
 	n := newLoopNet(t)
 	fakeUpstreams(t, n)
@@ -811,9 +812,13 @@ func TestLoopUpstreamConnectTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	aud, err := audit.New("", 0, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
 	r := relay.New(relay.Options{
 		RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(), ConnectTimeout: 300 * time.Millisecond,
-		Policy: func() relay.Decider { return pol },
+		Policy: func() relay.Decider { return pol }, Audit: aud,
 		Exits: map[string]relay.DialFunc{"silent": func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
 		}},
@@ -833,6 +838,11 @@ func TestLoopUpstreamConnectTimeout(t *testing.T) {
 	}
 	if got, err := exchange(c); !isReset(err) {
 		t.Errorf("got %q, %v; want a reset once the relay's connect timeout is over", got, err)
+	}
+	var recs []audit.Record
+	eventually(func() bool { recs = aud.Recent(8); return len(recs) > 0 })
+	if want := "read CONNECT reply: timed out after 300ms"; len(recs) != 1 || !strings.Contains(recs[0].Reason, want) {
+		t.Errorf("audit %+v, want one record whose reason says %q", recs, want)
 	}
 }
 

@@ -36,8 +36,9 @@ var (
 // A caller repeats: send all of Out, call Sent, read at most Want bytes, Feed them, until
 // Done. An error of the connection on the way (EOF, a reset, the caller's own timeout)
 // goes through IOError for the words a Dialer would use, and a failed connect through
-// ConnectError; the caller bounds connect and handshake by the Handshaker's Timeout. A
-// Handshake comes from a Handshaker and is for one connection and one goroutine.
+// ConnectError; the caller bounds connect and handshake by the Handshaker's Timeout, or
+// by a shorter bound of its own that it tells Bound. A Handshake comes from a Handshaker
+// and is for one connection and one goroutine.
 type Handshake struct {
 	c        *common
 	socks    bool
@@ -63,6 +64,10 @@ type Handshake struct {
 	rest []byte
 	done bool
 	err  error // the error Feed returned, returned again by any later Feed
+
+	// timeout is the bound on the connect and the handshake that a timeout's words
+	// name: the Handshaker's Timeout, or the caller's shorter one (Bound).
+	timeout time.Duration
 }
 
 // Out returns the bytes to send now, nil when there are none (or the handshake failed).
@@ -137,6 +142,14 @@ func (h *Handshake) Done() bool { return h.done }
 // when the caller keeps to Want.
 func (h *Handshake) Rest() []byte { return h.rest }
 
+// Bound tells h that its caller gives the connect and the handshake only d in all, when
+// that is less than the Handshaker's Timeout (a deadline of the caller's own that comes
+// first): a timeout's words (IOError, ConnectError) then name d, the bound that expired,
+// not the upstream's longer one.
+func (h *Handshake) Bound(d time.Duration) {
+	h.timeout = min(h.timeout, max(d, 0))
+}
+
 // IOError words an error of the connection met while the handshake was under way, as a
 // Dialer does: "upstream socks5://h:1080: read SOCKS5 method: upstream closed the
 // connection" for io.EOF, "...: timed out after 10s: ..." for an error whose Timeout()
@@ -167,7 +180,7 @@ func (h *Handshake) ConnectError(err error) error {
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded):
 		ctxErr = context.DeadlineExceeded
 	}
-	return h.c.errorf("connect: %w", dialReason(ctxErr, h.c.timeout, err))
+	return h.c.errorf("connect: %w", dialReason(ctxErr, h.timeout, err))
 }
 
 // ioErr is IOError given the state of the context the handshake ran under (nil when
@@ -178,7 +191,7 @@ func (h *Handshake) ioErr(ctxErr, err error) error {
 		// bound reports, whatever stopped this one.
 		return h.c.errorf("read CONNECT reply: %w", errHeaderOver)
 	}
-	return h.c.handshakeErr(ctxErr, h.stage(), err)
+	return h.c.handshakeErr(ctxErr, h.timeout, h.stage(), err)
 }
 
 // stage names what the handshake is doing, for its I/O errors.
@@ -219,6 +232,9 @@ func (h *Handshake) reset(c *common) {
 		out = nil
 	}
 	*h = Handshake{c: c, out: out}
+	if c != nil {
+		h.timeout = c.timeout
+	}
 }
 
 // dial readies a Handshake for t with start, connects to the upstream and drives the
@@ -232,7 +248,14 @@ func (c *common) dial(ctx context.Context, t Target, start func(*Handshake, Targ
 	if err := start(h, t); err != nil {
 		return nil, err
 	}
-	conn, hctx, done, err := c.connect(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		// The caller's deadline (kl-relayd's connect timeout) may come before the
+		// upstream's own: a timeout then names the caller's bound, the one that
+		// expired. Rounded to the millisecond, the time it took to get here is not part
+		// of the words.
+		h.Bound(time.Until(dl).Round(time.Millisecond))
+	}
+	conn, hctx, done, err := c.connect(ctx, h.timeout)
 	if err != nil {
 		return nil, err
 	}

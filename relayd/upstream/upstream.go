@@ -227,12 +227,13 @@ func (c *common) errorf(format string, args ...any) error {
 
 // connect dials the upstream and arms the handshake deadline: the returned cleanup must
 // be called once the handshake is done (it clears the deadline and reports whether the
-// context expired meanwhile).
-func (c *common) connect(ctx context.Context) (net.Conn, context.Context, func() error, error) {
+// context expired meanwhile). bound is the time connect and handshake have in all, for
+// the words of a timeout (Handshake.bound).
+func (c *common) connect(ctx context.Context, bound time.Duration) (net.Conn, context.Context, func() error, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	conn, err := c.base(ctx, "tcp", c.addr)
 	if err != nil {
-		err = c.errorf("connect: %w", dialReason(ctx.Err(), c.timeout, err))
+		err = c.errorf("connect: %w", dialReason(ctx.Err(), bound, err))
 		cancel()
 		return nil, nil, nil, err
 	}
@@ -280,14 +281,15 @@ func (e *wordsError) Error() string { return e.words }
 func (e *wordsError) Unwrap() error { return e.err }
 
 // handshakeErr turns an I/O error during the handshake into words; ctxErr is the error
-// of the context the handshake ran under (nil while it runs on).
-func (c *common) handshakeErr(ctxErr error, stage string, err error) error {
+// of the context the handshake ran under (nil while it runs on), timeout the bound a
+// timeout is said to have expired (Handshake.bound).
+func (c *common) handshakeErr(ctxErr error, timeout time.Duration, stage string, err error) error {
 	var ne net.Error
 	if ctxErr != nil || (errors.As(err, &ne) && ne.Timeout()) {
 		if errors.Is(ctxErr, context.Canceled) {
 			return c.errorf("%s: cancelled: %w", stage, err)
 		}
-		return c.errorf("%s: timed out after %v: %w", stage, c.timeout, err)
+		return c.errorf("%s: timed out after %v: %w", stage, timeout, err)
 	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return c.errorf("%s: upstream closed the connection", stage)

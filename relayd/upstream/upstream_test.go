@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -378,6 +379,60 @@ func TestDialErrors(t *testing.T) {
 				t.Fatalf("Dial(no host) = %v, want ErrTarget", err)
 			}
 		})
+	}
+}
+
+// TestTimeoutNamesTheBound: a caller's deadline that comes before the upstream's own
+// timeout (kl-relayd's connect timeout in front of an upstream given a minute) is the
+// bound that expires, and the error names it, in the connect and in the handshake.
+func TestTimeoutNamesTheBound(t *testing.T) {
+	silent := fakeServer(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+	slow := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		<-ctx.Done()
+		return nil, &net.OpError{Op: "dial", Net: network, Err: ctx.Err()}
+	}
+	for _, tc := range []struct {
+		name, url string
+		base      DialFunc
+		want      string
+	}{
+		{"http connect", "http://192.0.2.1:1", slow, "connect: timed out after 200ms"},
+		{"socks5 connect", "socks5://192.0.2.1:1", slow, "connect: timed out after 200ms"},
+		{"http handshake", "http://" + silent, nil, "read CONNECT reply: timed out after 200ms"},
+		{"socks5 handshake", "socks5://" + silent, nil, "read SOCKS5 method: timed out after 200ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := New(tc.url, time.Minute, tc.base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err = d.Dial(ctx, Target{Host: "h", Port: 1})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Dial under a 200ms deadline = %v, want %q", err, tc.want)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Errorf("Dial under a 200ms deadline = %v, which wraps no deadline error", err)
+			}
+		})
+	}
+	// An event loop tells a Handshake its shorter bound itself.
+	h, err := mustHandshaker(t, "http://h:1").Handshake(Target{Host: "example.com", Port: 443})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Bound(time.Minute) // longer than the upstream's 300ms: changes nothing
+	if got, want := h.ConnectError(os.ErrDeadlineExceeded).Error(), "upstream http://h:1: connect: timed out after 300ms"; got != want {
+		t.Errorf("ConnectError after Bound(1m) = %q, want %q", got, want)
+	}
+	h.Bound(100 * time.Millisecond)
+	if got, want := h.ConnectError(os.ErrDeadlineExceeded).Error(), "upstream http://h:1: connect: timed out after 100ms"; got != want {
+		t.Errorf("ConnectError after Bound(100ms) = %q, want %q", got, want)
+	}
+	h.Sent()
+	if got, want := h.IOError(os.ErrDeadlineExceeded).Error(), "upstream http://h:1: read CONNECT reply: timed out after 100ms: i/o timeout"; got != want {
+		t.Errorf("IOError after Bound(100ms) = %q, want %q", got, want)
 	}
 }
 
