@@ -97,18 +97,21 @@ func (l trackingListener) Accept() (net.Conn, error) {
 
 type trackedConn struct {
 	net.Conn
-	p       *pod
-	exit    string        // the exit a dialed connection goes through ("" for client connections)
-	key     sockowner.Key // a client connection's tuple (for process lookups)
-	onClose func()        // set before the connection is tracked
+	p    *pod
+	exit string        // the exit a dialed connection goes through ("" for client connections)
+	key  sockowner.Key // a client connection's tuple (for process lookups)
+	// onClose runs once the connection is closed (every Close calls it: it must be
+	// idempotent). Set before the connection is tracked.
+	onClose func()
 }
 
 func (c *trackedConn) Close() error {
 	c.p.untrack(c)
+	err := c.Conn.Close()
 	if c.onClose != nil {
 		c.onClose()
 	}
-	return c.Conn.Close()
+	return err
 }
 
 // clientKey carries a proxy client connection's owner-lookup key in its requests' context.
@@ -149,6 +152,18 @@ func (c *trackedConn) CloseWrite() error {
 // hostname exactly (CONNECT, SOCKS5 domain addresses, the Host of a forwarded request).
 func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 	return func(ctx context.Context, t upstream.Target) (net.Conn, error) {
+		// A proxied flow counts in Shutdown's drain from its request until its exit's
+		// connection closes (the tunnel has ended, or the forwarded exchange is over and
+		// the connection is not kept), as a transparent flow counts from its accept.
+		if !r.join() {
+			return nil, ErrClosed
+		}
+		joined := true // until the dialed connection's close takes over
+		defer func() {
+			if joined {
+				r.flowWG.Done()
+			}
+		}()
 		w := p.w.Load()
 		id := r.flowSeq.Add(1)
 		r.total.Add(1)
@@ -262,12 +277,13 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		}
 		// Tracked before the record, as carry does: a workload closed while the exit
 		// was being dialed gets no tunnel, and its record says so.
-		tc := &trackedConn{Conn: c, p: p, exit: d.Exit}
+		tc := &trackedConn{Conn: c, p: p, exit: d.Exit, onClose: sync.OnceFunc(r.flowWG.Done)}
 		if !p.track(tc) {
 			c.Close()
 			r.record(d, &f, errCut.Error())
 			return nil, ErrClosed
 		}
+		joined = false
 		r.record(d, &f, "")
 		return tc, nil
 	}

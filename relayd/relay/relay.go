@@ -434,7 +434,10 @@ func (r *Relay) Stats() api.FlowStats {
 }
 
 // Shutdown stops accepting on every listener, lets established flows finish until ctx
-// is done, then closes them.
+// is done, then closes them. Proxy-mode flows (tunnels, forwarded requests) drain as
+// transparent ones do; a request that reaches a proxy once the drain has begun is
+// refused, and a proxy client connection that carries no flow is closed when the
+// drain is over.
 func (r *Relay) Shutdown(ctx context.Context) error {
 	r.mu.Lock()
 	r.shut = true
@@ -450,6 +453,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	select {
 	case <-drained:
 		for _, p := range pods {
+			p.closeConns() // only proxy clients between requests are left
 			p.closeNetns()
 		}
 		return nil
@@ -555,6 +559,22 @@ func (r *Relay) begin() {
 func (r *Relay) end() {
 	r.active.Add(-1)
 	r.flowWG.Done()
+}
+
+// join counts a proxy-mode flow into Shutdown's drain (flowWG), as begin does a
+// transparent flow at its accept, and reports true; once Shutdown has begun it counts
+// nothing and reports false. A proxy takes requests on connections it accepted before
+// Shutdown closed its listener, so a flow can start while Shutdown waits, unlike a
+// transparent one: under mu, no flow joins a drain that may already be over (and a
+// WaitGroup must not gain from zero while it is waited on).
+func (r *Relay) join() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shut {
+		return false
+	}
+	r.flowWG.Add(1)
+	return true
 }
 
 // flow decides one accepted connection and dials its exit; the bytes are then carried by

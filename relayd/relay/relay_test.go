@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"reflect"
@@ -774,4 +775,157 @@ func TestCutWhileDialing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestShutdownProxyMode: Shutdown drains proxy-mode flows as it drains transparent ones.
+// It waits for an open CONNECT tunnel until its context ends, then cuts it (a reset, not
+// a clean end of stream); it returns as soon as a tunnel ends, or a forwarded request
+// has its whole answer; a request that comes during the drain is refused.
+func TestShutdownProxyMode(t *testing.T) {
+	backend := echoServer(t)
+	web, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	answering := make(chan struct{}) // closed as the origin starts its answer
+	testutil.Serve(t, web, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		time.Sleep(300 * time.Millisecond) // the answer comes during the drain
+		close(answering)
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nslow%s", req.URL.Path[1:])
+	})
+	open := func(t *testing.T) (*harness, string) {
+		h := newHarness(t, fakeDecider{}, time.Minute, nil)
+		w := workload("p")
+		w.Mode = api.ModeProxy
+		if _, err := h.r.Open(w); err != nil {
+			t.Fatal(err)
+		}
+		return h, h.addr(t, "/ns/p:15080")
+	}
+	dial := func(t *testing.T, addr string) net.Conn {
+		c, err := net.Dial("tcp4", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c
+	}
+	tunnel := func(t *testing.T, addr string) net.Conn {
+		c := dial(t, addr)
+		if err := testutil.ConnectThrough(c, backend.String()); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := echo(c, "a"); err != nil || got != "a" {
+			t.Fatalf("tunnel echoed %q, %v", got, err)
+		}
+		return c
+	}
+	// shutdown runs Shutdown with a context of d; it sends Shutdown's error, and took
+	// says how long it ran, early whether it returned before the origin's answer began.
+	var took time.Duration
+	var early bool
+	shutdown := func(h *harness, d time.Duration) chan error {
+		shut := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), d)
+			defer cancel()
+			start := time.Now()
+			err := h.r.Shutdown(ctx)
+			took = time.Since(start)
+			select {
+			case <-answering:
+				early = false
+			default:
+				early = true
+			}
+			shut <- err
+		}()
+		return shut
+	}
+
+	t.Run("tunnel cut when the drain is over", func(t *testing.T) {
+		h, addr := open(t)
+		c := tunnel(t, addr)
+		idle := dial(t, addr) // accepted before the drain, its request comes during it
+		shut := shutdown(h, 2*time.Second)
+		time.Sleep(200 * time.Millisecond)
+		if got, err := echo(c, "during the drain"); err != nil || got != "during the drain" {
+			t.Errorf("tunnel during the drain echoed %q, %v", got, err)
+		}
+		if err := testutil.ConnectThrough(idle, backend.String()); err == nil {
+			t.Error("a CONNECT during the drain was carried")
+		}
+		select {
+		case err := <-shut:
+			t.Fatalf("Shutdown returned %v after %v with a tunnel open", err, took)
+		case <-time.After(500 * time.Millisecond):
+		}
+		if err := <-shut; !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Shutdown = %v, want its context's deadline", err)
+		}
+		if took < 1900*time.Millisecond {
+			t.Errorf("Shutdown returned after %v, before its 2s context ended", took)
+		}
+		if got, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("tunnel after Shutdown: read %q, %v; want a reset", got, err)
+		}
+	})
+
+	t.Run("tunnel ends during the drain", func(t *testing.T) {
+		h, addr := open(t)
+		c := tunnel(t, addr)
+		shut := shutdown(h, 5*time.Second)
+		time.Sleep(200 * time.Millisecond)
+		c.(*net.TCPConn).CloseWrite()
+		if got, err := io.ReadAll(c); string(got) != "bye" || err != nil {
+			t.Errorf("tunnel's end: %q, %v; want bye", got, err)
+		}
+		select {
+		case err := <-shut:
+			if err != nil {
+				t.Errorf("Shutdown = %v, want nil once the tunnel ended", err)
+			}
+		case <-time.After(3 * time.Second):
+			t.Error("Shutdown still waiting after the only tunnel ended")
+		}
+	})
+
+	t.Run("forwarded request answered during the drain", func(t *testing.T) {
+		h, addr := open(t)
+		c := dial(t, addr)
+		fmt.Fprintf(c, "GET http://%s/x HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", web.Addr(), web.Addr())
+		time.Sleep(100 * time.Millisecond) // the request is with the origin
+		shut := shutdown(h, 5*time.Second)
+		resp, err := io.ReadAll(c)
+		if err != nil || !strings.HasSuffix(string(resp), "\r\n\r\nslowx") {
+			t.Errorf("forwarded answer %q, %v; want it whole", resp, err)
+		}
+		select {
+		case err := <-shut:
+			if err != nil {
+				t.Errorf("Shutdown = %v, want nil once the answer was delivered", err)
+			}
+			if early {
+				t.Errorf("Shutdown returned after %v, before the origin answered", took)
+			}
+		case <-time.After(3 * time.Second):
+			t.Error("Shutdown still waiting after the forwarded request was answered")
+		}
+	})
+}
+
+// echo writes s to c and reads as many bytes back.
+func echo(c net.Conn, s string) (string, error) {
+	if _, err := io.WriteString(c, s); err != nil {
+		return "", err
+	}
+	b := make([]byte, len(s))
+	_, err := io.ReadFull(c, b)
+	return string(b), err
 }
