@@ -124,6 +124,9 @@ type lflow struct {
 	sent    int                 // bytes of hs.Out() written
 	// earlyRead: the workload's first bytes were read for the handshake (EarlyData).
 	earlyRead bool
+	// earlyErr: that read failed (the workload reset its connection); kept for once the
+	// tunnel is open (handshake).
+	earlyErr error
 }
 
 // lhalf is one direction of a flow: bytes spliced from its source into the pipe and not
@@ -767,8 +770,12 @@ func (l *loop) handshake(lf *lflow) {
 				lf.earlyRead = true
 				b, err := l.bufRead(lf, up, lf.c)
 				if err != nil {
-					l.fail(lf, fmt.Errorf("read the workload's first bytes: %w", os.NewSyscallError("read", err)))
-					return
+					// The workload's failure is not the upstream's: the handshake goes
+					// on, and the flow ends with it once the tunnel is open, as it does
+					// when the read comes only then (an upstream without early data,
+					// the goroutine path's Dial). Either way the record says whether the
+					// exit was reached, and the dial counts as a success when it was.
+					lf.earlyErr = os.NewSyscallError("read", err)
 				}
 				up.early = bytes.Clone(b) // out of the loop's buffer, which the answer is read into
 			}
@@ -854,6 +861,10 @@ func (l *loop) connected(lf *lflow) {
 	lf.done = r.o.Metrics.Start(lf.d.Exit)
 	lf.f, lf.d = rules.Flow{}, rules.Decision{} // an idle flow keeps neither
 	lf.state, lf.last = lRelay, l.now
+	if lf.earlyErr != nil {
+		l.end(lf, lf.earlyErr) // both ends reset, as any failed flow's
+		return
+	}
 	l.pump(lf)
 }
 

@@ -15,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/relayd/upstream"
 	"github.com/kl-egress/kl/rules"
@@ -1037,4 +1040,132 @@ func relayDirect(t *testing.T, n *loopNet) {
 	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLoopWorkloadResetDuringHandshake: a workload that resets its connection while the
+// relay is still reaching an http upstream is recorded the same way whether the upstream
+// takes early data (pipeline: the loop reads the workload during the handshake and
+// meets the reset there) or not (the reset is met once the tunnel is open): the upstream
+// was reached and answered, so the flow is recorded as carried and its dial counted as
+// a success, not as an unreachable upstream; and the tunnel the upstream opened is cut
+// with a reset, as the workload's connection was.
+func TestLoopWorkloadResetDuringHandshake(t *testing.T) {
+	n := newLoopNet(t)
+	ends := make(chan error, 1) // how the tunnel the upstream opened ended
+	ln, err := netns.Listen(n.srv.Path, "tcp", "192.0.2.2:3131")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 4096)
+		var head []byte
+		for !bytes.Contains(head, []byte("\r\n\r\n")) {
+			k, err := c.Read(b)
+			if err != nil {
+				ends <- fmt.Errorf("before the answer: %w", err)
+				return
+			}
+			head = append(head, b[:k]...)
+		}
+		c.Write([]byte("HTTP/1.1 200 Connection established\r\n\r\n"))
+		_, err := io.Copy(io.Discard, c)
+		ends <- err
+	})
+	pol, err := rules.Parse("t", []byte("default: direct\nrules:\n  - port: \"96\"\n    exit: pipelined\n  - port: \"97\"\n    exit: plain\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ups := map[string]upstream.Handshaker{}
+	exits := map[string]relay.DialFunc{}
+	for name, opts := range map[string][]upstream.Option{"pipelined": {upstream.Pipeline()}, "plain": nil} {
+		base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
+		}
+		d, err := upstream.New("http://192.0.2.2:3131", 5*time.Second, base, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ups[name] = d.(upstream.Handshaker)
+		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
+		}
+	}
+	reg := prometheus.NewRegistry()
+	met, err := metrics.New(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aud, err := audit.New("", 0, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(), ConnectTimeout: 5 * time.Second,
+		Policy: func() relay.Decider { return pol }, Exits: exits, Upstreams: ups, Metrics: met, Audit: aud})
+	defer testutil.Shutdown(t, r)
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct{ exit, to string }{{"pipelined", "192.0.2.2:96"}, {"plain", "192.0.2.2:97"}} {
+		t.Run(tc.exit, func(t *testing.T) {
+			// The upstream's first SYN is dropped: the relay's connect completes with
+			// the SYN's retransmission a second later, long after the workload's reset.
+			n.srv.Exec(t, "nft", "add chain inet kltest syn { type filter hook input priority -1; }; add rule inet kltest syn tcp dport 3131 drop")
+			c, err := n.dial(t, tc.to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(func() bool { return r.Stats().Active == 1 })
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+			time.Sleep(200 * time.Millisecond) // the reset is in before the connect ends
+			n.srv.Exec(t, "nft", "delete chain inet kltest syn")
+			var recs []audit.Record
+			eventually(func() bool { recs = aud.Recent(8); return len(recs) > i })
+			if len(recs) != i+1 || recs[i].Exit != tc.exit || recs[i].Reason != "" {
+				t.Errorf("audit %+v, want a record for exit %s with no reason (carried)", recs, tc.exit)
+			}
+			if got := dialResults(t, reg, tc.exit); got["error"] != 0 || got["ok"] != 1 {
+				t.Errorf("dials through %s: %v, want one that succeeded", tc.exit, got)
+			}
+			select {
+			case err := <-ends:
+				if !isReset(err) {
+					t.Errorf("the tunnel ended with %v, want a reset", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("the upstream opened no tunnel")
+			}
+			eventually(func() bool { return r.Stats().Active == 0 })
+		})
+	}
+}
+
+// dialResults counts kl_dial_duration_seconds observations of one exit by result.
+func dialResults(t *testing.T, reg *prometheus.Registry, exit string) map[string]uint64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kl_dial_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var e, result string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "exit":
+					e = l.GetValue()
+				case "result":
+					result = l.GetValue()
+				}
+			}
+			if e == exit {
+				got[result] += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return got
 }
