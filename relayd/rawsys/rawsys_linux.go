@@ -99,6 +99,36 @@ func Splice(from, to, n int) (int, error) {
 	return call(unix.SYS_SPLICE, uintptr(from), 0, uintptr(to), 0, uintptr(n), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
 }
 
+// AtMark reports whether TCP socket fd's next byte to read is at its urgent mark
+// (SIOCATMARK): reads and splices stop there, and only a read goes past it.
+func AtMark(fd int) (bool, error) {
+	var v int32
+	_, err := call(unix.SYS_IOCTL, uintptr(fd), unix.SIOCATMARK, uintptr(unsafe.Pointer(&v)), 0, 0, 0)
+	return v != 0, err
+}
+
+// RecvOOB takes the urgent byte pending on TCP socket fd (MSG_OOB), or with peek looks
+// at it and leaves it. EINVAL: none is pending (or it was taken); EAGAIN: the urgent
+// pointer has come but not its byte.
+func RecvOOB(fd int, peek bool) (byte, error) {
+	var b [1]byte
+	flags := unix.MSG_OOB | unix.MSG_DONTWAIT
+	if peek {
+		flags |= unix.MSG_PEEK
+	}
+	n, err := call(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1, uintptr(flags), 0, 0)
+	if err == nil && n != 1 {
+		err = unix.EINVAL // the connection has ended: nothing pending
+	}
+	return b[0], err
+}
+
+// SendOOB sends b on TCP socket fd as urgent data (MSG_OOB): the urgent mark follows it.
+func SendOOB(fd int, b byte) error {
+	_, err := call(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(&b)), 1, unix.MSG_OOB|unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+	return err
+}
+
 // Pipe returns a non-blocking pipe (read end, write end) of about size bytes (the
 // kernel's default size when it refuses that one).
 func Pipe(size int) ([2]int, error) {

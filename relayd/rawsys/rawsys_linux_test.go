@@ -140,3 +140,109 @@ func TestWrite2(t *testing.T) {
 		t.Errorf("read %q, %v; want %q", buf[:n], err, "CONNECT hello")
 	}
 }
+
+// TestUrgent sends an urgent byte in the middle of a stream and takes it as the relay's
+// event loop does: a splice stops at the mark (and never passes it), AtMark says so,
+// RecvOOB peeks at and then takes the byte, SendOOB sends it on as urgent, and a read
+// goes past the mark to the bytes behind it.
+func TestUrgent(t *testing.T) {
+	a, b := tcpPair(t)
+	c, d := tcpPair(t)
+	if err := unix.SetsockoptInt(a, unix.IPPROTO_TCP, unix.TCP_CORK, 1); err != nil {
+		t.Fatal(err)
+	}
+	Write(a, []byte("abc"))
+	if err := SendOOB(a, 'X'); err != nil {
+		t.Fatal(err)
+	}
+	Write(a, []byte("def"))
+	if err := unix.SetsockoptInt(a, unix.IPPROTO_TCP, unix.TCP_CORK, 0); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Pipe(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(p[0])
+	defer Close(p[1])
+	var in int
+	for deadline := time.Now().Add(5 * time.Second); in < 3; time.Sleep(time.Millisecond) {
+		n, err := Splice(b, p[1], 1<<16)
+		if err != nil && err != unix.EAGAIN || time.Now().After(deadline) {
+			t.Fatalf("splice up to the mark: %d %v", n, err)
+		}
+		in += max(n, 0)
+	}
+	if n, err := Splice(b, p[1], 1<<16); err != unix.EAGAIN {
+		t.Errorf("splice at the mark: %d %v, want EAGAIN", n, err)
+	}
+	if at, err := AtMark(b); !at || err != nil {
+		t.Errorf("AtMark at the mark = %v, %v", at, err)
+	}
+	for _, peek := range []bool{true, false} {
+		if x, err := RecvOOB(b, peek); x != 'X' || err != nil {
+			t.Errorf("RecvOOB(peek %v) = %q, %v; want X", peek, x, err)
+		}
+	}
+	if _, err := RecvOOB(b, false); err != unix.EINVAL {
+		t.Errorf("RecvOOB once taken: %v, want EINVAL", err)
+	}
+	buf := make([]byte, 16)
+	if n, err := Read(b, buf); string(buf[:n]) != "def" || err != nil {
+		t.Errorf("read past the mark: %q %v, want def", buf[:n], err)
+	}
+	if at, err := AtMark(b); at || err != nil {
+		t.Errorf("AtMark past the mark = %v, %v", at, err)
+	}
+	if err := SendOOB(c, 'Y'); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		y, err := RecvOOB(d, false)
+		if err == nil && y == 'Y' {
+			break
+		}
+		if err != unix.EAGAIN && err != unix.EINVAL || time.Now().After(deadline) {
+			t.Fatalf("the peer's RecvOOB: %q %v, want Y", y, err)
+		}
+	}
+}
+
+// tcpPair returns two connected non-blocking TCP sockets on loopback (closed at the end
+// of the test).
+func tcpPair(t *testing.T) (int, int) {
+	ln, err := Socket(unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Close(ln)
+	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Listen(ln, 1); err != nil {
+		t.Fatal(err)
+	}
+	var lsa Sockaddr
+	if err := Getsockname(ln, &lsa); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Socket(unix.AF_INET)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Close(c) })
+	if err := Connect(c, &lsa); err != nil && err != unix.EINPROGRESS {
+		t.Fatal(err)
+	}
+	var peer Sockaddr
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s, err := Accept4(ln, &peer)
+		if err == nil {
+			t.Cleanup(func() { Close(s) })
+			return c, s
+		}
+		if err != unix.EAGAIN || time.Now().After(deadline) {
+			t.Fatalf("accept: %v", err)
+		}
+	}
+}

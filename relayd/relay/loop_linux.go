@@ -41,7 +41,10 @@ const (
 	loopPipeSize  = 1 << 20 // as Go's splice pipes: 16 times fewer splices than 64 KiB
 	loopPipesKept = 256     // empty pipes kept for the next flows
 	loopHeldWait  = 4       // ms a busy loop waits for its next event holding its P (rawsys.WaitHeld)
-	loopET        = unix.EPOLLIN | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
+	// loopET: EPOLLPRI reports TCP urgent data (lhalf.urg), which costs nothing until a
+	// peer sends some: a socket reports it only while an urgent byte is waiting, and
+	// with the events of that socket's own wake-ups.
+	loopET = unix.EPOLLIN | unix.EPOLLPRI | unix.EPOLLOUT | unix.EPOLLRDHUP | unix.EPOLLET
 )
 
 // loop is one event-loop thread. Its fields below mu are only touched on that thread.
@@ -152,6 +155,12 @@ type lhalf struct {
 	// on to the end of stream (or the error) whatever their size.
 	ready bool
 	hup   bool
+	// urg: the source reported urgent data (EPOLLPRI) that the direction has not yet
+	// passed on (urgent); oob is its byte once taken from the source and until the
+	// destination takes it (held).
+	urg  bool
+	held bool
+	oob  byte
 }
 
 func newLoop(r *Relay) (*loop, error) {
@@ -703,7 +712,7 @@ func (l *loop) dialError(lf *lflow, err error) error {
 
 // step moves flow lf on after events ev on its socket fd.
 func (l *loop) step(lf *lflow, fd int, ev uint32) {
-	if ev&(unix.EPOLLIN|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
+	if ev&(unix.EPOLLIN|unix.EPOLLPRI|unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0 {
 		// Noted in every state: an event that arrives while nothing reads the socket
 		// (connecting, a direction waiting for its destination) does not come again.
 		h := &lf.h[0] // c is up's source, u down's
@@ -712,6 +721,7 @@ func (l *loop) step(lf *lflow, fd int, ev uint32) {
 		}
 		h.ready = true
 		h.hup = h.hup || ev&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0
+		h.urg = h.urg || ev&unix.EPOLLPRI != 0
 	}
 	switch lf.state {
 	case lSniff:
@@ -910,7 +920,7 @@ func (l *loop) pumpFor(lf *lflow, fd int, ev uint32) {
 		l.pumpHalves(lf, true, true)
 		return
 	}
-	readable := ev&(unix.EPOLLIN|unix.EPOLLRDHUP) != 0
+	readable := ev&(unix.EPOLLIN|unix.EPOLLPRI|unix.EPOLLRDHUP) != 0
 	writable := ev&unix.EPOLLOUT != 0
 	up, down := &lf.h[0], &lf.h[1] // up reads c and writes u
 	l.pumpHalves(lf,
@@ -964,6 +974,13 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 			}
 			return nil
 		}
+		if h.urg {
+			// Everything src sent before the urgent byte has gone on (the pipe and the
+			// early bytes are empty here) or is still to be read, up to the mark.
+			if blocked, err := l.urgent(lf, h, src, dst); blocked || err != nil {
+				return err
+			}
+		}
 		if !h.ready { // src has nothing: wait for it, holding no pipe
 			h.blocked = false
 			l.putPipe(h)
@@ -1006,6 +1023,16 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		if err != nil {
 			return err
 		}
+		if n == 0 && !h.hup {
+			// A splice that stops at an urgent mark says 0 once the end of stream has
+			// come behind it, though bytes wait past the mark. An end of stream comes
+			// with a hang-up event, and an urgent byte with EPOLLPRI: one that arrived
+			// since the last events were read reports both with the next ones, and only
+			// the hang-up makes this 0 the end (a read, not a splice, first goes past a
+			// mark: urgent).
+			h.ready = false
+			continue
+		}
 		h.n += n
 		h.eof = n == 0
 		if n > 0 {
@@ -1013,6 +1040,70 @@ func (l *loop) move(lf *lflow, h *lhalf, src, dst int) error {
 		}
 	}
 	return nil
+}
+
+// urgent passes on TCP urgent data that src reported (h.urg), once everything before its
+// mark has gone on: splice stops at the mark and never passes it (it says EAGAIN while
+// bytes wait behind), and a read stops just before it, so a direction that only read or
+// spliced would wait there for ever. It reports blocked when dst has no room for the
+// urgent byte (its next EPOLLOUT resumes), and leaves h.urg on while bytes before the
+// mark are still to be read (reads and splices stop at it; the next call finds it).
+//
+// The byte goes on as urgent data (MSG_OOB), at its place in the stream: the relay is
+// then invisible to both ends, as it is for everything else, and a program that relies
+// on urgent data (telnet's and FTP's interrupts, a few database protocols) works through
+// it as it works direct; a peer that reads plainly skips it as it would direct. Passing
+// it on gives the workload nothing it could not do connected directly, and it costs one
+// byte held per direction. Dropping it would have been as simple (a read past the mark)
+// but would change what a program that asks for urgent data gets.
+func (l *loop) urgent(lf *lflow, h *lhalf, src, dst int) (blocked bool, err error) {
+	if !h.held {
+		at, err := rawsys.AtMark(src)
+		if err != nil {
+			return false, err
+		}
+		if !at {
+			if _, err := rawsys.RecvOOB(src, true); err != nil {
+				// No urgent byte waits any more (a read went past the mark before
+				// its event was read: lost to the destination, as to a plain reader;
+				// or a newer urgent pointer came without its byte, whose arrival
+				// reports again): the direction goes on as usual.
+				h.urg = false
+			}
+			return false, nil // else read on: the mark is ahead
+		}
+		if h.oob, err = rawsys.RecvOOB(src, false); err == nil {
+			h.held = true
+		}
+		// An error: no byte to take at the mark after all; step past it below.
+	}
+	if h.held {
+		err := rawsys.SendOOB(dst, h.oob)
+		if err == unix.EAGAIN {
+			h.blocked = true
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		h.held = false
+		h.moved++
+		lf.last = l.now
+	}
+	// A read at the mark skips the urgent byte's place and goes on with what follows
+	// (the socket's urgent state ends there); it must not turn a bulk direction back.
+	h.urg = false
+	bulk := h.bulk
+	b, err := l.bufRead(lf, h, src)
+	h.bulk = h.bulk || bulk
+	if err != nil || len(b) == 0 {
+		return false, err
+	}
+	h.early = b
+	if blocked, err = l.writeEarly(lf, h, dst); blocked {
+		h.early = bytes.Clone(h.early)
+	}
+	return blocked, err
 }
 
 // writeEarly writes h's early bytes to dst; blocked: dst took only part of them.
