@@ -14,6 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/relay"
+	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
@@ -154,9 +157,6 @@ func serveUrgentAware(c net.Conn) {
 // a prelude of 8 KiB, the event loop relays the direction by splice when the urgent
 // byte comes, without it through its buffer.
 func TestUrgentData(t *testing.T) {
-	if testLoops() < 0 {
-		t.Skip("the goroutine path still stalls at an urgent mark")
-	}
 	n := newLoopNet(t)
 	ln, err := netns.Listen(n.srv.Path, "tcp", "192.0.2.2:84")
 	if err != nil {
@@ -246,5 +246,50 @@ func TestUrgentData(t *testing.T) {
 				t.Errorf("through the relay: %q, %v; connected directly: %q", got, err, want)
 			}
 		})
+	}
+}
+
+// TestBothWritesBlocked: a flow whose two ends both write and neither reads is idle (no
+// byte moves either way) and ends after the idle timeout with a reset, although no
+// direction of the relay is waiting to read.
+func TestBothWritesBlocked(t *testing.T) {
+	n := newLoopNet(t)
+	ln, err := netns.Listen(n.srv.Path, "tcp", "192.0.2.2:98")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := make([]byte, 64<<10)
+	testutil.Serve(t, ln, func(c net.Conn) {
+		c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		for {
+			if _, err := c.Write(block); err != nil {
+				return
+			}
+		}
+	})
+	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
+		IdleTimeout: 300 * time.Millisecond, Policy: func() relay.Decider { return pol }})
+	defer testutil.Shutdown(t, r)
+	if _, err := r.Open(api.Workload{ID: "w", Netns: n.pod.Path, Mode: api.ModeTransparent}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := n.dial(t, "192.0.2.2:98")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	c.SetWriteDeadline(start.Add(5 * time.Second))
+	for {
+		if _, err = c.Write(block); err != nil {
+			break
+		}
+	}
+	if !isReset(err) {
+		t.Errorf("the client's writes ended after %v with %v, want a reset within 5s", time.Since(start), err)
 	}
 }

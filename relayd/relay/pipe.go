@@ -13,43 +13,37 @@ import (
 // errIdle ends a flow that moved no bytes either way for the idle timeout.
 var errIdle = errors.New("idle timeout")
 
-// chunk bounds the bytes one copy call moves when it can be bounded (see pipe). It is the
-// most one splice(2) into Go's pipe takes (internal/poll's maxSpliceSize), so a chunk
-// costs no extra system call on a fast flow; at 256 KiB the relay's bulk throughput fell
-// by 6-10% (stream and iperf3 rows of make bench, against the same build without).
-const chunk = 1 << 20
-
 // epoch is the origin of the monotonic times a flow keeps as integers (mono).
 var epoch = time.Now()
 
 func mono() int64 { return int64(time.Since(epoch)) }
 
 // pipe copies bytes both ways between a and b until both directions have ended, then
-// closes both. Between two *net.TCPConn io.Copy uses splice(2), so payload never enters
-// user space. A clean end of one direction (EOF) is passed on as a half-close
-// (CloseWrite) and the other direction keeps flowing; an error or the idle timeout ends
-// both with a reset.
+// closes both. Between two *net.TCPConn a direction splices (splicer, Linux), so payload
+// never enters user space; other connections are copied through a buffer. A clean end
+// of one direction (EOF) is passed on as a half-close (CloseWrite) and the other
+// direction keeps flowing; an error or the idle timeout ends both with a reset.
 //
-// Idleness is shared by the two directions: each copies in windows of half the idle
-// timeout (a read deadline), records progress when a window moved bytes, and ends the
-// flow only when neither direction has moved anything for the whole timeout. A window
-// that expires loses nothing: splice waits for readability before it takes any data.
-// A copy call of a direction left alone also returns after a chunk, so that it records
-// progress (and renews its write deadline, below) while its peer reads slowly: it counts
-// as moving as long as it writes a chunk per idle timeout. While both directions copy,
-// the read windows bound a call (a drain past the read deadline fails) and the pump of
-// one drain, at most a chunk, bounds the rest.
+// Idleness is shared by the two directions: the flow ends when neither has delivered a
+// byte for the idle timeout, whatever each is waiting for. Each direction reads its
+// source under a read deadline and writes its destination under a write deadline, both
+// at the idle timeout past the last delivery of either direction (each records its own,
+// lastMoved). Only an expiry renews them: the direction looks at both records, ends the
+// flow if the later one is a whole idle timeout old, and otherwise moves its deadlines on
+// and resumes what it was doing. So a direction blocked writing to a peer that does not
+// read goes on waiting while the other direction carries bytes, and when both are blocked
+// writing (neither peer reads) or waiting to read, the flow ends after the idle timeout.
+// Nothing is lost at an expiry: a read deadline expires before a splice or read takes
+// anything, and the bytes a write did not take wait in the direction (its pipe, or
+// pending) for the resumed write.
 //
-// Writes have no deadline while both directions copy: the other direction's windows end
-// the flow (closing both connections) when nothing moved. Once one direction has ended
-// cleanly, nothing else would wake the other from a write its peer never takes, so it
-// then writes under a deadline of the idle timeout, renewed per chunk or window. That
-// deadline ends the flow when it expires: splice has already drained the bytes it could
-// not write, so the copy cannot resume.
+// TCP urgent data (MSG_OOB) is passed on as urgent data at its place in the stream
+// between two TCP connections (splicer), as the event loop passes it on; a buffer copy's
+// reads skip the urgent byte, as a plain reader's do, and go on.
 //
 // A connection that read ahead of the stream (unbufferer: an upstream that sent bytes of
 // the tunnel with its CONNECT answer) is copied as the connection underneath it, after
-// the bytes it holds: the flow then gets the chunks, deadlines and splice of any other.
+// the bytes it holds: the flow then gets the deadlines and splice of any other.
 //
 // It returns the bytes carried from a to b (up) and from b to a (down).
 func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
@@ -67,7 +61,8 @@ func (r *Relay) pipe(a, b net.Conn) (up, down int64, err error) {
 // pipeAsync is pipe on two goroutines of its own, one per direction, and returns at once;
 // the last direction to end closes both connections and calls finish. The caller's
 // goroutine (and the stack it grew deciding the flow) is not kept for the life of the
-// flow: an idle flow costs two small copy stacks.
+// flow: an idle flow costs two small copy stacks, and no pipe (a splicer holds one only
+// while it holds bytes).
 func (r *Relay) pipeAsync(a, b net.Conn, finish func(up, down int64, err error)) {
 	st := r.newPipe(a, b, finish)
 	go st.copyUp()
@@ -75,12 +70,14 @@ func (r *Relay) pipeAsync(a, b net.Conn, finish func(up, down int64, err error))
 }
 
 func (r *Relay) newPipe(a, b net.Conn, finish func(up, down int64, err error)) *pipeState {
-	st := &pipeState{r: r, finish: finish, window: max(r.o.IdleTimeout/2, 100*time.Millisecond)}
+	st := &pipeState{r: r, finish: finish}
 	st.a, st.up.pending = unbuffer(a)
 	st.b, st.down.pending = unbuffer(b)
 	st.up.init(st.b, st.a)
 	st.down.init(st.a, st.b)
-	st.last.Store(mono())
+	now := mono()
+	st.up.lastMoved.Store(now)
+	st.down.lastMoved.Store(now)
 	st.left.Store(2)
 	return st
 }
@@ -93,9 +90,8 @@ type unbufferer interface {
 }
 
 // unbuffer returns the connection to copy in place of c, and the bytes to deliver before
-// its stream. Copying c itself would go through its own WriteTo, which neither chunks
-// nor lets the copy renew a write deadline, and keeps splice out of reach. Closing the
-// connection underneath closes c (see upstream's Unbuffer).
+// its stream. Copying c itself would keep splice out of reach. Closing the connection
+// underneath closes c (see upstream's Unbuffer).
 func unbuffer(c net.Conn) (net.Conn, []byte) {
 	if u, ok := c.(unbufferer); ok {
 		pending, rest := u.Unbuffer()
@@ -106,22 +102,23 @@ func unbuffer(c net.Conn) (net.Conn, []byte) {
 
 // copyUp carries a to b, copyDown b to a.
 func (st *pipeState) copyUp() {
-	st.end(st.copy(&st.up, &st.down))
+	err := st.copy(&st.up, &st.down)
+	st.up.release()
+	st.end(err)
 }
 
 func (st *pipeState) copyDown() {
-	st.end(st.copy(&st.down, &st.up))
+	err := st.copy(&st.down, &st.up)
+	st.down.release()
+	st.end(err)
 }
 
 // pipeState is one flow's two directions.
 type pipeState struct {
 	r        *Relay
-	window   time.Duration // the idle check's read window: half the idle timeout
 	a, b     net.Conn
 	up, down dir
-	last     atomic.Int64 // when a direction last moved bytes (mono)
 	left     atomic.Int32 // directions still copying
-	writeBy  atomic.Int64 // the write deadline of the direction left alone (mono; 0: none)
 	once     sync.Once
 	first    error
 	finish   func(up, down int64, err error)
@@ -130,40 +127,96 @@ type pipeState struct {
 // dir is one direction of a flow.
 type dir struct {
 	dst, src net.Conn
-	// splice is dst when both ends are *net.TCPConn (copyOnce).
-	splice *net.TCPConn
-	// lr is src bounded to a chunk per copy call. It keeps a *net.TCPConn's splice
-	// reachable (spliceFrom unwraps it), whatever dst is.
-	lr io.LimitedReader
-	// pending are bytes src's wrapper had read ahead (unbuffer), written before the copy.
+	// sp splices src to dst when both are *net.TCPConn (nil: copied through a buffer).
+	sp *splicer
+	// pending are bytes to write before anything else: what src's wrapper had read ahead
+	// (unbuffer), or what a write left when its deadline expired.
 	pending []byte
-	n       int64 // bytes copied, written by the direction before it counts itself out
+	n       int64 // bytes delivered, written by the direction before it counts itself out
+	// lastMoved is when the direction last delivered bytes (mono); the other direction
+	// reads it when one of its deadlines expires.
+	lastMoved atomic.Int64
 }
 
 func (d *dir) init(dst, src net.Conn) {
 	d.dst, d.src = dst, src
-	d.lr.R = src
-	_, tcp := src.(*net.TCPConn)
-	if t, ok := dst.(*net.TCPConn); ok && tcp {
-		d.splice = t
+	d.sp = newSplicer(d, dst, src)
+}
+
+// delivered records n bytes written to dst.
+func (d *dir) delivered(n int) {
+	if n > 0 {
+		d.n += int64(n)
+		d.lastMoved.Store(mono())
 	}
 }
 
-// copyOnce is one copy call: at most a chunk when bounded (the direction copies alone),
-// to EOF, an error or a read window's end otherwise. Between two *net.TCPConn it calls
-// the splicing ReadFrom directly rather than through io.Copy and TCPConn.WriteTo's
-// generic fallback (fewer frames on the stack an idle flow keeps, no wrapper allocated
-// per window).
-func (d *dir) copyOnce(bounded bool) (int64, error) {
-	var src io.Reader = d.src
-	if bounded {
-		d.lr.N = chunk
-		src = &d.lr
+// errNoSplice: the sockets do not splice (a first splice said EINVAL, as a socket type
+// that lacks it does); the direction is copied through a buffer.
+var errNoSplice = errors.New("splice not supported")
+
+// copyOnce copies d until src's end (nil), an error, or an expired deadline.
+func (d *dir) copyOnce() error {
+	if d.sp != nil {
+		err := d.sp.copy()
+		if !errors.Is(err, errNoSplice) {
+			return err
+		}
+		d.sp.release()
+		d.sp = nil // this pair of sockets does not splice: copied through a buffer
 	}
-	if d.splice != nil {
-		return d.splice.ReadFrom(src)
+	return d.bufCopy()
+}
+
+// bufs are the buffers of the copies that do not splice, held only during a copy call.
+var bufs = sync.Pool{New: func() any { return new([32 << 10]byte) }}
+
+// bufCopy copies d through a buffer, as io.Copy does, but keeps what a write did not take
+// (pending) for the next call.
+func (d *dir) bufCopy() error {
+	if err := d.writePending(); err != nil {
+		return err
 	}
-	return io.Copy(d.dst, src)
+	buf := bufs.Get().(*[32 << 10]byte)
+	defer bufs.Put(buf)
+	for {
+		n, rerr := d.src.Read(buf[:])
+		if n > 0 {
+			w, werr := d.dst.Write(buf[:n])
+			d.delivered(w)
+			if werr != nil {
+				d.pending = append([]byte(nil), buf[w:n]...)
+				return werr
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// writePending writes d.pending to dst; on an error it keeps what was not written.
+func (d *dir) writePending() error {
+	for len(d.pending) > 0 {
+		n, err := d.dst.Write(d.pending)
+		d.delivered(n)
+		d.pending = d.pending[n:]
+		if err != nil {
+			return err
+		}
+	}
+	d.pending = nil
+	return nil
+}
+
+// release gives back what the direction holds once it has stopped copying.
+func (d *dir) release() {
+	if d.sp != nil {
+		d.sp.release()
+	}
 }
 
 // end counts one direction out; an error aborts both.
@@ -198,88 +251,37 @@ func (st *pipeState) abort(err error) {
 }
 
 // copy copies d until EOF (then half-closes its dst) or an error; other is the flow's
-// other direction.
+// other direction. Its deadlines are the idle timeout past the later of the two
+// directions' last deliveries, renewed only when one expires (see pipe).
 func (st *pipeState) copy(d, other *dir) error {
 	idle := st.r.o.IdleTimeout
-	if len(d.pending) > 0 {
-		// The bytes read ahead go first, under the same rules as the copy's writes
-		// below: no deadline while the other direction copies (its idle check closes
-		// both connections if nothing moves), the write deadline of the idle timeout
-		// once it has ended cleanly (it sets that on this dst before it counts itself
-		// out). A deadline of its own would have to be lifted after the write, racing
-		// with the one the other direction sets.
-		n, err := d.dst.Write(d.pending)
-		d.n += int64(n)
-		d.pending = nil
-		if n > 0 {
-			st.last.Store(mono())
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			return errIdle // the only deadline on dst is the idle write deadline
-		}
-		if err != nil {
-			return err
-		}
-	}
+	by := time.Now().Add(idle)
 	for {
-		now := time.Now()
-		if err := d.src.SetReadDeadline(now.Add(st.window)); err != nil {
+		if err := d.src.SetReadDeadline(by); err != nil {
 			return err
 		}
-		// left is 1 only after the other direction has ended (and set the first write
-		// deadline, which this one now renews chunk by chunk). While both copy, a copy
-		// call runs unbounded, as before there were chunks: a read window already ends it
-		// (a drain past the read deadline fails), and every call costs a bulk flow a
-		// little (the relay's iperf3 row lost 6-8% to chunks in both directions).
-		alone := st.left.Load() == 1
-		if alone {
-			if err := st.writeDeadline(d.dst, now); err != nil {
-				return err
-			}
+		if err := d.dst.SetWriteDeadline(by); err != nil {
+			return err
 		}
-		n, err := d.copyOnce(alone)
-		d.n += n
-		t := mono()
-		if n > 0 {
-			st.last.Store(t)
-		}
+		err := d.copyOnce()
 		switch {
-		case err == nil && alone && d.lr.N == 0:
-			// A whole chunk: copy on (EOF, if it is next, shows as a call that moved
-			// less than a chunk).
 		case err == nil:
 			if cw, ok := d.dst.(interface{ CloseWrite() error }); ok {
 				if err := cw.CloseWrite(); err != nil && !errors.Is(err, net.ErrClosed) {
 					return err
 				}
 			}
-			// The other direction copies alone from now on: bound its writes.
-			_ = st.writeDeadline(other.dst, time.Now())
 			return nil
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			// Past the write deadline the error may be the write's, and the bytes it
-			// held are gone: the flow ends rather than resuming the copy.
-			if w := st.writeBy.Load(); w != 0 && t >= w {
+			last := max(d.lastMoved.Load(), other.lastMoved.Load())
+			if mono()-last >= int64(idle) {
 				return errIdle
 			}
-			if t-st.last.Load() < int64(idle) {
-				continue
-			}
-			return errIdle
+			by = epoch.Add(time.Duration(last) + idle)
 		default:
 			return err
 		}
 	}
-}
-
-// writeDeadline bounds writes to c, the connection of the direction left alone, to the
-// idle timeout from now, and records the deadline for copy's check. Only one direction
-// is ever left alone, and the direction that ended sets it before it counts itself out
-// (st.left), so the deadline recorded is the one in force whenever it can have expired.
-func (st *pipeState) writeDeadline(c net.Conn, now time.Time) error {
-	idle := st.r.o.IdleTimeout
-	st.writeBy.Store(int64(now.Sub(epoch) + idle))
-	return c.SetWriteDeadline(now.Add(idle))
 }
 
 func setLinger0(c net.Conn) {

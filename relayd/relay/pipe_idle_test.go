@@ -10,14 +10,14 @@ import (
 )
 
 // TestPipeIdleWrites checks the idle timeout when a direction is blocked writing to a
-// client that reads nothing (the flow ends, also when the client has half-closed and no
-// read window of the other direction is left to notice) or reads slowly but steadily
-// for several idle timeouts (the flow is not ended, and every byte arrives in order),
-// and when neither side sends anything. A flow the timeout ends is reset, so the client
-// cannot take the cut for the server's clean end of the stream.
+// client that reads nothing (the flow ends, whether the client's own direction has ended
+// with a half-close or waits to read) or reads slowly but steadily for several idle
+// timeouts (the flow is not ended, and every byte arrives in order), and when neither
+// side sends anything. A flow the timeout ends is reset, so the client cannot take the
+// cut for the server's clean end of the stream.
 func TestPipeIdleWrites(t *testing.T) {
-	// The slow client takes a 1 MiB chunk in ~130 ms, well inside the idle timeout even on
-	// a loaded machine (at 300 ms a starved reader was once taken for idle).
+	// Every read of the slow client is a delivery, a few milliseconds apart: well inside
+	// the idle timeout even on a loaded machine.
 	const idle = 600 * time.Millisecond
 	tests := []struct {
 		name      string
@@ -187,5 +187,40 @@ func readSlowly(c net.Conn, period time.Duration) (int, error) {
 			return got, err
 		}
 		time.Sleep(period)
+	}
+}
+
+// TestPipeBothWritesBlocked: when both ends write and neither reads, both directions
+// of the relay end up blocked writing, and no read deadline is left to notice: the
+// write deadlines end the flow as idle, with a reset.
+func TestPipeBothWritesBlocked(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	client, ra := tcpPair(t)
+	rb, server := tcpPair(t)
+	done := make(chan error, 1)
+	r := &Relay{o: Options{IdleTimeout: idle}}
+	start := time.Now()
+	r.pipeAsync(ra, rb, func(_, _ int64, err error) { done <- err })
+	block := make([]byte, 64<<10)
+	writeAll := func(c net.Conn) error {
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		for {
+			if _, err := c.Write(block); err != nil {
+				return err
+			}
+		}
+	}
+	go writeAll(server)
+	werr := writeAll(client)
+	select {
+	case err := <-done:
+		if !errors.Is(err, errIdle) {
+			t.Errorf("pipe err = %v, want the idle timeout", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("flow still running 5s after both ends stopped reading")
+	}
+	if !errors.Is(werr, syscall.ECONNRESET) && !errors.Is(werr, syscall.EPIPE) {
+		t.Errorf("client's writes ended after %v with %v, want a reset", time.Since(start), werr)
 	}
 }
