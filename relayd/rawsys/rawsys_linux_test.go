@@ -34,39 +34,7 @@ func TestSockaddr(t *testing.T) {
 // non-blocking connect, accept with the peer's address, getsockname, then bytes spliced
 // socket to pipe to socket, a half-close, and an abort that the peer sees as a reset.
 func TestLoopback(t *testing.T) {
-	ln, err := Socket(unix.AF_INET)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer Close(ln)
-	if err := unix.Bind(ln, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Listen(ln, 8); err != nil {
-		t.Fatal(err)
-	}
-	var lsa Sockaddr
-	if err := Getsockname(ln, &lsa); err != nil {
-		t.Fatal(err)
-	}
-	c, err := Socket(unix.AF_INET)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer Close(c)
-	if err := Connect(c, &lsa); err != nil && err != unix.EINPROGRESS {
-		t.Fatal(err)
-	}
-	var peer Sockaddr
-	var s int
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if s, err = Accept4(ln, &peer); err == nil {
-			break
-		}
-		if err != unix.EAGAIN || time.Now().After(deadline) {
-			t.Fatalf("accept: %v", err)
-		}
-	}
+	c, s, peer := tcpPair(t)
 	defer func() {
 		if s >= 0 {
 			Close(s)
@@ -146,8 +114,10 @@ func TestWrite2(t *testing.T) {
 // RecvOOB peeks at and then takes the byte, SendOOB sends it on as urgent, and a read
 // goes past the mark to the bytes behind it.
 func TestUrgent(t *testing.T) {
-	a, b := tcpPair(t)
-	c, d := tcpPair(t)
+	a, b, _ := tcpPair(t)
+	defer Close(b)
+	c, d, _ := tcpPair(t)
+	defer Close(d)
 	if err := unix.SetsockoptInt(a, unix.IPPROTO_TCP, unix.TCP_CORK, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -208,9 +178,11 @@ func TestUrgent(t *testing.T) {
 	}
 }
 
-// tcpPair returns two connected non-blocking TCP sockets on loopback (closed at the end
-// of the test).
-func tcpPair(t *testing.T) (int, int) {
+// tcpPair connects two non-blocking TCP sockets on loopback: the connecting one (closed
+// at the end of the test), the accepted one (the caller's to close) and the address it
+// was accepted from. Listen, connect, accept and getsockname are the calls an event loop
+// makes.
+func tcpPair(t *testing.T) (c, s int, peer Sockaddr) {
 	ln, err := Socket(unix.AF_INET)
 	if err != nil {
 		t.Fatal(err)
@@ -226,20 +198,16 @@ func tcpPair(t *testing.T) (int, int) {
 	if err := Getsockname(ln, &lsa); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Socket(unix.AF_INET)
-	if err != nil {
+	if c, err = Socket(unix.AF_INET); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { Close(c) })
 	if err := Connect(c, &lsa); err != nil && err != unix.EINPROGRESS {
 		t.Fatal(err)
 	}
-	var peer Sockaddr
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		s, err := Accept4(ln, &peer)
-		if err == nil {
-			t.Cleanup(func() { Close(s) })
-			return c, s
+		if s, err = Accept4(ln, &peer); err == nil {
+			return c, s, peer
 		}
 		if err != unix.EAGAIN || time.Now().After(deadline) {
 			t.Fatalf("accept: %v", err)

@@ -588,21 +588,7 @@ rules:
 	if err != nil {
 		t.Fatal(err)
 	}
-	ups := map[string]upstream.Handshaker{}
-	exits := map[string]relay.DialFunc{}
-	for name, opts := range map[string][]upstream.Option{"pipelined": {upstream.Pipeline()}, "plain": nil} {
-		base := func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
-		}
-		d, err := upstream.New("http://192.0.2.2:3130", time.Second, base, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ups[name] = d.(upstream.Handshaker)
-		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
-			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
-		}
-	}
+	ups, exits := pipelineExits(t, "http://192.0.2.2:3130", time.Second)
 	r := relay.New(relay.Options{RedirectPort: loopRedirect, Mark: loopMark, Loops: testLoops(),
 		SniffWait: time.Second, Policy: func() relay.Decider { return pol }, Exits: exits, Upstreams: ups})
 	defer testutil.Shutdown(t, r)
@@ -1076,21 +1062,7 @@ func TestLoopWorkloadResetDuringHandshake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ups := map[string]upstream.Handshaker{}
-	exits := map[string]relay.DialFunc{}
-	for name, opts := range map[string][]upstream.Option{"pipelined": {upstream.Pipeline()}, "plain": nil} {
-		base := func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
-		}
-		d, err := upstream.New("http://192.0.2.2:3131", 5*time.Second, base, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ups[name] = d.(upstream.Handshaker)
-		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
-			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
-		}
-	}
+	ups, exits := pipelineExits(t, "http://192.0.2.2:3131", 5*time.Second)
 	reg := prometheus.NewRegistry()
 	met, err := metrics.New(reg)
 	if err != nil {
@@ -1168,4 +1140,26 @@ func dialResults(t *testing.T, reg *prometheus.Registry, exit string) map[string
 		}
 	}
 	return got
+}
+
+// pipelineExits makes two exits through the HTTP upstream at url, dialled from the pod's
+// netns with the loop's mark: "pipelined" (pipeline: true) and "plain".
+func pipelineExits(t *testing.T, url string, timeout time.Duration) (map[string]upstream.Handshaker, map[string]relay.DialFunc) {
+	t.Helper()
+	ups := map[string]upstream.Handshaker{}
+	exits := map[string]relay.DialFunc{}
+	for name, opts := range map[string][]upstream.Option{"pipelined": {upstream.Pipeline()}, "plain": nil} {
+		base := func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return relay.NetnsFrom(ctx).Dial(ctx, loopMark, network, addr)
+		}
+		d, err := upstream.New(url, timeout, base, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ups[name] = d.(upstream.Handshaker)
+		exits[name] = func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
+			return d.Dial(ctx, upstream.Target{Host: dst.Host, Addr: dst.Addr, Port: dst.Port})
+		}
+	}
+	return ups, exits
 }
