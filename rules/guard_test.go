@@ -89,3 +89,50 @@ func TestGuardLiteralForms(t *testing.T) {
 		}
 	}
 }
+
+// TestIPv6LiteralHosts: an IPv6 literal is an address whatever character it starts
+// with. Only those starting with a digit, '[' or ':' used to be tried as one, so
+// fd00:ec2::254 (AWS's IPv6 metadata address) passed the guard as a name, and fe80::1
+// or fd12::1 missed cidr rules. A host decides as its address given as the
+// destination does, in every form, on both the index and the walk.
+func TestIPv6LiteralHosts(t *testing.T) {
+	for _, src := range []string{
+		"default: proxy\nrules:\n  - cidr: 'fd00::/8,fe80::/10,2001:db8::/32'\n    action: deny\n",
+		"default: cluster\nrules:\n  - pattern: 'fd00::/8'\n    route: block\n  - pattern: '*.example'\n    route: client\n",
+		"default: gateway\n",
+	} {
+		p := mustParse(t, src, LoadOptions{AllowGateway: true})
+		for _, tc := range []struct {
+			host, addr string
+		}{
+			{"fd00:ec2::254", "fd00:ec2::254"},
+			{"FD00:EC2::254", "fd00:ec2::254"},
+			{"[fd00:ec2::254]", "fd00:ec2::254"},
+			{"fd00:ec2::254.", "fd00:ec2::254"},
+			{"fe80::1", "fe80::1"},
+			{"fe80::1%eth0", "fe80::1"},
+			{"[fe80::1%25eth0]", "fe80::1"},
+			{"fd12::1", "fd12::1"},
+			{"abcd::1", "abcd::1"},
+			{"Face:b00c::1", "face:b00c::1"},
+			{"2001:db8::1", "2001:db8::1"},
+		} {
+			byHost := Flow{Host: tc.host, Dst: netip.AddrPortFrom(netip.Addr{}, 443)}
+			byAddr := Flow{Dst: netip.AddrPortFrom(netip.MustParseAddr(tc.addr), 443)}
+			want := p.Decide(&byAddr)
+			if got := p.Decide(&byHost); got != want {
+				t.Errorf("%q: Decide(host %q) = %+v, want %+v (as Decide(dst %s))", src, tc.host, got, want, tc.addr)
+			}
+			if got := p.walk(&byHost); got != want {
+				t.Errorf("%q: walk(host %q) = %+v, want %+v (as Decide(dst %s))", src, tc.host, got, want, tc.addr)
+			}
+		}
+	}
+	// Names that start with a hex letter but hold no colon stay names.
+	p := mustParse(t, "default: proxy\nrules:\n  - domain: 'face.example,fd00.example,abc'\n    action: deny\n", LoadOptions{})
+	for _, h := range []string{"face.example", "FD00.example", "abc"} {
+		if d := p.Decide(&Flow{Host: h}); d.Exit != ExitDeny || d.Dimension != DimDomain {
+			t.Errorf("Decide(host %q) = %s by %s, want deny by domain", h, d.Exit, d.Dimension)
+		}
+	}
+}

@@ -34,11 +34,17 @@ const maxHostLen = 255
 // back as an address instead, also with one trailing dot ("169.254.169.254.",
 // "[fe80::1]."): a resolver answers such a name with the address itself, so the
 // metadata guard and cidr rules must see it as one.
+//
+// Only a host that can be a literal is parsed as one: one starting with a digit, '['
+// or ':', or with a hex letter and holding a ':' (fd00:ec2::254, fe80::1), which no
+// host name does. The colon is looked for only after a hex letter, so most names cost
+// one comparison more and none a second pass.
 func splitHost(h string) (host string, lit netip.Addr, fold bool) {
 	if h == "" {
 		return "", netip.Addr{}, false
 	}
-	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' {
+	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' ||
+		(c|0x20 >= 'a' && c|0x20 <= 'f' && strings.IndexByte(h, ':') > 0) {
 		if a, ok := ipLiteral(h); ok {
 			return "", a, false
 		}
