@@ -11,6 +11,8 @@ var fuzzFlows = []Flow{
 	{Host: "GIT.corp.example.", Dst: ap("[2001:db8::1]:8080")},
 	{Dst: ap("169.254.169.254:80")},
 	{Host: "10.0.0.1"},
+	{Host: "fd00:ec2::254"},
+	{Host: "Fe80::1%eth0", Dst: ap("[2001:db8::1]:443")},
 }
 
 // FuzzParse feeds arbitrary files to the loader: it never panics, every refusal is a

@@ -199,3 +199,50 @@ func TestNeeds(t *testing.T) {
 		}
 	}
 }
+
+// TestIPv4ShapedGlobs: a host that is an IPv4 address is matched by address, never
+// by name (splitHost), so a domain or pattern glob made of digits, dots and
+// wildcards would load and never match. It is refused, naming the rule and its
+// line, and pointing to the prefix that says what was meant; globs for real names
+// with digits in them still load.
+func TestIPv4ShapedGlobs(t *testing.T) {
+	for _, tc := range []struct {
+		name, src string
+		code      Code
+		hint      string // in the message
+	}{
+		{"domain address", "rules:\n  - domain: \"10.1.2.3\"\n    action: deny\n", CodeBadGlob, "cidr: 10.1.2.3"},
+		{"domain address pattern", "rules:\n  - domain: \"10.1.*\"\n    action: deny\n", CodeBadGlob, "cidr: 10.1.0.0/16"},
+		{"domain second entry", "rules:\n  - domain: \"a.example, 192.168.?.1\"\n    action: deny\n", CodeBadGlob, "cidr"},
+		{"domain address with a dot", "rules:\n  - domain: \"10.1.2.3.\"\n    action: deny\n", CodeBadGlob, "cidr: 10.1.2.3"},
+		{"domain suffix", "rules:\n  - domain: \"*.3\"\n    action: deny\n", CodeBadGlob, "cidr"},
+		{"pattern address pattern", "rules:\n  - pattern: \"10.1.2.*\"\n    route: block\n", CodeBadPattern, "(10.1.2.0/24)"},
+		{"pattern address pattern with a port", "rules:\n  - pattern: \"10.*:443\"\n    route: block\n", CodeBadPattern, "(10.0.0.0/8:443)"},
+		{"pattern question marks", "rules:\n  - pattern: \"10.0.0.?\"\n    route: block\n", CodeBadPattern, "prefix"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse("t.yaml", []byte(tc.src), LoadOptions{})
+			var e *Error
+			if !errors.As(err, &e) || e.Code != tc.code || e.Rule != 1 || e.Line != 2 || !strings.Contains(e.Msg, tc.hint) {
+				t.Fatalf("Parse = %v, want %s for rule 1 at line 2 mentioning %q", err, tc.code, tc.hint)
+			}
+			// The prefix suggested for a pattern is one.
+			if p, ok := strings.CutPrefix(tc.hint, "("); ok && tc.code == CodeBadPattern {
+				if _, err := parsePattern(strings.TrimSuffix(p, ")")); err != nil {
+					t.Errorf("the suggested pattern %s: %v", p, err)
+				}
+			}
+		})
+	}
+	for _, g := range []string{"*.10.in-addr.arpa", "1password.com", "*.1e100.net", "10-1-2-3.nip.io", "123.example",
+		"*", "*.*", "a1.b2.c3", "*.3com.example"} {
+		src := "rules:\n  - domain: \"" + g + "\"\n    action: deny\n"
+		if _, err := Parse("t.yaml", []byte(src), LoadOptions{}); err != nil {
+			t.Errorf("domain %q: %v", g, err)
+		}
+		src = "rules:\n  - pattern: \"" + g + ":443\"\n    route: block\n"
+		if _, err := Parse("t.yaml", []byte(src), LoadOptions{}); err != nil {
+			t.Errorf("pattern %q: %v", g, err)
+		}
+	}
+}

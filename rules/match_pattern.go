@@ -81,6 +81,12 @@ func parsePattern(s string) (*patternMatcher, error) {
 		if err != nil {
 			return nil, bad("%v", err)
 		}
+		if ok, prefix := ipv4Glob(g); ok {
+			if prefix != "" && port != "" {
+				prefix += ":" + port
+			}
+			return nil, bad("an IPv4 address pattern, and a host that is an address is matched by address, never by name: write a prefix instead%s", hint("", prefix))
+		}
 		if g == "*" { // "*." is "*": a trailing dot is ignored
 			m.any = true
 			break
