@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // shExpMatch has the browsers' semantics: the pattern becomes the regular expression
@@ -49,7 +51,13 @@ func (c *shexpCache) match(url, pattern string) (bool, error) {
 		}
 		return false, nil
 	}
-	return x.re.MatchString(url), nil
+	return x.reMatch(url), nil
+}
+
+// reMatch is the regex's answer for a subject: astral characters count as their two
+// UTF-16 units, as in JavaScript (see utf16Units).
+func (x *shexp) reMatch(s string) bool {
+	return x.re.MatchString(utf16Units(s))
 }
 
 // globMeta are the characters that make a pattern more than a plain glob.
@@ -79,22 +87,42 @@ func shexpToRegexp(p string) string {
 	p = strings.ReplaceAll(p, ".", `\.`)
 	p = strings.ReplaceAll(p, "*", ".*")
 	p = strings.ReplaceAll(p, "?", ".")
-	return "^" + jsClasses(p) + "$"
+	return "^" + jsRegexp(p) + "$"
 }
 
-// jsClasses rewrites the two character classes that JavaScript and RE2 read
-// differently: in JavaScript "[]" matches nothing and "[^]" any character, while RE2
-// takes a ']' right after '[' or '[^' as a literal. Everything else is left alone.
-func jsClasses(p string) string {
-	if !strings.Contains(p, "[]") && !strings.Contains(p, "[^]") {
+// jsDot is JavaScript's '.' for RE2: any character but a line terminator. RE2's own
+// '.' excludes only \n, so "a?b" matched "a\rb", which no browser's shExpMatch does.
+const jsDot = `[^\n\r\x{2028}\x{2029}]`
+
+// jsRegexp rewrites what JavaScript (a RegExp without the u flag) and RE2 read
+// differently in a translated pattern: '.' outside a class is jsDot; in JavaScript
+// "[]" matches nothing and "[^]" any character, while RE2 takes a ']' right after '['
+// or '[^' as a literal; and an astral character is two UTF-16 units to JavaScript,
+// which a '?' matches one at a time, so it becomes the two runes utf16Units makes of
+// it in the subject. Everything else is left alone.
+func jsRegexp(p string) string {
+	if !strings.ContainsAny(p, ".[") && !hasAstral(p) {
 		return p
 	}
 	var b strings.Builder
 	inClass := false
 	for i := 0; i < len(p); i++ {
 		c := p[i]
+		if c >= 0xf0 { // an astral character, written as its two units
+			r, n := utf8.DecodeRuneInString(p[i:])
+			if n == 4 {
+				writeUnits(&b, r)
+				i += n - 1
+				continue
+			}
+		}
 		switch {
 		case c == '\\' && i+1 < len(p):
+			if p[i+1] >= 0xf0 {
+				// An identity escape of an astral character's first unit: both
+				// units stand for themselves.
+				continue
+			}
 			b.WriteByte(c)
 			i++
 			b.WriteByte(p[i])
@@ -103,6 +131,9 @@ func jsClasses(p string) string {
 			if c == ']' {
 				inClass = false
 			}
+		case c == '.':
+			b.WriteString(jsDot)
+			continue
 		case c == '[' && strings.HasPrefix(p[i:], "[]"):
 			b.WriteString(`[^\x00-\x{10FFFF}]`)
 			i++
@@ -117,6 +148,48 @@ func jsClasses(p string) string {
 		b.WriteByte(c)
 	}
 	return b.String()
+}
+
+// hasAstral reports whether s has a character outside the Basic Multilingual Plane
+// (4 bytes in UTF-8).
+func hasAstral(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= 0xf0 {
+			return true
+		}
+	}
+	return false
+}
+
+// unitBase is where utf16Units puts UTF-16 surrogates: U+F0000 + (unit - 0xD800), in a
+// private use plane. Those runes are astral themselves, so none of them is left in a
+// converted string but as a unit.
+const unitBase = 0xf0000 - 0xd800
+
+// utf16Units returns s with every astral character replaced by two runes, one per
+// UTF-16 unit (its surrogates, moved by unitBase), so that RE2, which matches runes,
+// counts units as JavaScript does: '?' matches one of the two, "??" both. s itself
+// when it has none (every real host name).
+func utf16Units(s string) string {
+	if !hasAstral(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(2 * len(s))
+	for _, r := range s {
+		if r > 0xffff {
+			writeUnits(&b, r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func writeUnits(b *strings.Builder, r rune) {
+	hi, lo := utf16.EncodeRune(r)
+	b.WriteRune(unitBase + hi)
+	b.WriteRune(unitBase + lo)
 }
 
 // globSafe reports whether the glob matchers give the regex answer for this subject:

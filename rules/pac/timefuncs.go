@@ -187,7 +187,8 @@ var errTimeRangeArgs = errors.New("timeRange: bad number of arguments")
 // (timeRange(22, 2) is always false, as in every browser); (h1, m1, h2, m2) compares
 // minutes and (h1, m1, s1, h2, m2, s2) seconds, both inclusive and wrapping past
 // midnight when the start is after the end. 3, 5 or more than 6 arguments throw, as in
-// Mozilla and Chromium.
+// Mozilla and Chromium, and so does "GMT" alone (none left once it is taken off): a
+// script that expected an answer fails, and the call decides deny.
 func timeRange(now time.Time, loc *time.Location, all []goja.Value) (bool, error) {
 	t, args := zoneArgs(now, loc, all)
 	argc := len(args)
@@ -197,9 +198,6 @@ func timeRange(now time.Time, loc *time.Location, all []goja.Value) (bool, error
 	num := func(i int) float64 { return args[i].ToFloat() }
 	hour := float64(t.Hour())
 	switch argc {
-	case 0:
-		// timeRange("GMT"): Mozilla compares the hour with undefined.
-		return false, nil
 	case 1:
 		return hour == num(0), nil
 	case 2:
