@@ -324,7 +324,10 @@ func (p *Policy) Matches(f *Flow) []int {
 // summarize records what decisions can depend on.
 func (p *Policy) summarize() {
 	p.needsHost = p.script != nil
-	p.needsAddr = p.pattern
+	// A script that can call dnsResolve and the built-ins that answer from it decides
+	// a name on the address the name resolves to: without a lookup, proxy mode (which
+	// knows only the name) would decide otherwise than transparent mode.
+	p.needsAddr = p.pattern || p.script != nil && p.script.NeedsAddr()
 	// The metadata guard (SPEC §4.4) decides on the address. A flow known only by name
 	// that the gateway could take would be dialed from the node's own network, where
 	// 169.254.169.254 is the node's metadata service: the name must be resolved here and
@@ -363,8 +366,10 @@ func (p *Policy) NeedsProcess() bool { return p.needsProcess }
 
 // NeedsAddr reports whether a decision for a hostname-only flow could depend on the
 // address the name resolves to: the policy has cidr rules, is in the pattern form
-// (patterns may hold prefixes), or can choose the gateway (the metadata guard must see
-// the address before a flow leaves through the node's network; see summarize).
+// (patterns may hold prefixes), has a script that can call dnsResolve or a built-in
+// that resolves through it (pac.Script.NeedsAddr), or can choose the gateway (the
+// metadata guard must see the address before a flow leaves through the node's
+// network; see summarize).
 func (p *Policy) NeedsAddr() bool { return p.needsAddr }
 
 // Hash is the hex sha256 of the source bytes.

@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +89,45 @@ func TestScriptErrors(t *testing.T) {
 				t.Errorf("Parse = %v, want %s at line %d", err, tt.code, tt.line)
 			}
 		})
+	}
+}
+
+// TestScriptNeedsAddr: a script whose answer can depend on the destination address
+// (dnsResolve and the built-ins that resolve through it answer from it) says so, so
+// that the relay resolves a name in proxy mode before deciding, as transparent mode
+// knows the address anyway. Without it, docs/pac.md's example sent names of the
+// 10/8 network to the proxy in proxy mode and direct in transparent mode.
+func TestScriptNeedsAddr(t *testing.T) {
+	script := func(body string) string {
+		return "default: direct\nscript: |\n  function FindProxyForURL(url, host) {\n    " + body + "\n  }\n"
+	}
+	for _, tc := range []struct {
+		name, src string
+		want      bool
+	}{
+		{"docs example", script(`if (isInNet(dnsResolve(host), "10.0.0.0", "255.0.0.0")) return "CLUSTER";
+    return "PROXY proxy.corp.example.com:3128; DIRECT";`), true},
+		{"isInNet on the host", script(`return isInNet(host, "10.0.0.0", "255.0.0.0") ? "DENY" : "DIRECT";`), true},
+		{"isResolvable", script(`return isResolvable(host) ? "DIRECT" : "DENY";`), true},
+		{"dnsResolveEx", script(`return dnsResolveEx(host) == "" ? "DENY" : "DIRECT";`), true},
+		{"names only", script(`return dnsDomainIs(host, ".corp.example") ? "DIRECT" : "PROXY p:1";`), false},
+		{"own address", script(`return isInNetEx(myIpAddressEx(), "10.0.0.0/8") ? "DIRECT" : "DENY";`), false},
+		{"mentioned in a comment only", script("// dnsResolve(host) is not needed here\n    return \"DIRECT\";"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := mustParse(t, tc.src, LoadOptions{PAC: slow})
+			if got := p.NeedsAddr(); got != tc.want {
+				t.Fatalf("NeedsAddr() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// What the relay does with it: in proxy mode the name alone, once resolved the
+	// address; the two decide differently, which is why the relay must resolve.
+	p := mustParse(t, script(`if (isInNet(dnsResolve(host), "10.0.0.0", "255.0.0.0")) return "CLUSTER";
+    return "PROXY proxy.corp.example.com:3128; DIRECT";`), LoadOptions{PAC: slow})
+	byName := p.Decide(&Flow{Host: "db.internal", Dst: netip.AddrPortFrom(netip.Addr{}, 443)})
+	byAddr := p.Decide(&Flow{Host: "db.internal", Dst: ap("10.1.2.3:443")})
+	if byName.Exit != ExitClient || byAddr.Exit != ExitDirect {
+		t.Errorf("Decide by name = %s, with the address = %s; want client, then direct", byName.Exit, byAddr.Exit)
 	}
 }

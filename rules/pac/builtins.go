@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/dop251/goja"
+	"github.com/dop251/goja/ast"
 )
 
 // The PAC utility functions, natively in Go with the semantics of Mozilla's and
@@ -257,6 +258,36 @@ func (w *worker) dnsResolve(h string) (string, bool) {
 		return d.String(), true
 	}
 	return "", false
+}
+
+// addrBuiltins are the built-ins whose answer can come from Call.Dst: dnsResolve and
+// dnsResolveEx answer the flow's own host with it, isResolvable and isResolvableEx
+// say whether they did, and isInNet resolves a name through dnsResolve. (myIpAddress
+// answers with the workload's address, isInNetEx and convert_addr take literals.)
+var addrBuiltins = map[string]bool{"dnsResolve": true, "dnsResolveEx": true, "isResolvable": true,
+	"isResolvableEx": true, "isInNet": true}
+
+// needsAddr reports whether a script can call one of addrBuiltins (Script.NeedsAddr):
+// it names one (as a variable, a property or a string, which covers this.isInNet and
+// this["dnsResolve"]), or it can hold the global object as a value
+// (globalAsValue), and so look one up under a name it computes. A name a script
+// declares for itself counts too: more often true is the safe side, since the only
+// cost is a lookup.
+func needsAddr(prog *ast.Program) bool {
+	found := globalAsValue(prog)
+	walkAST(prog, func(n ast.Node) bool {
+		if found {
+			return false
+		}
+		switch n := n.(type) {
+		case *ast.Identifier:
+			found = addrBuiltins[n.Name.String()]
+		case *ast.StringLiteral:
+			found = addrBuiltins[n.Value.String()]
+		}
+		return !found
+	})
+	return found
 }
 
 // dnsResolveEx is the Microsoft extension: IPv4 or IPv6, "" when nothing resolves.

@@ -207,3 +207,42 @@ func TestLongResults(t *testing.T) {
 		t.Errorf("the runtimes cache %d bytes of results", cached)
 	}
 }
+
+// TestNeedsAddr: a script needs the destination address when it can call a built-in
+// that answers from Call.Dst (dnsResolve, dnsResolveEx, isResolvable, isResolvableEx,
+// isInNet, which resolves a name through dnsResolve), by name or through the global
+// object under a name it computes. Scripts that use the host name only, or their own
+// address (myIpAddress), do not.
+func TestNeedsAddr(t *testing.T) {
+	fn := func(body string) string {
+		return "function FindProxyForURL(url, host) {\n  " + body + "\n}\n"
+	}
+	for _, tc := range []struct {
+		name, src string
+		want      bool
+	}{
+		{"names only", fn(`return shExpMatch(host, "*.corp.example") ? "DIRECT" : "DENY";`), false},
+		{"isInNet on an address (counted all the same)", fn(`return isInNet(myIpAddress(), "10.0.0.0", "255.0.0.0") ? "DIRECT" : "DENY";`), true},
+		{"own address, Ex", fn(`return isInNetEx(myIpAddressEx(), "10.0.0.0/8") ? "DIRECT" : "DENY";`), false},
+		{"address literals", fn(`return convert_addr("10.1.2.3") > 0 && sortIpAddressList("::1;1.1.1.1") ? "DIRECT" : "DENY";`), false},
+		{"in a comment or a string", fn("// dnsResolve(host)\n  return \"isInNet: no\";"), false},
+		{"dnsResolve", fn(`return dnsResolve(host) ? "DIRECT" : "DENY";`), true},
+		{"dnsResolveEx", fn(`return dnsResolveEx(host) ? "DIRECT" : "DENY";`), true},
+		{"isResolvable", fn(`return isResolvable(host) ? "DIRECT" : "DENY";`), true},
+		{"isResolvableEx", fn(`return isResolvableEx(host) ? "DIRECT" : "DENY";`), true},
+		{"isInNet", fn(`return isInNet(host, "10.0.0.0", "255.0.0.0") ? "DIRECT" : "DENY";`), true},
+		{"a top-level alias", "var r = dnsResolve;\n" + fn(`return r(host) ? "DIRECT" : "DENY";`), true},
+		{"a property of this", fn(`return this.dnsResolve(host) ? "DIRECT" : "DENY";`), true},
+		{"a literal key", fn(`return globalThis["isInNet"](host, "10.0.0.0", "255.0.0.0") ? "DIRECT" : "DENY";`), true},
+		{"a computed key", fn(`return this["dns" + "Resolve"](host) ? "DIRECT" : "DENY";`), true},
+		{"the global object in a variable", fn(`var g = this, k = "dnsRes" + "olve"; return g[k](host) ? "DIRECT" : "DENY";`), true},
+		{"a template key", fn("return globalThis[`dnsResolve`](host) ? \"DIRECT\" : \"DENY\";"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := mustCompile(t, tc.src, Options{})
+			if got := s.NeedsAddr(); got != tc.want {
+				t.Errorf("NeedsAddr() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

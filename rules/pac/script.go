@@ -40,6 +40,8 @@ type pool struct {
 	why     string
 	regexes []string // an inline script's regex literals (classify)
 
+	needsAddr bool // Script.NeedsAddr
+
 	// The script's global variables, top-level lexical names and the other global
 	// properties it may add (state.go).
 	globals, lexicals, props []string
@@ -77,7 +79,7 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 	if len(src) > MaxScriptBytes {
 		return nil, &CompileError{Code: CodeTooLarge, Msg: fmt.Sprintf("script is %d bytes, the bound is %d", len(src), MaxScriptBytes)}
 	}
-	prog, inline, why, regexes, names, err := compileProgram(name, src, allowInline)
+	c, err := compileProgram(name, src, allowInline)
 	if err != nil {
 		return nil, err
 	}
@@ -88,18 +90,19 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 	}
 	p := &pool{
 		name:         name,
-		prog:         prog,
+		prog:         c.prog,
 		deadline:     o.Deadline,
 		loc:          o.Location,
 		log:          o.Log,
 		maxAbandoned: int64(o.MaxAbandoned),
 		setupDelay:   o.setupDelay,
-		inline:       inline,
-		why:          why,
-		regexes:      regexes,
-		globals:      names.globals,
-		lexicals:     names.lexicals,
-		props:        names.props,
+		inline:       c.inline,
+		why:          c.why,
+		regexes:      c.regexes,
+		needsAddr:    c.needsAddr,
+		globals:      c.names.globals,
+		lexicals:     c.names.lexicals,
+		props:        c.names.props,
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
@@ -120,13 +123,24 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 	return s, nil
 }
 
+// compiled is what compileProgram makes of a script.
+type compiled struct {
+	prog      *goja.Program
+	inline    bool     // classify: the script may run inline
+	why       string   // and if not, why
+	regexes   []string // an inline script's regex literals
+	names     stateNameLists
+	needsAddr bool // Script.NeedsAddr
+}
+
 // compileProgram parses with goja's parser directly, because goja.Compile flattens
 // syntax errors into a message without their position.
 // It also refuses a script whose calls would keep state (checkState), lists the names
-// sealing needs (stateNames) and classifies the script for the inline path (classify).
-func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inline bool, why string, regexes []string, names stateNameLists, err error) {
+// sealing needs (stateNames), classifies the script for the inline path (classify) and
+// finds whether it can reach the destination address (needsAddr).
+func compileProgram(name, src string, allowInline bool) (*compiled, error) {
 	if ce := checkNesting(name, src); ce != nil {
-		return nil, false, "", nil, names, ce
+		return nil, ce
 	}
 	ast, err := parser.ParseFile(nil, name, src, 0)
 	if err != nil {
@@ -142,20 +156,19 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 				ce.Msg += fmt.Sprintf(" (and %d more errors)", n)
 			}
 		}
-		return nil, false, "", nil, names, ce
+		return nil, ce
 	}
 	if ce := checkDepth(ast); ce != nil {
-		return nil, false, "", nil, names, ce
+		return nil, ce
 	}
 	if ce := checkState(ast); ce != nil {
-		return nil, false, "", nil, names, ce
+		return nil, ce
 	}
-	names = stateNames(ast)
-	inline, why = false, "the inline path is turned off"
+	c := &compiled{names: stateNames(ast), needsAddr: needsAddr(ast), why: "the inline path is turned off"}
 	if allowInline {
-		inline, why, regexes = classify(ast)
+		c.inline, c.why, c.regexes = classify(ast)
 	}
-	prog, err = goja.CompileAST(ast, false)
+	c.prog, err = goja.CompileAST(ast, false)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
 		var se *goja.CompilerSyntaxError
@@ -176,9 +189,9 @@ func compileProgram(name, src string, allowInline bool) (prog *goja.Program, inl
 				ce.Msg += ce.at()
 			}
 		}
-		return nil, false, "", nil, names, ce
+		return nil, ce
 	}
-	return prog, inline, why, regexes, names, nil
+	return c, nil
 }
 
 func (o Options) withDefaults() Options {
@@ -249,6 +262,14 @@ func (s *Script) Eval(c Call) Result {
 	}
 	return s.p.evalHandoff(c, sinceBase()+s.p.deadline)
 }
+
+// NeedsAddr reports whether the script's answer for a host name can depend on the
+// destination address (Call.Dst): it can call dnsResolve, dnsResolveEx, isResolvable,
+// isResolvableEx or isInNet (which resolves a name through dnsResolve), by name or
+// through the global object under a computed name. A caller that knows only the name
+// should then resolve it before Eval, as a transparent capture knows the address
+// anyway; otherwise the same flow would get another answer in each mode.
+func (s *Script) NeedsAddr() bool { return s.p.needsAddr }
 
 // Path is how calls run: PathInline or PathHandoff, and for the hand-off path what
 // kept the script off the inline one (the first such construct, with its line).

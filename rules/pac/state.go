@@ -490,6 +490,37 @@ func onGlobal(e ast.Expression) bool {
 	return false
 }
 
+// globalAsValue reports whether a script can hold the global object as a value, and
+// so reach any global by a name it computes or through a variable: this, globalThis
+// (or window and self) anywhere but as the object of a property access by a literal
+// name (this.x, globalThis["x"]). Any function's this counts, since a plain call of
+// a function gives it the global object.
+func globalAsValue(prog *ast.Program) bool {
+	literal := map[ast.Node]bool{} // nodes used as the object of a literal access
+	found := false
+	walkAST(prog, func(n ast.Node) bool {
+		if found {
+			return false
+		}
+		switch n := n.(type) {
+		case *ast.DotExpression:
+			literal[n.Left] = true
+			literal[&n.Identifier] = true // a property name, not a reference
+		case *ast.BracketExpression:
+			switch n.Member.(type) {
+			case *ast.StringLiteral, *ast.NumberLiteral:
+				literal[n.Left] = true
+			}
+		case *ast.ThisExpression:
+			found = !literal[n]
+		case *ast.Identifier:
+			found = onGlobal(n) && !literal[n]
+		}
+		return !found
+	})
+	return found
+}
+
 // forTargets calls fn for each simple target (an identifier or a member expression)
 // that the node assigns: =, op=, ++, --, delete, for-in/of into an expression, and the
 // targets inside a destructuring assignment.
