@@ -269,12 +269,12 @@ var addrBuiltins = map[string]bool{"dnsResolve": true, "dnsResolveEx": true, "is
 
 // needsAddr reports whether a script can call one of addrBuiltins (Script.NeedsAddr):
 // it names one (as a variable, a property or a string, which covers this.isInNet and
-// this["dnsResolve"]), or it can hold the global object as a value
-// (globalAsValue), and so look one up under a name it computes. A name a script
+// this["dnsResolve"]), or it can hold the global object as a value (globalValue, from
+// globalAsValue), and so look one up under a name it computes. A name a script
 // declares for itself counts too: more often true is the safe side, since the only
 // cost is a lookup.
-func needsAddr(prog *ast.Program) bool {
-	found := globalAsValue(prog)
+func needsAddr(prog *ast.Program, globalValue bool) bool {
+	found := globalValue
 	walkAST(prog, func(n ast.Node) bool {
 		if found {
 			return false

@@ -43,8 +43,10 @@ type pool struct {
 	needsAddr bool // Script.NeedsAddr
 
 	// The script's global variables, top-level lexical names and the other global
-	// properties it may add (state.go).
+	// properties it may add, and whether it can hold the global object as a value
+	// (state.go).
 	globals, lexicals, props []string
+	globalValue              bool
 
 	idle      chan *worker  // runtimes ready for a call
 	slots     chan struct{} // one token per live (not abandoned) runtime
@@ -103,6 +105,7 @@ func compile(name, src string, o Options, allowInline bool) (*Script, error) {
 		globals:      c.names.globals,
 		lexicals:     c.names.lexicals,
 		props:        c.names.props,
+		globalValue:  c.names.globalValue,
 		idle:         make(chan *worker, n),
 		slots:        make(chan struct{}, n),
 	}
@@ -164,7 +167,8 @@ func compileProgram(name, src string, allowInline bool) (*compiled, error) {
 	if ce := checkState(ast); ce != nil {
 		return nil, ce
 	}
-	c := &compiled{names: stateNames(ast), needsAddr: needsAddr(ast), why: "the inline path is turned off"}
+	c := &compiled{names: stateNames(ast), why: "the inline path is turned off"}
+	c.needsAddr = needsAddr(ast, c.names.globalValue)
 	if allowInline {
 		c.inline, c.why, c.regexes = classify(ast)
 	}

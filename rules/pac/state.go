@@ -16,19 +16,27 @@ import (
 // the last flow's host. A fresh runtime per call would cost hundreds of times a call, so a
 // runtime is instead sealed once its top-level code has run:
 //
-//   - The script's global variables (its top-level var names, and every name it assigns
-//     without declaring it, which sloppy code makes a global) are accessors kept by the
-//     worker: top-level code sets their value; during a call an assignment holds until
-//     the call ends, and the next call starts from the top-level value again. So
-//     `var n = 0; ... n++` counts within a call only, and a forgotten `var` works as in a
-//     browser, per call.
+//   - The script's global variables (its top-level var names, every name it assigns or
+//     deletes without declaring it, which sloppy code makes a global, and the built-in
+//     globals it assigns or deletes by name or as this.x, this["x"]: Math = 1, escape =
+//     h, delete Math, this.escape = h) are accessors kept by the worker: top-level code
+//     sets their value (a built-in's starts as the built-in); during a call an
+//     assignment holds until the call ends, and the next call starts from the top-level
+//     value again. So `var n = 0; ... n++` counts within a call only, a forgotten `var`
+//     works as in a browser, per call, and each call sees the built-ins top-level code
+//     left. Deleting one has no effect (it throws in strict code).
 //   - Every object the script's top-level code left reachable (from its variables, its
 //     let, const and class bindings, its functions, what it put on the global object) is
-//     frozen, and so are the properties it added to the global object, the PAC
-//     built-ins, Math and the string, array and regex methods an inline script may call
-//     (freezeBuiltins); the global object takes no new properties. A call that writes to
-//     any of them has no effect (in strict code, or through push and the like, it
-//     throws, and the call decides deny).
+//     frozen, and so are the properties it added to the global object (also those that
+//     replaced a built-in: function escape() {...}), the PAC built-ins, Math and the
+//     string, array and regex methods an inline script may call (freezeBuiltins); the
+//     global object takes no new properties. A script that can hold the global object
+//     as a value (globalAsValue: this[k] = ..., var g = this) could reach any of its
+//     properties under a name it computes, so for it every property of the global
+//     object becomes read-only (fixAll: it builds the built-ins not yet built, some
+//     0.3 ms per runtime, which only such scripts pay). A call that writes to any of
+//     them has no effect (in strict code, through push, defineProperty and the like,
+//     it throws, and the call decides deny).
 //   - Objects whose state is not in properties are reset before each call (a RegExp's
 //     lastIndex with the g or y flag, a Date's time) or refused at load (Map, Set,
 //     WeakMap, WeakSet, Proxy, generators, iterators, promises), and
@@ -43,10 +51,9 @@ import (
 // Not covered, and documented as such: goja's other built-in objects are not frozen
 // (that would build every built-in in every runtime: some 15 ms each, against 50 µs),
 // so a script that changes one indirectly (Object.getPrototypeOf("").x = ...,
-// var j = JSON; j.x = ..., which only the hand-off path can reach) shares it between
-// calls; so does one that keeps state in the local variables
-// of a function its top-level code called (a closure over an IIFE's var), or in a
-// global property that top-level code made under a computed name (this[k] = ...).
+// var p = String.prototype; p.x = ..., which only the hand-off path can reach) shares
+// it between calls; so does one that keeps state in the local variables of a function
+// its top-level code called (a closure over an IIFE's var).
 
 // globalVar is one of the script's global variables (see above).
 type globalVar struct {
@@ -54,9 +61,11 @@ type globalVar struct {
 	gen       uint64     // the call that set cur (calls count from 1)
 }
 
-// stateNameLists are the names stateNames finds.
+// stateNameLists are the names stateNames finds, and whether the script can hold the
+// global object as a value (globalAsValue).
 type stateNameLists struct {
 	globals, lexicals, props []string
+	globalValue              bool
 }
 
 // reset is an object whose state is outside its properties, put back before each call.
@@ -100,8 +109,23 @@ const sealHelpersJS = `(function () {
 		defineProperty(g, k, {configurable: false});
 		return d.get;
 	}
+	// fixAll makes every property of the global object that is not yet fixed
+	// read-only.
+	function fixAll(g) {
+		for (var k = 0; k < 2; k++) {
+			var keys = k === 0 ? gOPN(g) : gOPS(g);
+			for (var i = 0; i < keys.length; i++) {
+				var d = gOPD(g, keys[i]);
+				if (d.configurable) {
+					defineProperty(g, keys[i], hasOwn(d, "value") ? {writable: false, configurable: false} : {configurable: false});
+				}
+			}
+		}
+	}
+	// replaceable says whether a global property can be made an accessor.
+	function replaceable(g, k) { var d = gOPD(g, k); return !d || d.configurable; }
 	return {
-		children: children, fix: fix, freeze: O.freeze, preventExtensions: O.preventExtensions,
+		children: children, fix: fix, fixAll: fixAll, replaceable: replaceable, freeze: O.freeze, preventExtensions: O.preventExtensions,
 		global: gOPD(R, "global").get, sticky: gOPD(R, "sticky").get,
 		getTime: Date.prototype.getTime, setTime: Date.prototype.setTime
 	};
@@ -111,8 +135,8 @@ var sealHelpersProg = goja.MustCompile("kl-seal.js", sealHelpersJS, true)
 
 // sealer holds what sealHelpersJS captured.
 type sealer struct {
-	children, fix, freeze, preventExtensions, global, sticky, getTime, setTime goja.Callable
-	before                                                                     map[string]bool // the global object's names before the script ran
+	children, fix, fixAll, replaceable, freeze, preventExtensions, global, sticky, getTime, setTime goja.Callable
+	before                                                                                          map[string]bool // the global object's names before the script ran
 }
 
 // prepareState runs before the script's top-level code: it captures the sealing
@@ -126,9 +150,9 @@ func (w *worker) prepareState() (*sealer, error) {
 	}
 	h := v.ToObject(vm)
 	s := &sealer{}
-	for name, f := range map[string]*goja.Callable{"children": &s.children, "fix": &s.fix, "freeze": &s.freeze,
-		"preventExtensions": &s.preventExtensions, "global": &s.global, "sticky": &s.sticky,
-		"getTime": &s.getTime, "setTime": &s.setTime} {
+	for name, f := range map[string]*goja.Callable{"children": &s.children, "fix": &s.fix, "fixAll": &s.fixAll,
+		"replaceable": &s.replaceable, "freeze": &s.freeze, "preventExtensions": &s.preventExtensions,
+		"global": &s.global, "sticky": &s.sticky, "getTime": &s.getTime, "setTime": &s.setTime} {
 		fn, ok := goja.AssertFunction(h.Get(name))
 		if !ok {
 			return nil, fmt.Errorf("no %s", name)
@@ -148,10 +172,23 @@ func (w *worker) prepareState() (*sealer, error) {
 	}
 	w.globals = make([]*globalVar, len(w.p.globals))
 	for i, name := range w.p.globals {
-		if g.Get(name) != nil { // a built-in's name: it stays the built-in's
-			continue
-		}
 		gv := &globalVar{}
+		if v := g.Get(name); v != nil {
+			// A built-in's name. The PAC built-ins are made read-only at seal. Others
+			// start as the built-in, unless they cannot be replaced: NaN, undefined
+			// and Infinity are read-only already.
+			if pacGlobals[name] {
+				continue
+			}
+			ok, err := s.replaceable(goja.Undefined(), g, vm.ToValue(name))
+			if err != nil {
+				return nil, err
+			}
+			if !ok.ToBoolean() {
+				continue
+			}
+			gv.base = v
+		}
 		w.globals[i] = gv
 		get := vm.ToValue(func(goja.FunctionCall) goja.Value {
 			v := gv.base
@@ -243,9 +280,10 @@ func (w *worker) seal(s *sealer) error {
 		}
 	}
 	// What top-level code added to the global object other than through its variables
-	// (its functions, this.x = ...) becomes read-only.
+	// (its functions, this.x = ...) becomes read-only, also where it replaced a
+	// built-in (function escape() {...}). The PAC built-ins follow below.
 	for _, name := range w.p.props {
-		if !s.before[name] && g.Get(name) != nil {
+		if !pacGlobals[name] && g.Get(name) != nil {
 			v, err := s.fix(goja.Undefined(), g, vm.ToValue(name))
 			if err != nil {
 				return err
@@ -318,6 +356,11 @@ func (w *worker) seal(s *sealer) error {
 	}
 	if err := w.freezeBuiltins(s); err != nil {
 		return err
+	}
+	if w.p.globalValue {
+		if _, err := s.fixAll(goja.Undefined(), g); err != nil {
+			return err
+		}
 	}
 	if _, err := s.preventExtensions(goja.Undefined(), g); err != nil {
 		return err
@@ -396,8 +439,10 @@ func (w *worker) resetState() error {
 // stateNames lists, from the syntax tree, the script's global variables (its top-level
 // var names and every name it assigns without a declaration anywhere in sight: sloppy
 // code makes those globals; a name that is in fact local somewhere only gets an unused
-// global), its top-level let, const and class names, and the other properties it can
-// add to the global object (its functions, this.x = ...).
+// global; and the built-in globals it assigns through the global object, this.escape =
+// ...), its top-level let, const and class names, and the other properties it can add
+// to the global object (its functions, this.x = ...). It also says whether the script
+// can hold the global object as a value (globalAsValue).
 func stateNames(prog *ast.Program) (names stateNameLists) {
 	vars, fixed, props := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	top := topLevel(prog)
@@ -428,6 +473,13 @@ func stateNames(prog *ast.Program) (names stateNameLists) {
 		})
 		return true
 	})
+	// A built-in replaced through the global object is per call as it is by name.
+	builtins, _ := builtinNames()
+	for n := range props {
+		if builtins[n] && !fixed[n] {
+			vars[n] = true
+		}
+	}
 	for n := range vars {
 		if !fixed[n] {
 			names.globals = append(names.globals, n)
@@ -440,6 +492,7 @@ func stateNames(prog *ast.Program) (names stateNameLists) {
 	}
 	slices.Sort(names.globals)
 	slices.Sort(names.props)
+	names.globalValue = globalAsValue(prog)
 	return names
 }
 

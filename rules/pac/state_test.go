@@ -70,6 +70,44 @@ function FindProxyForURL(u, h) { var m = Math; m.seen = h; return "DIRECT"; }`, 
 		{"regex compile", `var re = /a/;
 function get() { return re; }
 function FindProxyForURL(u, h) { get().compile(h); return "DIRECT"; }`, "deny!"},
+		// Built-in globals a call replaces or deletes: each call sees them as top-level
+		// code left them. Before, the first call's change reached the next call, which
+		// saw the first call's host or a missing Math and blocked. The first three run
+		// inline.
+		{"Math assigned", `function FindProxyForURL(u, h) {
+	var p = Math; if (h == "a.example") Math = 1; return p === 1 ? "BLOCK" : "DIRECT"; }`, "direct"},
+		{"Math deleted", `function FindProxyForURL(u, h) {
+	var p = typeof Math; if (h == "a.example") delete Math; return p == "object" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"Math incremented", `function FindProxyForURL(u, h) {
+	var p = typeof Math; Math++; return p == "object" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"escape assigned", `function FindProxyForURL(u, h) {
+	var p = typeof escape == "string" ? escape : ""; escape = h; return p == "" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"String assigned", `function FindProxyForURL(u, h) {
+	var p = typeof String == "string" ? String : ""; String = h; return p == "" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"parseFloat compound-assigned", `function FindProxyForURL(u, h) {
+	var p = typeof parseFloat; parseFloat += h; return p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"destructured into a built-in", `function FindProxyForURL(u, h) {
+	var p = typeof decodeURI; [decodeURI] = [h]; return p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"strict assignment", `"use strict";
+function FindProxyForURL(u, h) { var p = typeof isFinite; isFinite = h; return p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"through this", `function FindProxyForURL(u, h) {
+	var p = this.escape; this.escape = h; return typeof p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"through this with a literal key", `function FindProxyForURL(u, h) {
+	var p = this["unescape"]; this["unescape"] = h; return typeof p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"deleted through this", `function FindProxyForURL(u, h) {
+	var p = typeof this.encodeURI; delete this.encodeURI; return p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"through this with a computed key", `function FindProxyForURL(u, h) {
+	var k = "esc" + "ape", p = this[k]; this[k] = h; return typeof p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"deleted with a computed key", `function FindProxyForURL(u, h) {
+	var k = "Ma" + "th", p = typeof this[k]; delete this[k]; return p == "object" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"through an alias of the global object", `function FindProxyForURL(u, h) {
+	var g = this, p = g.encodeURIComponent; g.encodeURIComponent = h; return typeof p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"redefined through the global object", `function FindProxyForURL(u, h) {
+	var p = typeof parseInt; Object.defineProperty(this, "parseInt", {value: h}); return p == "function" ? "DIRECT" : "BLOCK"; }`, "deny!"},
+		{"top-level var of a built-in's name", `var escape = "top";
+function FindProxyForURL(u, h) { var p = escape; escape = h; return p == "top" ? "DIRECT" : "BLOCK"; }`, "direct"},
+		{"top-level function of a built-in's name", `function escape(s) { return s; }
+function FindProxyForURL(u, h) { var p = this.escape; this.escape = h; return typeof p == "function" ? "DIRECT" : "BLOCK"; }`, "direct"},
 	}
 	hosts := []string{"a.example", "b.example", "a.example", "c.example", "a.example"}
 	for _, tc := range tests {
@@ -142,6 +180,8 @@ func TestStateRefusedAtLoad(t *testing.T) {
 		{"Set inside an object", "var o = {s: new Set()};" + fn, 0, "a Set is reachable from o"},
 		{"Proxy", "var p = new Proxy({}, {});" + fn, 0, "a Proxy is reachable from p"},
 		{"iterator", "var it = [1, 2][Symbol.iterator]();" + fn, 0, "an iterator is reachable from it"},
+		{"built-in through globalThis", "function FindProxyForURL(u, h) { globalThis.escape = h; return null; }", 1, "property of the top-level globalThis"},
+		{"built-in through a top-level alias", "var g = this;\nfunction FindProxyForURL(u, h) { g.Math = h; return null; }", 2, "property of the top-level g"},
 
 		{"var counter", "var n = 0;\nfunction FindProxyForURL(u, h) { n++; return null; }", 0, ""},
 		{"shadowed let", "let n = 0;\nfunction FindProxyForURL(u, h) { var n = 1; n++; return null; }", 0, ""},
