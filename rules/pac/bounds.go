@@ -385,6 +385,9 @@ func (w *worker) installBounds() error {
 	if err := ap.SetSymbol(goja.SymIterator, ap.Get("values")); err != nil {
 		return err
 	}
+	if err := w.installConcatGuard(sp, throw); err != nil {
+		return err
+	}
 	// JSON.stringify and JSON.parse recurse in Go once per level of nesting (a value
 	// nested a million deep reached Go's stack limit), and stringify writes every hole
 	// of a sparse array; String.raw joins every element of an array-like of any

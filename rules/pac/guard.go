@@ -16,7 +16,7 @@ import (
 // of an 8 Ki-character UTF-16 string) to a few milliseconds, which is how late past its
 // deadline an inline call can be stopped.
 const (
-	maxInlineString  = 8 << 10 // a string into a guarded native or a PAC built-in
+	maxInlineString  = 8 << 10 // a string into a guarded native or a PAC built-in, or made by + (concat.go)
 	maxInlineArray   = 1 << 16 // elements of an array searched by indexOf/includes or sliced
 	maxInlineJoin    = 1 << 12 // elements of an array turned into a string
 	maxInlineSearch  = 4 << 10 // a string searched for in an array

@@ -127,7 +127,9 @@ func builtinNames() (globals, props map[string]bool) {
 }
 
 // classify reports whether a parsed script may run inline, and if not, why (the first
-// construct that rules it out, with its line).
+// construct that rules it out, with its line). For an inline script, numeric reports
+// whether an expression's value is always a number (or undefined), which the rules of
+// the inline path make sound (guardConcat leaves such a + alone).
 //
 // For an inline script it also rewrites each /re/.test(s) into R.test(s), where R is a
 // global (regexGlobal) that each runtime of the pool sets once to that literal's RegExp
@@ -135,7 +137,7 @@ func builtinNames() (globals, props map[string]bool) {
 // on every call, a good part of a call's cost and of its garbage. Nothing can tell the
 // difference: the object is never seen by the script, and a test without the g or y
 // flag neither reads nor writes its lastIndex.
-func classify(prog *ast.Program) (inline bool, why string, regexes []string) {
+func classify(prog *ast.Program) (inline bool, why string, regexes []string, numeric func(ast.Expression) bool) {
 	c := &classifier{file: prog.File, numeric: map[string]bool{}, notNumeric: map[string]bool{}}
 	c.globals, c.props = builtinNames()
 	// First pass: which names only ever hold numbers (or undefined), so that x[i] is a
@@ -147,14 +149,14 @@ func classify(prog *ast.Program) (inline bool, why string, regexes []string) {
 	c.why = ""
 	c.stmts(prog.Body)
 	if c.why != "" {
-		return false, c.why, nil
+		return false, c.why, nil, nil
 	}
 	for i, d := range c.regexSites {
 		re := d.Left.(*ast.RegExpLiteral)
 		regexes = append(regexes, re.Literal)
 		d.Left = &ast.Identifier{Name: unistring.String(regexGlobal(i)), Idx: re.Idx}
 	}
-	return true, "", regexes
+	return true, "", regexes, c.isNumeric
 }
 
 // regexGlobal names the global holding an inline script's i'th regex literal. The

@@ -16,7 +16,7 @@ func classifySrc(t testing.TB, src string) (bool, string) {
 	if err != nil {
 		t.Fatalf("parse: %v", err)
 	}
-	inline, why, _ := classify(prog)
+	inline, why, _, _ := classify(prog)
 	return inline, why
 }
 
@@ -307,7 +307,7 @@ func FuzzClassify(f *testing.F) {
 		if err != nil {
 			return
 		}
-		inline, why, _ := classify(prog)
+		inline, why, _, _ := classify(prog)
 		if inline != (why == "") {
 			t.Fatalf("classify = %v, %q", inline, why)
 		}

@@ -19,7 +19,7 @@
 // files do. Any other script is handed to a runtime's own goroutine, and a runtime
 // stuck past the deadline (say, in a backtracking regex) is abandoned while the caller
 // gets deny. An inline call whose input grows past the inline bounds (8 KiB strings,
-// 1 KiB regex inputs) is run again on the hand-off path.
+// also those + builds, 1 KiB regex inputs) is run again on the hand-off path.
 //
 // It is not a rule engine: package rules decides what a Result means for a flow.
 package pac

@@ -531,16 +531,17 @@ func TestNativeRecursion(t *testing.T) {
 // within a call's deadline (and more in top-level code, which gets a second or ten
 // deadlines): a call during which the heap grows past maxHeapGrowth is interrupted,
 // and the daemon gets a deny naming the cause. A loop that makes as much garbage,
-// without keeping it, runs to its end. Each loop stops by itself at 2 GiB.
+// without keeping it, runs to its end. Each loop stops by itself at 2 GiB. (Its
+// strings stay a few characters short of maxStringChars, with the number added.)
 func TestHeapGrowth(t *testing.T) {
-	const keep = `var a = []; for (var i = 0; i < 128; i++) a.push("x".repeat(1 << 24) + i);`
+	const keep = `var a = []; for (var i = 0; i < 128; i++) a.push("x".repeat((1 << 24) - 8) + i);`
 	for _, tc := range []struct{ name, src, want string }{
 		{"call", `function FindProxyForURL(url, host) { ` + keep + ` return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
 		{"arrays", `function FindProxyForURL(url, host) { var a = []; for (var i = 0; i < 128; i++) a.push(new Array(1 << 20).fill(i)); return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
 		{"top-level", keep + "\nfunction FindProxyForURL(url, host) { return \"DIRECT\"; }", "top-level code stopped: the heap grew by more than 256 MiB"},
 		// The inline path: the runtime's own timer watches the call.
 		{"inline", `function FindProxyForURL(url, host) { var s = host, a = []; for (var i = 0; i < 10; i++) s = s + s; for (var j = 0; j < 200000; j++) a.push(s + j); return "DIRECT"; }`, "script stopped: the heap grew by more than 256 MiB"},
-		{"garbage", `function FindProxyForURL(url, host) { var n = 0; for (var i = 0; i < 128; i++) n += ("x".repeat(1 << 24) + i).length; return n > 0 ? "DIRECT" : null; }`, ""},
+		{"garbage", `function FindProxyForURL(url, host) { var n = 0; for (var i = 0; i < 128; i++) n += ("x".repeat((1 << 24) - 8) + i).length; return n > 0 ? "DIRECT" : null; }`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var r Result
@@ -569,5 +570,99 @@ func TestHeapGrowth(t *testing.T) {
 			}
 			t.Logf("peak growth %d MiB", grew>>20)
 		})
+	}
+}
+
+// TestConcatBound: + and += and template literals build their result in one copy
+// that goja's Interrupt cannot stop, and nothing bounded them: a loop of s += s ran
+// on inline for hundreds of milliseconds past a 50 ms deadline (seconds at 40
+// doublings), and a template of eight 8 Mi-character strings made 64 Mi at once.
+// Past maxStringChars they throw the natives' RangeError, on both paths and in
+// top-level code; a script that catches it and concatenates past the bound again in
+// the same call is stopped. The heap stays small.
+func TestConcatBound(t *testing.T) {
+	const want = "Invalid string length"
+	for _, tc := range []struct{ name, body string }{
+		{"+= doubling", `var s = "x"; for (var i = 0; i < 26; i++) s += s;`},
+		{"+ doubling", `var s = host; for (var i = 0; i < 40; i++) s = s + s;`},
+		{"+ tripling", `var s = "x"; for (;;) s = s + s + s;`},
+		{"number and string", `var s = "x".repeat(1 << 24); s = 1 + s;`},
+		{"template", "var s = \"x\"; for (;;) s = `${s}${s}`;"},
+		{"template of many", "var s = \"x\".repeat(1 << 23), t = `${s}${s}${s}${s}${s}${s}${s}${s}`;"},
+		{"property +=", `var o = {s: "x"}; for (;;) o.s += o.s;`},
+		{"element += with a side effect", `var a = ["x"], i = 0; for (;;) a[i++ * 0] += a[0];`},
+		{"caught, then again", `var s = "x"; for (var i = 0; i < 64; i++) { try { s += s; } catch (e) {} }`},
+		{"caught, then again after a store", `var a = ["x"], i = 0; for (var k = 0; k < 64; k++) { try { a[i * 0] += a[0]; } catch (e) {} }`},
+	} {
+		for _, inline := range []bool{true, false} {
+			path := "handoff"
+			if inline {
+				path = "inline-if-it-can"
+			}
+			t.Run(tc.name+"/"+path, func(t *testing.T) {
+				s, err := compile("t.pac", "function FindProxyForURL(url, host) {\n"+tc.body+"\nreturn 'DIRECT';\n}", Options{Deadline: 10 * time.Second}, inline)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				var r Result
+				start := time.Now()
+				if grew := peakGrowth(func() { r = s.Eval(Call{Host: "a.example"}) }); grew > maxCallAlloc {
+					t.Errorf("the heap and stacks grew by %d MiB during the call, want below %d MiB", grew>>20, maxCallAlloc>>20)
+				}
+				took := time.Since(start)
+				if !r.Failed || r.Exit != "deny" || !strings.Contains(r.Reason, want) {
+					t.Errorf("Eval = %+v, want a deny saying %q", r, want)
+				}
+				// Generous: a few copies of 16 Mi characters, on a shared machine.
+				if took > 2*time.Second {
+					t.Errorf("Eval took %v", took)
+				}
+				t.Logf("%v, %s", took, r.Reason)
+			})
+		}
+		t.Run(tc.name+"/top-level", func(t *testing.T) {
+			_, err := Compile("t.pac", "(function (host) {\n"+tc.body+"\n})('a.example');\nfunction FindProxyForURL(url, host) { return 'DIRECT'; }", Options{Deadline: time.Second})
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Compile = %v, want an error saying %q", err, want)
+			}
+		})
+	}
+	// The error is the natives' RangeError, which a script may catch; below the bound,
+	// +, += and templates are what they were, with objects, numbers and dates.
+	s := mustCompile(t, "function FindProxyForURL(url, host) {\n"+
+		"var caught = \"\"; try { var s = \"x\"; for (;;) s += s; } catch (e) { caught = e instanceof RangeError && /Invalid string length: 33554432 characters/.test(e.message); }\n"+
+		"var o = {valueOf: function () { return 1; }, toString: function () { return \"o\"; }}, a = [1, 2], b = \"p\";\n"+
+		"b += 1; b += o; a[0] += \"x\"; var i = 0, c = [\"\"]; c[i++] += \"y\";\n"+
+		"var r = [caught, 1 + 2, \"1\" + 2, 1 + o, \"\" + o, `${o}`, `<${host}:${1 + 2}>`, b, a[0], i, c[0], `${\"x\".repeat(1 << 23)}${\"y\".repeat((1 << 23) - 1)}`.length].join(\"|\");\n"+
+		"return r == \"true|3|12|2|1|o|<a.example:3>|p11|1x|1|y|16777215\" ? \"DIRECT\" : \"PROXY \" + r;\n}", Options{})
+	if r := s.Eval(Call{Host: "a.example"}); r.Exit != "direct" || r.Failed {
+		t.Errorf("Eval = %+v, want direct", r)
+	}
+}
+
+// TestConcatDeadline: the reviewer's loop, with the default 50 ms deadline. On the
+// inline path Eval returned after 250 ms to seconds, the copies of 32 to 64 Mi
+// characters being beyond Interrupt's reach; now a string past the inline bound
+// hands the call off, and Eval returns at the deadline at worst. (Generous bound:
+// the machine is shared.)
+func TestConcatDeadline(t *testing.T) {
+	for _, body := range []string{`var s = "x"; for (var i = 0; i < 40; i++) s += s;`, `var s = host; for (;;) s = s + s;`} {
+		s := mustCompile(t, "function FindProxyForURL(url, host) {\n"+body+"\nreturn 'DIRECT';\n}", Options{Deadline: DefaultDeadline})
+		if p, _ := s.Path(); p != PathInline {
+			t.Fatalf("%s: path %s, want inline", body, p)
+		}
+		for i := 0; i < 5; i++ {
+			start := time.Now()
+			r := s.Eval(Call{Host: "a.example"})
+			took := time.Since(start)
+			if !r.Failed || r.Exit != "deny" {
+				t.Errorf("%s: Eval = %+v, want a deny", body, r)
+			}
+			if took > time.Second {
+				t.Errorf("%s: Eval took %v (%s)", body, took, r.Reason)
+			}
+			t.Logf("%v, %s", took, r.Reason)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dop251/goja"
+	"github.com/dop251/goja/ast"
 	"github.com/dop251/goja/parser"
 )
 
@@ -145,7 +146,7 @@ func compileProgram(name, src string, allowInline bool) (*compiled, error) {
 	if ce := checkNesting(name, src); ce != nil {
 		return nil, ce
 	}
-	ast, err := parser.ParseFile(nil, name, src, 0)
+	tree, err := parser.ParseFile(nil, name, src, 0)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
 		var el parser.ErrorList
@@ -161,18 +162,21 @@ func compileProgram(name, src string, allowInline bool) (*compiled, error) {
 		}
 		return nil, ce
 	}
-	if ce := checkDepth(ast); ce != nil {
+	if ce := checkDepth(tree); ce != nil {
 		return nil, ce
 	}
-	if ce := checkState(ast); ce != nil {
+	if ce := checkState(tree); ce != nil {
 		return nil, ce
 	}
-	c := &compiled{names: stateNames(ast), why: "the inline path is turned off"}
-	c.needsAddr = needsAddr(ast, c.names.globalValue)
+	c := &compiled{names: stateNames(tree), why: "the inline path is turned off"}
+	c.needsAddr = needsAddr(tree, c.names.globalValue)
+	var numeric func(ast.Expression) bool
 	if allowInline {
-		c.inline, c.why, c.regexes = classify(ast)
+		c.inline, c.why, c.regexes, numeric = classify(tree)
 	}
-	c.prog, err = goja.CompileAST(ast, false)
+	// After classify, which does not know the checks (and need not: they are O(1)).
+	guardConcat(tree, numeric)
+	c.prog, err = goja.CompileAST(tree, false)
 	if err != nil {
 		ce := &CompileError{Code: CodeScript, Msg: err.Error()}
 		var se *goja.CompilerSyntaxError
@@ -539,6 +543,11 @@ type worker struct {
 	gen     uint64
 	loading bool
 
+	// concatOver is gen+1 once the call (gen) has concatenated past the bound, and
+	// throwRange throws the bounds' RangeError (concat.go).
+	concatOver uint64
+	throwRange func(format string, a ...any)
+
 	// The inline path (inline pools only): timer ticks the call's watch and
 	// interrupts it at its deadline, until (memwatch.go); inlineCall turns the guards
 	// on; tripped is set by a guard.
@@ -640,6 +649,9 @@ func (w *worker) setup() (err error) {
 	if err := w.installDepth(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the native depth bound: " + err.Error()}
 	}
+	if err := w.lockConcatGuard(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the concatenation bound: " + err.Error()}
+	}
 	// After it: the functions that replace them call nothing, and keep a prototype
 	// that the depth wrapper would not.
 	if err := w.removeCodeGeneration(); err != nil {
@@ -689,6 +701,9 @@ func scriptError(err error, where string) *CompileError {
 	var ie *goja.InterruptedError
 	if errors.As(err, &ie) {
 		ce.Msg = where + " did not finish within the deadline"
+		if ie.Value() == errConcat {
+			ce.Msg = where + " stopped: " + concatMsg
+		}
 	}
 	var so *goja.StackOverflowError
 	if errors.As(err, &so) {
@@ -768,6 +783,9 @@ func (w *worker) invoke(c Call) Result {
 	if err != nil {
 		var ie *goja.InterruptedError
 		if errors.As(err, &ie) {
+			if ie.Value() == errConcat {
+				return deny("script stopped: " + concatMsg)
+			}
 			return deny("script interrupted at its deadline")
 		}
 		var ex *goja.Exception
