@@ -2,6 +2,7 @@ package rules
 
 import (
 	"net/netip"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,7 @@ func TestScriptErrors(t *testing.T) {
 		{"no function", "script: |\n  var x = 1;\n", CodeScript, 0},
 		{"not a string", "script: [a]\n", CodeBadValue, 1},
 		{"too large", "script: \"" + strings.Repeat("x", 1<<20+1) + "\"\n", CodeTooLarge, 1},
+		{"label chain", labelChain, CodeScript, 4},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := Parse("s.yaml", []byte(tt.src), LoadOptions{})
@@ -129,5 +131,28 @@ func TestScriptNeedsAddr(t *testing.T) {
 	byAddr := p.Decide(&Flow{Host: "db.internal", Dst: ap("10.1.2.3:443")})
 	if byName.Exit != ExitClient || byAddr.Exit != ExitDirect {
 		t.Errorf("Decide by name = %s, with the address = %s; want client, then direct", byName.Exit, byAddr.Exit)
+	}
+}
+
+// labelChain is the reviewer's file: 16 KB of labels after FindProxyForURL.
+var labelChain = "default: direct\nscript: |\n  function FindProxyForURL(url, host) { return 'DIRECT'; }\n  " +
+	strings.Repeat("a:", 8000) + ";\n"
+
+// TestScriptLabelChain: loading labelChain took 28 s and 3 GB in goja's parser, during
+// which a reload waited. It is refused at once, naming its line, with little memory.
+func TestScriptLabelChain(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	_, err := Parse("s.yaml", []byte(labelChain), LoadOptions{})
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	e, ok := err.(*Error)
+	if !ok || e.Code != CodeScript || e.Line != 4 || !strings.Contains(e.Msg, "labels") {
+		t.Fatalf("Parse = %v, want E_SCRIPT at line 4 for its labels", err)
+	}
+	// Generous bounds: the machine is shared.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 || took > 5*time.Second {
+		t.Errorf("Parse took %v and allocated %d MiB", took, alloc>>20)
 	}
 }

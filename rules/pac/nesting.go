@@ -49,8 +49,46 @@ func checkDepth(prog *ast.Program) *CompileError {
 	return ce
 }
 
+// maxLabels bounds the labels of a script, as checkNesting counts them. goja's parser
+// compares each label with every label around it in the same function, and records
+// an error for each that has the same name: 8000 times `a:` (16 KB) took 28 s and 3
+// GB at Compile, and 100 000 distinct labels (a megabyte) 16 s. Real PAC files have a
+// handful of labels at most; maxLabels nested labels cost the parser a few thousand
+// comparisons.
+const maxLabels = 100
+
 // maxScanForks bounds the readings of a script checkNesting follows at once (below).
 const maxScanForks = 64
+
+// scanLevel is what checkNesting keeps for each open bracket (and the top level).
+type scanLevel struct {
+	// arrows counts the arrow functions with an expression body since the bracket's
+	// last , or ; (a => b => ... nests as brackets do, and goja's parser takes time in
+	// the square of it).
+	arrows int
+	// labels counts the labels and first object keys in the bracket (see
+	// checkNesting); ternaries and cases the ? and case whose : is still to come.
+	labels, ternaries, cases int
+}
+
+// What the last token was, for the labels of checkNesting.
+const (
+	tokOther byte = iota // an operator, ( [ ?, a ternary's :, most keywords: an expression follows
+	tokStmt              // ; { => and the : of a label or a case, the start: a statement may follow
+	tokSep               // , . ?. : a name after it is a property or a key, never a label
+	tokName              // a name that may be a label
+	tokProp              // a name after tokSep
+	tokObj               // { where an expression goes: an object literal
+	tokKey               // a name right after tokObj: an object's first key
+	tokEnd               // the end of an expression: a number, a literal, ] } ++ --, this, null...
+	tokParen             // ) closing a parenthesis: (a): is a label to goja too
+	tokHead              // if while for with switch catch: a ( after it is their header
+	tokBody              // do else try finally, or a header's ): a statement follows
+)
+
+// parenHeader stands in checkNesting's brackets for the ( of a statement's header
+// (if (...)), whose ) is followed by a statement, not an expression.
+const parenHeader = 'h'
 
 // checkNesting refuses a script whose brackets may nest deeper than maxNesting, naming
 // the line and column of the first bracket past the bound. It is a lexical scan that
@@ -66,17 +104,36 @@ const maxScanForks = 64
 // arrive at the same place, in as many template substitutions, are merged into the one
 // with more open brackets; they usually do within a line. A script that keeps more
 // than maxScanForks readings apart is refused too (no real script comes close).
+//
+// The same scan refuses a script with more than maxLabels labels, naming the line and
+// column of the label past the bound. A label is a name (or a parenthesized one: goja
+// takes (a): as a label) followed by a ':' that is not a ternary's or a case's, nor an
+// object key's: each bracket counts the ? (after a value: not ?. or ??) and case
+// waiting for their ':', and a ';' or a statement keyword ends them, as it does in
+// goja's parser, which resumes at such a keyword after a syntax error. A ? or case
+// that cannot be one (right after if, while, catch (e) and the like, where goja's
+// parser takes it for a wrong token and goes on with what follows) waits for nothing.
+// An object key follows a ',' or opens an object literal: a { where an expression
+// goes (after an operator, ( [ , ? return and the like), not where a statement may
+// start (after ; { } ), a name, a label's ':'). The labels of the whole
+// script count, not only those nested in one another (a: x; b: y counts two): a
+// malformed script can make goja's parser skip the brackets that close them and nest
+// what follows. An object's first key and a label count together too, per bracket
+// and the brackets around it, up to maxLabels ({a: {b: ...}} as deep as that is
+// refused): a first key is a label when the { is a block after all.
 func checkNesting(name, src string) *CompileError {
 	type reading struct {
 		pos  int
-		open []byte // the open brackets: ( [ { and $ for ${
+		open []byte // the open brackets: ( [ { and $ for ${, parenHeader
 		prev byte   // what a / after the last token is (slashAfter)
-		// arrows counts, for each open bracket (and the top level first), the arrow
-		// functions with an expression body since its last , or ; (a => b => ... nests
-		// as brackets do, and goja's parser takes time in the square of it); narrows
-		// is their sum.
-		arrows  []int
-		narrows int
+		// levels has one entry per open bracket and the top level first; narrows and
+		// nlabels are the sums of their arrows and labels.
+		levels           []scanLevel
+		narrows, nlabels int
+		tok              byte // the kind of the last token (tokName...)
+		tokAt            int  // where the last name or ) starts
+		escEnd           int  // just past the last escape in a name, where the name goes on
+		total            int  // the labels so far
 	}
 	depth := func(r *reading) int { return len(r.open) + r.narrows }
 	fail := func(pos int, msg string) *CompileError {
@@ -85,7 +142,9 @@ func checkNesting(name, src string) *CompileError {
 		ce.Msg += ce.at()
 		return ce
 	}
-	readings := []*reading{{prev: slashRegexp, arrows: []int{0}}}
+	labelsMsg := fmt.Sprintf("more than %d labels (a name and ':' before a statement)", maxLabels)
+	nestedMsg := fmt.Sprintf("more than %d labels and object keys (a name and ':') in one block and the blocks around it", maxLabels)
+	readings := []*reading{{prev: slashRegexp, levels: []scanLevel{{}}, escEnd: -1, tok: tokStmt}}
 	for len(readings) > 0 {
 		// Advance the reading furthest behind, after merging those at its place.
 		cur := 0
@@ -97,8 +156,31 @@ func checkNesting(name, src string) *CompileError {
 		r := readings[cur]
 		for i := 0; i < len(readings); i++ {
 			if o := readings[i]; o != r && o.pos == r.pos && bytes.Count(o.open, dollar) == bytes.Count(r.open, dollar) {
+				// The merged reading keeps the deeper brackets, the more labels (those
+				// of the other counted at the top level, which never closes), and what
+				// waits for a ':' only where both wait for it.
+				other := *o
 				if depth(o) > depth(r) {
-					r.open, r.arrows, r.narrows = o.open, o.arrows, o.narrows
+					other = *r
+					r.open, r.levels, r.narrows, r.nlabels = o.open, o.levels, o.narrows, o.nlabels
+				}
+				if len(other.levels) == len(r.levels) {
+					for k := range r.levels {
+						r.levels[k].ternaries = min(r.levels[k].ternaries, other.levels[k].ternaries)
+						r.levels[k].cases = min(r.levels[k].cases, other.levels[k].cases)
+					}
+				} else {
+					for k := range r.levels {
+						r.levels[k].ternaries, r.levels[k].cases = 0, 0
+					}
+				}
+				if d := other.nlabels - r.nlabels; d > 0 {
+					r.levels[0].labels += d
+					r.nlabels += d
+				}
+				r.total = max(r.total, other.total)
+				if other.tok == tokName || other.tok == tokParen {
+					r.tok, r.tokAt = other.tok, other.tokAt
 				}
 				readings[i] = readings[len(readings)-1]
 				readings = readings[:len(readings)-1]
@@ -115,29 +197,49 @@ func checkNesting(name, src string) *CompileError {
 			}
 			continue
 		}
-		// One count per open bracket: brackets closed since (a template's may open and
+		// One level per open bracket: brackets closed since (a template's may open and
 		// close several at once) take theirs along; a count left from a closed one on a
 		// new one only counts too deep.
-		for len(r.arrows) > len(r.open)+1 {
-			r.narrows -= r.arrows[len(r.arrows)-1]
-			r.arrows = r.arrows[:len(r.arrows)-1]
+		for len(r.levels) > len(r.open)+1 {
+			l := r.levels[len(r.levels)-1]
+			r.narrows -= l.arrows
+			r.nlabels -= l.labels
+			r.levels = r.levels[:len(r.levels)-1]
 		}
-		for len(r.arrows) < len(r.open)+1 {
-			r.arrows = append(r.arrows, 0)
+		for len(r.levels) < len(r.open)+1 {
+			r.levels = append(r.levels, scanLevel{})
 		}
+		level := &r.levels[len(r.levels)-1]
 		top := byte(0)
 		if len(r.open) > 0 {
 			top = r.open[len(r.open)-1]
 		}
 		start, prev := i, slashDivides
+		tok := tokEnd // strings, templates and regular expressions
 		switch c := src[i]; c {
 		case '(', '[', '{':
+			tok = tokOther
+			switch {
+			case c == '(' && r.tok == tokHead:
+				c = parenHeader
+			case c == '{' && (r.tok == tokOther || r.tok == tokSep):
+				tok = tokObj
+			case c == '{':
+				tok = tokStmt
+			}
 			r.open = append(r.open, c)
 			i++
 			prev = slashRegexp
 		case ')', ']':
-			if top == c-1 || top == c-2 { // '(' is ')' - 1, '[' is ']' - 2
+			tok = tokEnd
+			if c == ')' {
+				tok = tokParen
+			}
+			if top == c-1 || top == c-2 || c == ')' && top == parenHeader { // '(' is ')' - 1, '[' is ']' - 2
 				r.open = r.open[:len(r.open)-1]
+				if top == parenHeader {
+					tok = tokBody
+				}
 			}
 			i++
 			if c == ')' {
@@ -154,7 +256,7 @@ func checkNesting(name, src string) *CompileError {
 				i = skipTemplate(src, i+1, &r.open)
 				prev = slashDivides
 				if top := len(r.open); top > 0 && r.open[top-1] == '$' {
-					prev = slashRegexp
+					prev, tok = slashRegexp, tokOther
 				}
 			default:
 				i++
@@ -162,55 +264,155 @@ func checkNesting(name, src string) *CompileError {
 		case '`':
 			i = skipTemplate(src, i+1, &r.open)
 			if top := len(r.open); top > 0 && r.open[top-1] == '$' && i >= 2 && src[i-2:i] == "${" {
-				prev = slashRegexp
+				prev, tok = slashRegexp, tokOther
 			}
 		case '"', '\'':
 			i = skipString(src, i+1, c)
 		case '/':
+			tok = r.tok // a comment changes nothing
 			switch {
 			case i+1 < len(src) && src[i+1] == '/':
 				i = skipLine(src, i+2)
+				prev = r.prev
 			case i+1 < len(src) && src[i+1] == '*':
 				if end := bytes.Index([]byte(src[i+2:]), []byte("*/")); end >= 0 {
 					i += 2 + end + 2
 				} else {
 					i = len(src)
 				}
+				prev = r.prev
 			case r.prev == slashDivides:
 				i++
-				prev = slashRegexp
+				prev, tok = slashRegexp, tokOther
 			case r.prev == slashRegexp:
 				i = skipRegexp(src, i+1)
+				tok = tokEnd
 			default: // both: follow each
 				if len(readings) >= maxScanForks {
 					return fail(i, "too many ways to read the script's regular expressions and divisions to check its nesting")
 				}
 				readings = append(readings, &reading{pos: skipRegexp(src, i+1), open: append([]byte(nil), r.open...), prev: slashDivides,
-					arrows: append([]int(nil), r.arrows...), narrows: r.narrows})
+					levels: append([]scanLevel(nil), r.levels...), narrows: r.narrows, nlabels: r.nlabels,
+					tok: tokEnd, tokAt: r.tokAt, escEnd: -1})
 				i++
-				prev = slashRegexp
+				prev, tok = slashRegexp, tokOther
 			}
 		case '\\':
-			i++ // an escape in an identifier: what follows is read as a name
+			// An escape in a name (\u0061, \u{61}): it starts a name, or goes on with the
+			// one right before it.
+			tok = r.tok
+			if !(i == r.pos && (r.tok == tokName || r.tok == tokProp || r.tok == tokKey)) {
+				tok, r.tokAt = tokName, i
+				switch r.tok {
+				case tokSep:
+					tok = tokProp
+				case tokObj:
+					tok = tokKey
+				}
+			}
+			i++
+			if i+1 < len(src) && src[i] == 'u' && src[i+1] == '{' {
+				if end := strings.IndexByte(src[i:], '}'); end >= 0 {
+					i += end + 1
+				}
+			}
+			r.escEnd = i
 		default:
 			i = skipOrdinary(src, i)
 			prev = slashAfter(src[start:i])
-			level := &r.arrows[len(r.arrows)-1]
-			for j := start; j < i; j++ {
-				switch {
-				case src[j] == ',' || src[j] == ';':
-					r.narrows -= *level
-					*level = 0
-				case src[j] == '=' && j+1 < i && src[j+1] == '>':
+			tok = r.tok
+			for j := start; j < i; {
+				switch c := src[j]; {
+				case c == ',' || c == ';':
+					r.narrows -= level.arrows
+					level.arrows = 0
+					if c == ',' {
+						tok = tokSep
+					} else {
+						level.ternaries, level.cases, tok = 0, 0, tokStmt
+					}
+					j++
+				case c == '=' && j+1 < i && src[j+1] == '>':
 					// A block body is a bracket, counted as one.
 					if k := skipSpace(src, j+2); k >= len(src) || src[k] != '{' {
-						*level++
+						level.arrows++
 						r.narrows++
 						if depth(r) > maxNesting {
 							return fail(j, fmt.Sprintf("brackets and arrow functions nested deeper than %d levels", maxNesting))
 						}
 					}
+					j += 2
+					tok = tokStmt // a block body is a block
+				case c == '?':
+					switch {
+					case j+1 < i && src[j+1] == '?': // ?? and ??=
+						j += 2
+						tok = tokOther
+						continue
+					case j+1 < i && src[j+1] == '.' && !(j+2 < i && '0' <= src[j+2] && src[j+2] <= '9'): // ?. but not ?.5
+						j += 2
+						tok = tokSep
+						continue
+					}
+					if tok == tokName || tok == tokProp || tok == tokKey || tok == tokEnd || tok == tokParen {
+						level.ternaries++
+					}
 					j++
+					tok = tokOther
+				case c == ':':
+					was := tok
+					tok = tokOther // a value follows
+					switch {
+					case level.ternaries > 0:
+						level.ternaries--
+					case level.cases > 0:
+						level.cases--
+						tok = tokStmt
+					case was == tokName || was == tokParen || was == tokKey:
+						if was != tokKey {
+							tok = tokStmt
+							if r.total++; r.total > maxLabels {
+								return fail(r.tokAt, labelsMsg)
+							}
+						}
+						level.labels++
+						r.nlabels++
+						if r.nlabels > maxLabels {
+							return fail(r.tokAt, nestedMsg)
+						}
+					}
+					j++
+				case c == '.':
+					switch {
+					case j+2 < i && src[j+1] == '.' && src[j+2] == '.':
+						j += 3
+						tok = tokOther
+					case j+1 < i && '0' <= src[j+1] && src[j+1] <= '9':
+						j = skipNumber(src, j, i)
+						tok = tokEnd
+					default:
+						j++
+						tok = tokSep
+					}
+				case '0' <= c && c <= '9':
+					j = skipNumber(src, j, i)
+					tok = tokEnd
+				case isNameByte(c) || c >= utf8.RuneSelf:
+					k := j
+					for k < i && (isNameByte(src[k]) || src[k] >= utf8.RuneSelf) {
+						k++
+					}
+					if j != r.escEnd || !(tok == tokName || tok == tokProp || tok == tokKey) { // not the rest of an escaped name
+						tok = nameTok(src[j:k], tok, level)
+						r.tokAt = j
+					}
+					j = k
+				case (c == '+' || c == '-') && j+1 < i && src[j+1] == c:
+					j += 2
+					tok = tokEnd
+				default:
+					j++
+					tok = tokOther
 				}
 			}
 		}
@@ -224,9 +426,77 @@ func checkNesting(name, src string) *CompileError {
 			}
 			return fail(start, fmt.Sprintf("%s nested deeper than %d levels", what, maxNesting))
 		}
-		r.pos, r.prev = i, prev
+		if tok == tokParen {
+			r.tokAt = start
+		}
+		r.pos, r.prev, r.tok = i, prev, tok
 	}
 	return nil
+}
+
+// skipNumber skips a number in src[j:end] (a run of ordinary bytes): digits, letters
+// (hex, exponents, suffixes), dots and the sign of an exponent.
+func skipNumber(src string, j, end int) int {
+	for j++; j < end; j++ {
+		c := src[j]
+		if (c == '+' || c == '-') && (src[j-1] == 'e' || src[j-1] == 'E') {
+			continue
+		}
+		if !isNameByte(c) && c != '.' {
+			break
+		}
+	}
+	return j
+}
+
+// statementKeywords end what waits for a ':' in their bracket (goja's parser resumes
+// at most of them after a syntax error); compoundKeywords say what follows them.
+var (
+	statementKeywords = map[string]bool{"break": true, "continue": true, "for": true, "if": true, "return": true,
+		"switch": true, "var": true, "do": true, "try": true, "with": true, "while": true, "throw": true, "catch": true,
+		"finally": true, "else": true, "const": true, "debugger": true, "default": true, "case": true}
+	headKeywords  = map[string]bool{"if": true, "while": true, "for": true, "with": true, "switch": true, "catch": true}
+	bodyKeywords  = map[string]bool{"do": true, "else": true, "try": true, "finally": true}
+	valueKeywords = map[string]bool{"this": true, "null": true, "true": true, "false": true, "super": true}
+	// reservedWords are never a label (the contextual keywords, yield, let, async and
+	// the like, can be).
+	reservedWords = map[string]bool{"break": true, "case": true, "catch": true, "class": true, "const": true,
+		"continue": true, "debugger": true, "default": true, "delete": true, "do": true, "else": true, "enum": true,
+		"export": true, "extends": true, "false": true, "finally": true, "for": true, "function": true, "if": true,
+		"import": true, "in": true, "instanceof": true, "new": true, "null": true, "return": true, "super": true,
+		"switch": true, "this": true, "throw": true, "true": true, "try": true, "typeof": true, "var": true,
+		"void": true, "while": true, "with": true}
+)
+
+// nameTok is the kind of a name after a token of kind prev, for checkNesting; a
+// statement keyword updates level.
+func nameTok(name string, prev byte, level *scanLevel) byte {
+	switch prev {
+	case tokSep:
+		return tokProp
+	case tokObj:
+		return tokKey
+	}
+	if !reservedWords[name] {
+		return tokName
+	}
+	if statementKeywords[name] {
+		level.ternaries = 0
+		if name != "case" {
+			level.cases = 0
+		} else if prev != tokHead && prev != tokBody {
+			level.cases++
+		}
+	}
+	switch {
+	case headKeywords[name]:
+		return tokHead
+	case bodyKeywords[name]:
+		return tokBody
+	case valueKeywords[name]:
+		return tokEnd
+	}
+	return tokOther
 }
 
 // What a / after a token starts, for checkNesting.
