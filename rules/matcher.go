@@ -36,15 +36,14 @@ const maxHostLen = 255
 // metadata guard and cidr rules must see it as one.
 //
 // Only a host that can be a literal is parsed as one: one starting with a digit, '['
-// or ':', or with a hex letter and holding a ':' (fd00:ec2::254, fe80::1), which no
-// host name does. The colon is looked for only after a hex letter, so most names cost
-// one comparison more and none a second pass.
+// or ':', or with a group of hex digits and a ':' (fd00:ec2::254, fe80::1), which no
+// host name does. An IPv6 group has at most four digits, so that costs a look at five
+// bytes at most, and one for most names (api.example.com stops at the p).
 func splitHost(h string) (host string, lit netip.Addr, fold bool) {
 	if h == "" {
 		return "", netip.Addr{}, false
 	}
-	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' ||
-		(c|0x20 >= 'a' && c|0x20 <= 'f' && strings.IndexByte(h, ':') > 0) {
+	if c := h[0]; c >= '0' && c <= '9' || c == '[' || c == ':' || c|0x20 >= 'a' && c|0x20 <= 'f' && hexGroup(h) {
 		if a, ok := ipLiteral(h); ok {
 			return "", a, false
 		}
@@ -61,6 +60,21 @@ func splitHost(h string) (host string, lit netip.Addr, fold bool) {
 		}
 	}
 	return h, netip.Addr{}, false
+}
+
+// hexGroup reports whether h, which starts with a hex digit, goes on with up to three
+// more and a ':', as an IPv6 address does.
+func hexGroup(h string) bool {
+	for i := 1; i < len(h) && i <= 4; i++ {
+		switch c := h[i]; {
+		case c == ':':
+			return true
+		case c >= '0' && c <= '9', c|0x20 >= 'a' && c|0x20 <= 'f':
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // ipLiteral parses an IP address, also in brackets, without its zone.
