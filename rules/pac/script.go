@@ -649,13 +649,14 @@ func (w *worker) setup() (err error) {
 	if err := w.installDepth(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "setting up the native depth bound: " + err.Error()}
 	}
-	if err := w.lockConcatGuard(); err != nil {
-		return &CompileError{Code: CodeScript, Msg: "setting up the concatenation bound: " + err.Error()}
-	}
 	// After it: the functions that replace them call nothing, and keep a prototype
 	// that the depth wrapper would not.
 	if err := w.removeCodeGeneration(); err != nil {
 		return &CompileError{Code: CodeScript, Msg: "removing eval and Function: " + err.Error()}
+	}
+	// After installDepth too, which wraps the template's check (concat.go).
+	if err := w.lockConcatGuard(); err != nil {
+		return &CompileError{Code: CodeScript, Msg: "setting up the concatenation bound: " + err.Error()}
 	}
 	sealer, err := w.prepareState()
 	if err != nil {
