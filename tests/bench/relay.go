@@ -518,6 +518,9 @@ func (b *relayBench) setup() error {
 		return err
 	}
 	b.onCleanup(func() { _ = os.RemoveAll(b.dir) })
+	// Whatever kl-relayd relays the pod when the section ends (a section that fails
+	// part way leaves one running): stopped before its directory goes.
+	b.onCleanup(b.stopRelay)
 	if err := os.Chmod(b.dir, 0o755); err != nil { // squid and dante drop privileges
 		return err
 	}
