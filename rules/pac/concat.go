@@ -224,18 +224,13 @@ func (g *concatGuard) isNotString(e ast.Expression) bool {
 		switch e.Operator {
 		case token.PLUS:
 			return g.notString[e]
-		case token.MINUS, token.MULTIPLY, token.SLASH, token.REMAINDER, token.EXPONENT, token.SHIFT_LEFT,
-			token.SHIFT_RIGHT, token.UNSIGNED_SHIFT_RIGHT, token.AND, token.OR, token.EXCLUSIVE_OR,
-			token.EQUAL, token.NOT_EQUAL, token.STRICT_EQUAL, token.STRICT_NOT_EQUAL, token.LESS, token.GREATER,
+		case token.EQUAL, token.NOT_EQUAL, token.STRICT_EQUAL, token.STRICT_NOT_EQUAL, token.LESS, token.GREATER,
 			token.LESS_OR_EQUAL, token.GREATER_OR_EQUAL, token.IN, token.INSTANCEOF:
 			return true
 		}
+		return numericOp(e.Operator)
 	case *ast.AssignExpression:
-		switch e.Operator {
-		case token.MINUS, token.MULTIPLY, token.SLASH, token.REMAINDER, token.EXPONENT, token.SHIFT_LEFT,
-			token.SHIFT_RIGHT, token.UNSIGNED_SHIFT_RIGHT, token.AND, token.OR, token.EXCLUSIVE_OR:
-			return true
-		}
+		return numericOp(e.Operator)
 	}
 	return false
 }

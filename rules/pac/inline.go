@@ -236,13 +236,10 @@ func (c *classifier) isNumeric(e ast.Expression) bool {
 			return true
 		}
 	case *ast.BinaryExpression:
-		switch e.Operator {
-		case token.MINUS, token.MULTIPLY, token.SLASH, token.REMAINDER, token.EXPONENT, token.SHIFT_LEFT,
-			token.SHIFT_RIGHT, token.UNSIGNED_SHIFT_RIGHT, token.AND, token.OR, token.EXCLUSIVE_OR:
-			return true
-		case token.PLUS:
+		if e.Operator == token.PLUS {
 			return c.isNumeric(e.Left) && c.isNumeric(e.Right)
 		}
+		return numericOp(e.Operator)
 	case *ast.AssignExpression:
 		return c.isNumeric(&ast.BinaryExpression{Operator: e.Operator, Left: e.Left, Right: e.Right}) ||
 			(e.Operator == token.ASSIGN && c.isNumeric(e.Right))
@@ -671,4 +668,15 @@ func (c *classifier) regexp(re *ast.RegExpLiteral) {
 	if _, err := regexp.Compile(pat); err != nil {
 		c.fail(re, "a regex literal Go's regexp does not compile (%v)", err)
 	}
+}
+
+// numericOp reports whether binary (or compound assignment) operator op always gives a
+// number: every arithmetic and bitwise one but +.
+func numericOp(op token.Token) bool {
+	switch op {
+	case token.MINUS, token.MULTIPLY, token.SLASH, token.REMAINDER, token.EXPONENT, token.SHIFT_LEFT,
+		token.SHIFT_RIGHT, token.UNSIGNED_SHIFT_RIGHT, token.AND, token.OR, token.EXCLUSIVE_OR:
+		return true
+	}
+	return false
 }
