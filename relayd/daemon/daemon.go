@@ -151,7 +151,7 @@ func Check(cfg *config.Config, out io.Writer) error {
 }
 
 func loadRules(cfg *config.Config) (*rules.Policy, error) {
-	o := rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached}
+	o := loadOptions(cfg)
 	var p *rules.Policy
 	var err error
 	switch {
@@ -173,6 +173,11 @@ func loadRules(cfg *config.Config) (*rules.Policy, error) {
 	return p, nil
 }
 
+// loadOptions are what the daemon's settings allow a rules file.
+func loadOptions(cfg *config.Config) rules.LoadOptions {
+	return rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached}
+}
+
 // lastPublished loads the rules the daemon last published for containers (only rules
 // that loaded are published): what it starts on when the rules file is refused at start.
 // Their directory is under /run, so they never outlive a reboot. Routes given as flags
@@ -185,8 +190,7 @@ func lastPublished(cfg *config.Config) (*rules.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := rules.LoadOptions{Exits: cfg.HasExit, AllowGateway: cfg.Gateway, Detached: cfg.Detached}
-	return rules.Parse(filepath.Join(cfg.PublishedRules, publish.FileName), src, o)
+	return rules.Parse(filepath.Join(cfg.PublishedRules, publish.FileName), src, loadOptions(cfg))
 }
 
 // Daemon is one running kl-relayd.

@@ -131,7 +131,7 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 	if err != nil {
 		return api.Registration{}, fmt.Errorf("%w %s: %w", errInvalid, wl.ID, err)
 	}
-	if wantsCapture(wl) && d.hostNetns != ([2]uint64{}) && d.hostNetns == [2]uint64{dev, ino} {
+	if wantsCapture(wl) && d.hostNetns == [2]uint64{dev, ino} { // a netns file is never inode 0: an unknown hostNetns matches none
 		// A capture table there would send the node's own TCP through the relay, and
 		// refuse it whenever the daemon is down (SPEC: kl never touches the host netns).
 		return api.Registration{}, fmt.Errorf("%w %s: netns %s is the daemon's own (the node's): kl captures pods, never the host", errInvalid, wl.ID, wl.Netns)
