@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,6 +43,10 @@ import (
 // reached the daemon) are looked for; one is dropped at the second sweep that finds it
 // gone (sweep).
 var reapInterval = 30 * time.Second
+
+// retryInterval is how often a saved registration that a shortage kept from being
+// restored (transient) is tried again.
+var retryInterval = 2 * time.Second
 
 // Run is kl-relayd's main: `kl-relayd [--settings FILE] [--config RULES] [--debug]` runs the
 // daemon until ctx is done; `kl-relayd check ...` loads everything and reports.
@@ -218,6 +223,10 @@ type Daemon struct {
 
 	mu   sync.Mutex // serialises registration changes
 	regs map[string]registry.Entry
+	// pending holds saved registrations a shortage kept from being restored (under mu):
+	// still saved, tried again every retryInterval until they open, their netns goes or
+	// their id is registered or deregistered anew.
+	pending map[string]registry.Entry
 
 	fastClosed bool // under mu: late fast path retries stop after shutdown
 
@@ -240,7 +249,7 @@ func New(cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
 			unlock()
 		}
 	}()
-	d := &Daemon{cfg: cfg, log: log, started: time.Now(), regs: map[string]registry.Entry{}, unlock: unlock}
+	d := &Daemon{cfg: cfg, log: log, started: time.Now(), regs: map[string]registry.Entry{}, pending: map[string]registry.Entry{}, unlock: unlock}
 	if dev, ino, err := netnsID("/proc/self/ns/net"); err == nil {
 		d.hostNetns = [2]uint64{dev, ino}
 	}
@@ -437,65 +446,117 @@ func (d *Daemon) healthy(ctx context.Context, probe *api.Client) error {
 
 // restore reopens the listeners of every persisted registration whose netns still
 // exists (the same netns, by device and inode) and drops the others. Once ctx is done it
-// stops: the registrations not reached yet stay in the store for the next start.
+// stops: the registrations not reached yet stay in the store for the next start. One
+// that a shortage (descriptors, memory) keeps from opening is neither: it stays saved and
+// is tried again (pending), since nothing says its pod is gone.
 func (d *Daemon) restore(ctx context.Context) {
 	entries, errs := d.store.Load()
 	for _, err := range errs {
 		d.log.Error("saved registration unreadable or refused; left in place", "err", err)
 	}
-	kept, dropped := 0, 0
+	var n [3]int // by restoreOne's outcome
 	for i, e := range entries {
 		if ctx.Err() != nil {
 			d.log.Info("stopped restoring registrations; the rest are left for the next start",
-				"kept", kept, "dropped", dropped, "left", len(entries)-i)
+				"kept", n[restoredKept], "dropped", n[restoredDropped], "pending", n[restoredPending], "left", len(entries)-i)
 			return
 		}
-		w := e.Registration.Workload
-		dev, ino, err := netnsID(w.Netns)
-		if err != nil || dev != e.NetnsDev || ino != e.NetnsIno {
-			why := "netns replaced"
-			if err != nil {
-				why = err.Error()
-			}
-			d.log.Info("dropping registration: its netns is gone", "workload", w.ID, "why", why)
-			d.store.Delete(w.ID)
-			dropped++
-			continue
-		}
-		if _, err := d.relay.Open(w); err != nil {
-			d.log.Error("dropping registration: cannot reopen its listener", "workload", w.ID, "err", err)
-			d.store.Delete(w.ID)
-			dropped++
-			continue
-		}
-		// Under d.mu as everywhere else: a fast-path retry (fastRegister's timer) may
-		// already read d.regs while a long restore goes on.
 		d.mu.Lock()
-		d.regs[w.ID] = e
-		d.fastRegister(w)
+		out := d.restoreOne(e)
 		d.mu.Unlock()
-		kept++
-		if d.restored != nil {
-			d.restored(w.ID)
-		}
+		n[out]++
 	}
 	if len(entries) > 0 {
-		d.log.Info("registrations restored", "kept", kept, "dropped", dropped)
+		d.log.Info("registrations restored", "kept", n[restoredKept], "dropped", n[restoredDropped], "pending", n[restoredPending])
 	}
 }
 
-// reap drops registrations whose netns has disappeared without a deregistration.
+const (
+	restoredKept = iota
+	restoredDropped
+	restoredPending
+)
+
+// restoreOne reopens saved registration e, under d.mu (a fast-path retry, fastRegister's
+// timer, may read d.regs while a long restore goes on): kept, dropped (its netns is gone
+// or it cannot be served: removed from the store) or pending (a shortage: left saved, in
+// d.pending, for retryPending).
+func (d *Daemon) restoreOne(e registry.Entry) int {
+	w := e.Registration.Workload
+	delete(d.pending, w.ID)
+	dev, ino, err := netnsID(w.Netns)
+	if err == nil && (dev != e.NetnsDev || ino != e.NetnsIno) {
+		err = errors.New("netns replaced")
+	}
+	if err == nil {
+		for id, r := range d.regs {
+			if id != w.ID && r.NetnsDev == dev && r.NetnsIno == ino {
+				err = fmt.Errorf("netns %s is served for workload %s now", w.Netns, id)
+			}
+		}
+	}
+	if err == nil {
+		_, err = d.relay.Open(w)
+	}
+	switch {
+	case err == nil:
+		d.regs[w.ID] = e
+		d.fastRegister(w)
+		if d.restored != nil {
+			d.restored(w.ID)
+		}
+		return restoredKept
+	case transient(err):
+		d.log.Warn("saved registration not restored for now; kept, and tried again", "workload", w.ID, "err", err, "every", retryInterval)
+		d.pending[w.ID] = e
+		return restoredPending
+	}
+	d.log.Info("dropping saved registration", "workload", w.ID, "why", err)
+	if err := d.store.Delete(w.ID); err != nil {
+		d.log.Error("saved registration not removed", "workload", w.ID, "err", err)
+	}
+	return restoredDropped
+}
+
+// retryPending tries the pending registrations again.
+func (d *Daemon) retryPending() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, e := range d.pending {
+		if d.restoreOne(e) == restoredKept {
+			d.log.Info("saved registration restored", "workload", e.Registration.Workload.ID)
+		}
+	}
+}
+
+// transient says whether err is a shortage that passes (descriptors, memory, the
+// descriptor budget) rather than anything about the registration or its netns.
+func transient(err error) bool {
+	for _, t := range []error{syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.ENOBUFS, syscall.EAGAIN, syscall.EINTR, errBudget} {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// reap drops registrations whose netns has disappeared without a deregistration, and
+// tries the pending ones again.
 func (d *Daemon) reap(ctx context.Context) {
 	t := time.NewTicker(reapInterval)
 	defer t.Stop()
+	retry := time.NewTicker(retryInterval)
+	defer retry.Stop()
 	var missing map[string]bool
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-retry.C:
+			d.retryPending()
 		case <-t.C:
+			missing = d.sweep(missing)
 		}
-		missing = d.sweep(missing)
 	}
 }
 
@@ -512,8 +573,8 @@ func (d *Daemon) sweep(missing map[string]bool) map[string]bool {
 	now := map[string]bool{}
 	for id, e := range d.regs {
 		dev, ino, err := netnsID(e.Registration.Workload.Netns)
-		if err == nil && dev == e.NetnsDev && ino == e.NetnsIno {
-			continue
+		if err == nil && dev == e.NetnsDev && ino == e.NetnsIno || transient(err) {
+			continue // there, or a shortage that says nothing about it
 		}
 		if !missing[id] {
 			now[id] = true

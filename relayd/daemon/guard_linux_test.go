@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -302,5 +303,96 @@ func TestConcurrentReloadsKeepNewest(t *testing.T) {
 	want := hex.EncodeToString(sum[:])
 	if r := statusOf(t, c).Rules; r.Hash != want || r.LastError != "" {
 		t.Errorf("after concurrent reloads: %+v, want hash %s and no error", r, want)
+	}
+}
+
+// A saved registration that a descriptor shortage keeps from being restored stays saved
+// and opens at a retry, instead of being dropped as if its pod were gone (the pod's
+// capture table would then send its connections to a port nobody listens on until the
+// pod is recreated). The shortage is real: the process's descriptor limit is lowered to
+// what it has open while restore runs.
+func TestRestoreKeepsRegistrationThroughShortage(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	logs := &bytes.Buffer{}
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Register(self()); err != nil {
+		t.Fatal(err)
+	}
+	d.shutdown(nil)
+	if listening(cfg.RedirectPort) {
+		t.Fatal("listener still open after shutdown")
+	}
+	d, err = New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.shutdown(nil)
+
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := old
+	short.Cur = uint64(len(fds)) // the directory's own descriptor is closed again: none free
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
+		t.Fatal(err)
+	}
+	d.restore(context.Background())
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := mustStore(t, cfg).Load(); len(ents) != 1 {
+		t.Fatalf("saved registrations after a restore short of descriptors: %d, want 1 kept; logs:\n%s", len(ents), logs)
+	}
+	if len(d.Registrations()) != 0 || len(d.pending) != 1 {
+		t.Fatalf("registered %d, pending %d; want 0 and 1; logs:\n%s", len(d.Registrations()), len(d.pending), logs)
+	}
+	d.sweep(d.sweep(nil)) // the reaper must not take a shortage for a gone netns either
+	d.retryPending()
+	if len(d.Registrations()) != 1 || len(d.pending) != 0 {
+		t.Fatalf("after the retry: registered %d, pending %d; want 1 and 0; logs:\n%s", len(d.Registrations()), len(d.pending), logs)
+	}
+	if !listening(cfg.RedirectPort) {
+		t.Fatalf("restored registration does not listen: %v", lastDialErr)
+	}
+}
+
+// The reaper takes a descriptor shortage for what it is, not for a netns that is gone.
+func TestSweepKeepsRegistrationThroughShortage(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.shutdown(nil)
+	if _, err := d.Register(self()); err != nil {
+		t.Fatal(err)
+	}
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := old
+	short.Cur = uint64(len(fds))
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
+		t.Fatal(err)
+	}
+	d.sweep(d.sweep(nil))
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Registrations()) != 1 {
+		t.Fatal("two sweeps short of descriptors dropped a live registration")
 	}
 }

@@ -213,6 +213,7 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 		return fail(err)
 	}
 	d.regs[wl.ID] = e
+	delete(d.pending, wl.ID) // registered anew: the saved one waiting for a retry is replaced
 	if !fastDone {
 		d.fastRegister(wl)
 	}
@@ -235,6 +236,7 @@ func (d *Daemon) deregister(id string) (api.Deregistration, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e, known := d.regs[id]
+	delete(d.pending, id)
 	d.relay.Close(id)
 	d.fastRemove(id)
 	delete(d.regs, id)
