@@ -296,7 +296,7 @@ func TestStopDuringRestore(t *testing.T) {
 	if len(reopened) != 1 || len(d.regs) != 1 {
 		t.Errorf("reopened %q (%d registrations kept) after the cancel, want only the first", reopened, len(d.regs))
 	}
-	if !strings.Contains(logs.String(), "kept=1 dropped=0 left="+strconv.Itoa(n-1)) {
+	if !strings.Contains(logs.String(), "kept=1 dropped=0 pending=0 left="+strconv.Itoa(n-1)) {
 		t.Errorf("no log of what was left for the next start:\n%s", logs.String())
 	}
 	if ents, errs := mustStore(t, cfg).Load(); len(ents) != n || len(errs) != 0 {
