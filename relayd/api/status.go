@@ -12,8 +12,11 @@ type Status struct {
 	FDs        int         `json:"fds"`     // open file descriptors of the daemon
 	FDLimit    uint64      `json:"fdLimit"` // its RLIMIT_NOFILE soft limit
 	Goroutines int         `json:"goroutines"`
-	Hits       []RuleHit   `json:"hits,omitempty"`   // decisions per rule (rule 0: per dimension default/guard/script)
-	Recent     []Decision  `json:"recent,omitempty"` // the most recent decision records, oldest first
+	Hits       []RuleHit   `json:"hits,omitempty"` // decisions per rule and dimension (rule 0: the default, the guard or a script) since HitsSince
+	// HitsSince is when the counts of Hits and KernelHits started: the load of the rules
+	// whose numbers they use (counts of earlier rules would name other rules).
+	HitsSince time.Time  `json:"hitsSince,omitzero"`
+	Recent    []Decision `json:"recent,omitempty"` // the most recent decision records, oldest first
 	// FastPath says whether the kernel fast path is on; Kernel is its state per
 	// transparent workload, by id; KernelHits counts the flows it decided per rule (they
 	// are in Hits too).

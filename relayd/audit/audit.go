@@ -369,11 +369,7 @@ func (l *Log) Add(r Record) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.count++
-	k := hitKey{rule: r.Rule}
-	if r.Rule == 0 {
-		k.dim = r.Dimension
-	}
-	l.hits[k]++
+	l.hits[hitKey{r.Rule, r.Dimension}]++
 	if len(l.ring) > 0 {
 		l.ring[l.next] = r
 		l.next = (l.next + 1) % len(l.ring)
@@ -470,8 +466,16 @@ func (l *Log) Hits() map[int]uint64 {
 	return m
 }
 
-// HitCounts returns the counts per rule, with rule 0 split by dimension, sorted by rule
-// then dimension.
+// ResetHits starts the counts again: the daemon calls it when other rules load, whose
+// numbers name other rules (the records themselves, the ring and Total are kept).
+func (l *Log) ResetHits() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.hits)
+}
+
+// HitCounts returns the counts per rule and dimension (rule 0 is the default, the guard
+// or a script, told apart by it; any other rule has one), sorted by rule then dimension.
 func (l *Log) HitCounts() []Hit {
 	l.mu.Lock()
 	out := make([]Hit, 0, len(l.hits))

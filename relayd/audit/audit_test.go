@@ -86,7 +86,7 @@ func TestRecentAndHits(t *testing.T) {
 	if got, want := l.Hits(), map[int]uint64{0: 3, 1: 2, 2: 1}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("Hits() = %v, want %v", got, want)
 	}
-	want := []Hit{{0, "default", 2}, {0, "guard", 1}, {1, "", 2}, {2, "", 1}}
+	want := []Hit{{0, "default", 2}, {0, "guard", 1}, {1, "label", 2}, {2, "domain", 1}}
 	if got := l.HitCounts(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("HitCounts() = %v, want %v", got, want)
 	}

@@ -142,7 +142,11 @@ func printStatus(w io.Writer, socket string, st api.Status, regs []api.Registrat
 	printAttach(w, st)
 	printAudit(w, st.Audit)
 
-	fmt.Fprintln(w, "\nhits per rule (rule 0: the default, the guard or a script)")
+	since := ""
+	if !st.HitsSince.IsZero() {
+		since = " since the rules loaded at " + st.HitsSince.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintln(w, "\nhits per rule"+since+" (rule 0: the default, the guard or a script)")
 	if len(st.Hits) == 0 {
 		fmt.Fprintln(w, "  none yet")
 	} else {

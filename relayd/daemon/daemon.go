@@ -209,6 +209,8 @@ type Daemon struct {
 	reloadMu sync.Mutex // one Reload at a time, from reading the file to the swap
 	rulesMu  sync.Mutex
 	rules    api.RulesStatus
+	// hitsSince is when the rules whose numbers the hit counts use loaded (under rulesMu).
+	hitsSince time.Time
 
 	store   *registry.Store
 	relay   *relay.Relay
@@ -270,6 +272,7 @@ func New(cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
 	d.policy.Store(p)
 	d.publishRules(p)
 	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
+	d.hitsSince = d.rules.LoadedAt.UTC()
 	if refused != nil {
 		d.rules.LastError = refused.Error() + " (running the last rules that loaded, from " + cfg.PublishedRules + ")"
 		d.rules.LastErrorCode = errCode(refused)

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/publish"
 	"github.com/kl-egress/kl/tests/testutil"
 )
@@ -394,5 +396,46 @@ func TestSweepKeepsRegistrationThroughShortage(t *testing.T) {
 	}
 	if len(d.Registrations()) != 1 {
 		t.Fatal("two sweeps short of descriptors dropped a live registration")
+	}
+}
+
+// Hit counts are per rules: after other rules load, rule numbers name other rules, so
+// the counts start again (and say since when); reloading the same rules keeps them.
+func TestHitsStartAgainWithOtherRules(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	if err := os.WriteFile(cfg.Rules, []byte("default: direct\nrules:\n  - image: builder*\n    action: deny\n  - cidr: 10.0.0.0/8\n    action: direct\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.shutdown(nil)
+	d.audit.Add(audit.Record{Rule: 1, Dimension: "image", Exit: "deny"})
+	d.audit.Add(audit.Record{Rule: 2, Dimension: "cidr", Exit: "direct"})
+	first := d.Status()
+	if want := []api.RuleHit{{Rule: 1, Dimension: "image", Count: 1}, {Rule: 2, Dimension: "cidr", Count: 1}}; !slices.Equal(first.Hits, want) {
+		t.Fatalf("hits = %+v, want %+v", first.Hits, want)
+	}
+	if err := d.Reload(); err != nil { // the same rules
+		t.Fatal(err)
+	}
+	if s := d.Status(); len(s.Hits) != 2 || !s.HitsSince.Equal(first.HitsSince) {
+		t.Errorf("reloading the same rules changed the counts: %+v since %v", s.Hits, s.HitsSince)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := os.WriteFile(cfg.Rules, []byte("default: direct\nrules:\n  - label: team=pay\n    action: proxy\n  - image: builder*\n    action: deny\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	d.audit.Add(audit.Record{Rule: 1, Dimension: "label", Exit: "proxy"})
+	s := d.Status()
+	if want := []api.RuleHit{{Rule: 1, Dimension: "label", Count: 1}}; !slices.Equal(s.Hits, want) {
+		t.Errorf("hits after other rules loaded = %+v, want only the new rule 1's %+v", s.Hits, want)
+	}
+	if !s.HitsSince.After(first.HitsSince) {
+		t.Errorf("hits since %v, want after the first rules' %v", s.HitsSince, first.HitsSince)
 	}
 }

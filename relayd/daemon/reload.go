@@ -45,6 +45,11 @@ func (d *Daemon) Reload() error {
 		return nil
 	}
 	d.log.Info("rules loaded", "path", d.cfg.Rules, "hash", p.Hash())
+	d.hitsSince = now
+	d.audit.ResetHits() // rule numbers name other rules from now on
+	if d.fast != nil {
+		d.fast.ResetHits()
+	}
 	d.attachReload()
 	d.fastReload()
 	return nil

@@ -307,7 +307,7 @@ const recentRecords = 50
 // Status is what `kl-ctl status` shows.
 func (d *Daemon) Status() api.Status {
 	d.rulesMu.Lock()
-	rs := d.rules
+	rs, since := d.rules, d.hitsSince
 	d.rulesMu.Unlock()
 	d.mu.Lock()
 	n := len(d.regs)
@@ -333,6 +333,7 @@ func (d *Daemon) Status() api.Status {
 		FDLimit:    limit,
 		Goroutines: runtime.NumGoroutine(),
 		Hits:       hits,
+		HitsSince:  since,
 		Recent:     recent,
 	}
 	dropped, werr := d.audit.WriteErr()

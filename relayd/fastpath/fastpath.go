@@ -698,6 +698,13 @@ func (m *Manager) Status() []PodStatus {
 	return out
 }
 
+// ResetHits starts the counts of Hits again (other rules loaded).
+func (m *Manager) ResetHits() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	clear(m.hits)
+}
+
 // Hits returns the number of kernel-decided flows per rule (rule 0 split by dimension:
 // default, guard), sorted by rule then dimension.
 func (m *Manager) Hits() []audit.Hit {
