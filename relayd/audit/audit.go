@@ -145,6 +145,19 @@ func (l *Log) open() error {
 		return fmt.Errorf("audit: stat %s: %w", l.path, err)
 	}
 	l.f, l.size = f, st.Size()
+	// A file that ends in part of a record (a crash or a power cut mid-write, or a failed
+	// write that could not be cut off before a restart) gets the next record on a line of
+	// its own, as within one run (write).
+	l.torn = false
+	if l.size > 0 {
+		last := make([]byte, 1)
+		r, err := os.Open(l.path)
+		if err == nil {
+			_, err = r.ReadAt(last, l.size-1)
+			_ = r.Close()
+		}
+		l.torn = err != nil || last[0] != '\n'
+	}
 	return nil
 }
 
@@ -432,11 +445,7 @@ func (l *Log) rotate() error {
 			return fmt.Errorf("audit: rotate %s: %w", l.path, err)
 		}
 	}
-	if err := l.open(); err != nil {
-		return err
-	}
-	l.torn = false
-	return nil
+	return l.open()
 }
 
 // Recent returns up to n of the most recent records, oldest first.

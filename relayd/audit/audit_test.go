@@ -176,6 +176,42 @@ func TestRotation(t *testing.T) {
 	}
 }
 
+// A file left ending in part of a record (a crash mid-write) gets the next run's first
+// record on a line of its own, not glued to the torn one.
+func TestReopenAfterTornRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	const torn = `{"at":"2026-01-01T00:00:00Z","rule":1,"priority":500,"dimension":"cidr","exit":"pro`
+	whole := `{"at":"2026-01-01T00:00:00Z","rule":2,"priority":500,"dimension":"cidr","exit":"direct"}` + "\n"
+	for _, tt := range []struct{ name, before, want string }{
+		{"torn", whole + torn, whole + torn + "\n"},
+		{"whole", whole, whole},
+		{"empty", "", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := os.WriteFile(path, []byte(tt.before), 0o640); err != nil {
+				t.Fatal(err)
+			}
+			l, err := New(path, 1<<20, 3, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Add(Record{At: t0, Rule: 3, Priority: 500, Dimension: "cidr", Exit: "deny"})
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rest, ok := strings.CutPrefix(string(got), tt.want)
+			var r Record
+			if !ok || json.Unmarshal([]byte(rest), &r) != nil || r.Rule != 3 {
+				t.Fatalf("file after a reopen:\n%s\nwant %q followed by the new record on a line of its own", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestFlushInterval(t *testing.T) {
 	old := flushInterval
 	flushInterval = 20 * time.Millisecond
