@@ -41,11 +41,13 @@ const (
 //     back to IPv4, which is captured;
 //   - when RejectQUIC, UDP to port 443 is rejected (the send fails at once with EPERM, or
 //     ECONNREFUSED from the ICMP answer) so clients fall back to TCP, which is captured.
-//     Other UDP (DNS included) is neither captured nor blocked.
+//     Other UDP (DNS included) is neither captured nor blocked. Both blocks apply to new
+//     flows only (a packet that starts a connection): the replies of the pod's own
+//     servers and flows already established are never rejected.
 //
 // A new TCP flow that arrives while a new table is being committed, before every set of
 // the table is usable, is dropped (its SYN is retransmitted a second later and decided by
-// the complete table): see liveRule.
+// the complete table): see liveRule; so is a new UDP/443 flow to an excluded destination.
 //
 // Both reject rules count what they reject. Exemptions come first in both chains, so what
 // is not captured is exactly what is not rejected. The mark must match exactly (the relay
@@ -149,7 +151,6 @@ func (c Capture) build(ext extension) *Table {
 
 	literal := c.literalExemptions()
 	excluded := c.setExemptions(len(v4) > 0, len(v6) > 0, len(ports) > 0)
-	exempt := append(slices.Clone(literal), excluded...)
 
 	nat := Chain{Name: NATChain, Type: ChainNAT, Priority: NATPriority}
 	for _, r := range literal {
@@ -178,7 +179,20 @@ func (c Capture) build(ext extension) *Table {
 		} else {
 			filter.Rules = append(filter.Rules, Rule{Match: []Match{MatchNFProto{4}, MatchL4Proto{ProtoTCP}}, Action: Return})
 		}
-		filter.Rules = append(filter.Rules, exempt...)
+		// The blocks below are for new flows only. The chain sees every packet the pod
+		// sends, replies of its own servers and established flows too: without this an
+		// IPv6 server in a pod whose IPv6 is not captured would have its SYN-ACKs reset,
+		// and, while a reinstall commits (liveRule), a flow to an excluded destination
+		// would find the exclusion sets empty and be cut.
+		filter.Rules = append(filter.Rules, Rule{Match: []Match{MatchCTNotNew{}}, Action: Return})
+		filter.Rules = append(filter.Rules, literal...)
+		if c.RejectQUIC && len(excluded) > 0 {
+			// liveRule for the QUIC block: a new UDP/443 flow to an excluded destination
+			// is dropped, not refused, while the exclusion sets may be empty (QUIC sends
+			// again). New TCP never gets here in that moment: the nat chain, earlier, drops it.
+			filter.Rules = append(filter.Rules, Rule{Match: []Match{MatchDport{ProtoUDP, 443}, MatchDportNotInSet{ProtoUDP, LiveSet}}, Action: Drop})
+		}
+		filter.Rules = append(filter.Rules, excluded...)
 		if c.RejectQUIC {
 			filter.Rules = append(filter.Rules, Rule{
 				Match:  []Match{MatchDport{ProtoUDP, 443}, Counter{}},

@@ -101,6 +101,10 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 					FromData: binaryutil.BigEndian.PutUint16(m.From), ToData: binaryutil.BigEndian.PutUint16(m.To)})
 		case Counter:
 			out = append(out, &expr.Counter{})
+		case MatchCTNotNew:
+			// As nft compiles it: the state is one bit, so "not new" is "not exactly new".
+			out = append(out, &expr.Ct{Register: reg, Key: expr.CtKeySTATE},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: reg, Data: binaryutil.NativeEndian.PutUint32(ctStateNew)})
 		case MatchDportSet:
 			s, ok := sets[m.Set]
 			if !ok {
@@ -180,6 +184,10 @@ func encodeRule(r Rule, sets map[string]*nftables.Set) ([]expr.Any, error) {
 
 // ipctNew is the conntrack event mask bit of NEW events (1 << IPCT_NEW).
 const ipctNew uint32 = 1 << 0
+
+// ctStateNew is ct state's value for a packet that starts a connection (NF_CT_STATE_BIT
+// of IP_CT_NEW).
+const ctStateNew uint32 = 1 << 3
 
 // eventNewOnly is `ct event set new`: the connection's conntrack events are limited to
 // NEW (the kernel then builds no DESTROY or update event for it).
@@ -388,6 +396,14 @@ func parseRule(es []expr.Any) (Rule, bool) {
 		case *expr.Counter:
 			r.Match = append(r.Match, Counter{})
 			i++
+		case *expr.Ct:
+			c, ok := at(1).(*expr.Cmp)
+			if !ok || e.Key != expr.CtKeySTATE || e.SourceRegister || c.Op != expr.CmpOpNeq || len(c.Data) != 4 ||
+				binaryutil.NativeEndian.Uint32(c.Data) != ctStateNew {
+				return r, false
+			}
+			r.Match = append(r.Match, MatchCTNotNew{})
+			i += 2
 		case *expr.Verdict:
 			for v, k := range verdictKinds {
 				if k == e.Kind {

@@ -199,6 +199,13 @@ func (m MatchDportRange) String() string {
 	return fmt.Sprintf("%s dport %d-%d", protoName(m.Proto), m.From, m.To)
 }
 
+// MatchCTNotNew matches packets of a connection conntrack has seen before (ct state !=
+// new): established and related ones, replies, and untracked ones.
+type MatchCTNotNew struct{}
+
+func (MatchCTNotNew) isMatch()       {}
+func (MatchCTNotNew) String() string { return "ct state != new" }
+
 // Counter counts the packets that reach it (it always matches). nft lists it with its
 // current values; Render and Verify ignore them.
 type Counter struct{}
