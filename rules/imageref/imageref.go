@@ -9,6 +9,7 @@ package imageref
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 )
 
@@ -183,18 +184,33 @@ func checkPath(path string) error {
 }
 
 func checkDomain(d string) error {
-	host, port, hasPort := strings.Cut(d, ":")
-	if host == "" {
-		return errors.New("empty registry host")
+	var host, port string
+	var hasPort bool
+	if rest, ok := strings.CutPrefix(d, "["); ok {
+		// An IPv6 literal, as the distribution grammar has it: "[" IPv6address "]".
+		addr, after, closed := strings.Cut(rest, "]")
+		if ip, err := netip.ParseAddr(addr); !closed || err != nil || !ip.Is6() || ip.Zone() != "" {
+			return fmt.Errorf("bad IPv6 registry host %q", d)
+		}
+		if after != "" {
+			if port, hasPort = strings.CutPrefix(after, ":"); !hasPort {
+				return fmt.Errorf("bad registry host %q: %q after the address", d, after)
+			}
+		}
+	} else {
+		host, port, hasPort = strings.Cut(d, ":")
+		if host == "" {
+			return errors.New("empty registry host")
+		}
+		for i := 0; i < len(host); i++ {
+			c := host[i]
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+				return fmt.Errorf("character %q not allowed in registry host %q", c, host)
+			}
+		}
 	}
 	if hasPort && (port == "" || !isDigits(port)) {
 		return fmt.Errorf("bad registry port %q", port)
-	}
-	for i := 0; i < len(host); i++ {
-		c := host[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '[' || c == ']') {
-			return fmt.Errorf("character %q not allowed in registry host %q", c, host)
-		}
 	}
 	return nil
 }

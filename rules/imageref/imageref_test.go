@@ -19,6 +19,8 @@ func TestNormalize(t *testing.T) {
 		{"registry", "ghcr.io/org/app", "ghcr.io/org/app:latest"},
 		{"registry port", "localhost:5000/app:v2", "localhost:5000/app:v2"},
 		{"localhost", "localhost/app", "localhost/app:latest"},
+		{"IPv6 registry", "[fd00::1]:5000/team/app:v1", "[fd00::1]:5000/team/app:v1"},
+		{"IPv6 registry, no port", "[fd00::1]/app", "[fd00::1]/app:latest"},
 		{"digest", "nginx@" + dg, "docker.io/library/nginx@" + dg},
 		{"tag and digest", "nginx:1@" + dg, "docker.io/library/nginx:1@" + dg},
 		{"image id", dg, dg},
@@ -43,7 +45,8 @@ func TestNormalize(t *testing.T) {
 }
 
 func TestNormalizeBad(t *testing.T) {
-	for _, in := range []string{"", "Nginx", "nginx:", "nginx:-x", "a//b", "nginx@sha256:zz", "sha256:abc", "ex ample", "reg:port/x", "/x", "x/"} {
+	for _, in := range []string{"", "Nginx", "nginx:", "nginx:-x", "a//b", "nginx@sha256:zz", "sha256:abc", "ex ample", "reg:port/x", "/x", "x/",
+		"[fd00::1/app", "[192.0.2.1]/app", "[fd00::1]x/app", "[fd00::1]:/app", "[fd00::1]:5x/app", "reg[1]/app", "[fe80::1%eth0]/app"} {
 		if got, err := Normalize(in); !errors.Is(err, ErrBadReference) {
 			t.Errorf("Normalize(%q) = %q, %v, want ErrBadReference", in, got, err)
 		}
