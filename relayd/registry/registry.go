@@ -30,13 +30,15 @@ type Entry struct {
 	NetnsIno uint64 `json:"netnsIno"`
 }
 
-// validID is what a workload id may look like: the CNI container id rule, bounded.
-var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]{0,252}$`)
+// validID is what a workload id may look like: the CNI container id rule, bounded so
+// that its file name, id + ".json", fits in a directory entry (255 bytes). Container and
+// sandbox ids are 64 characters.
+var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]{0,249}$`)
 
 // CheckID returns an error unless id can be a registration key (and a file name).
 func CheckID(id string) error {
 	if !validID.MatchString(id) {
-		return fmt.Errorf("workload id %q: want 1-253 characters of letters, digits, '_', '.', '-', starting with a letter or digit", id)
+		return fmt.Errorf("workload id %q: want 1-250 characters of letters, digits, '_', '.', '-', starting with a letter or digit", id)
 	}
 	return nil
 }
@@ -93,7 +95,7 @@ func (s *Store) Put(e Entry) error {
 	if err != nil {
 		return fmt.Errorf("persist registration %s: %w", id, err)
 	}
-	f, err := os.CreateTemp(s.dir, ".tmp-"+id+"-")
+	f, err := os.CreateTemp(s.dir, ".tmp-")
 	if err != nil {
 		return fmt.Errorf("persist registration %s: %w", id, err)
 	}

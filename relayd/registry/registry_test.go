@@ -136,13 +136,23 @@ func TestCheckID(t *testing.T) {
 		ok bool
 	}{
 		{"0123abcdef", true}, {"k8s_POD.web-1", true}, {"", false}, {"../etc", false},
-		{"a/b", false}, {".hidden", false}, {strings.Repeat("a", 253), true}, {strings.Repeat("a", 254), false},
+		{"a/b", false}, {".hidden", false}, {strings.Repeat("a", 250), true}, {strings.Repeat("a", 251), false},
 	} {
 		if err := CheckID(tt.id); (err == nil) != tt.ok {
 			t.Errorf("CheckID(%q) = %v, want ok=%v", tt.id, err, tt.ok)
 		}
 	}
 	s, _ := Open(t.TempDir())
+	// Every id CheckID takes can be stored and loaded (its file name fits).
+	for _, n := range []int{64, 240, 250} {
+		id := strings.Repeat("a", n)
+		if err := s.Put(entry(id)); err != nil {
+			t.Errorf("an id of %d characters passes CheckID, but Put: %v", n, err)
+		}
+	}
+	if ents, errs := s.Load(); len(ents) != 3 || len(errs) != 0 {
+		t.Errorf("Load = %d entries, %v; want the 3 long ids", len(ents), errs)
+	}
 	if err := s.Put(entry("../x")); err == nil {
 		t.Error("Put with a path-like id succeeded")
 	}
