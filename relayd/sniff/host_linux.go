@@ -22,7 +22,9 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, MaxPeek); return &b 
 // as more bytes arrive, so a ClientHello split across segments or records is still read.
 // A server-first protocol (the client waits silently) costs at most wait; a client that
 // half-closes mid message ends the wait at once. Host uses the read deadline of c and
-// clears it before returning. The error is non-nil only when the socket itself failed.
+// clears it before returning. The error is non-nil when the socket itself failed, or
+// when the client names a host that cannot be read (ErrMalformed, see Peek): the caller
+// must then refuse the flow, not decide it as one without a name.
 func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
@@ -60,6 +62,8 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 		return "", nil
 	case err != nil:
 		return "", fmt.Errorf("sniff: %w", err)
+	case errors.Is(sockErr, ErrMalformed):
+		return "", sockErr
 	case sockErr != nil:
 		return "", fmt.Errorf("sniff: peek: %w", sockErr)
 	}
@@ -70,8 +74,12 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 // them (recv with MSG_PEEK into buf, len(buf) bytes at most: MaxPeek). seen is the number
 // of bytes the previous look saw (0 before the first); Peek updates it. done reports that
 // the look settled the matter: host is the TLS server name or HTTP Host found, "" when
-// the client sent something else, closed, or half-closed without a name; err is a
-// failure of the socket. Not done: nothing new yet, or a message still incomplete, so
+// the client sent something else, closed, or half-closed without a name. err is a
+// failure of the socket, or an error wrapping ErrMalformed when the client names a host
+// that cannot be read as one name: a malformed ClientHello or request (two names, a name
+// that is no DNS name or IP literal), or one whose name would come only after len(buf)
+// bytes. A server may still read a name there, so such a flow is not one without a name:
+// the caller refuses it. Not done: nothing new yet, or a message still incomplete, so
 // wait for the socket to turn readable and look again. Host is Peek with a wait; an
 // event loop that polls the socket itself calls Peek on each readiness.
 func Peek(fd int, buf []byte, seen *int) (host string, done bool, err error) {
@@ -91,13 +99,17 @@ func Peek(fd int, buf []byte, seen *int) (host string, done bool, err error) {
 	}
 	*seen = n
 	h, perr := Parse(buf[:n])
-	if errors.Is(perr, ErrIncomplete) && n < len(buf) {
+	switch {
+	case perr == nil:
+		return h, true, nil
+	case errors.Is(perr, ErrIncomplete) && n < len(buf):
 		return "", peerClosed(uintptr(fd)), nil // wait for more, unless no more can come
+	case errors.Is(perr, ErrIncomplete):
+		return "", true, fmt.Errorf("%w: no name in the first %d bytes of a TLS or HTTP message", ErrMalformed, n)
+	case errors.Is(perr, ErrMalformed):
+		return "", true, perr
 	}
-	if perr == nil {
-		host = h
-	}
-	return host, true, nil
+	return "", true, nil // neither TLS nor HTTP: no name
 }
 
 // peerClosed reports whether the client already sent its FIN (the socket is in

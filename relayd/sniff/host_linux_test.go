@@ -3,8 +3,10 @@ package sniff
 import (
 	"bytes"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -100,6 +102,42 @@ func TestHostLive(t *testing.T) {
 				if _, err := io.ReadFull(srv, one[:]); err != nil || one[0] != 'z' {
 					t.Fatalf("read after Host = %q, %v", one, err)
 				}
+			}
+		})
+	}
+}
+
+// TestHostUnreadableName: a client that names a host the relay cannot read as one name
+// gets ErrMalformed, never "" (a flow without a name, which domain rules let through):
+// the relay refuses it. The error does not quote the name.
+func TestHostUnreadableName(t *testing.T) {
+	sni := []byte{0, 0}
+	padding := []byte{0, 0x15}
+	pad := make([]byte, MaxPeek)
+	tests := []struct {
+		name string
+		send []byte
+	}{
+		{"two Host headers", []byte("GET / HTTP/1.1\r\nHost: ok.example\r\nHost: blocked.example\r\n\r\n")},
+		{"Host with two ports", []byte("GET / HTTP/1.1\r\nHost: blocked.example:80:80\r\n\r\n")},
+		{"Host name in brackets", []byte("GET / HTTP/1.1\r\nHost: [blocked.example]:80\r\n\r\n")},
+		{"header line without a colon", []byte("GET / HTTP/1.1\r\nbogus\r\nHost: blocked.example\r\n\r\n")},
+		{"two SNI host_names", rawHello(sni, serverNames("ok.example", "blocked.example"))},
+		{"SNI not a DNS name", withServerName(t, "blocked.example:443")},
+		{"Host after MaxPeek bytes", []byte("GET / HTTP/1.1\r\nX-Pad: " + strings.Repeat("p", MaxPeek) + "\r\nHost: blocked.example\r\n\r\n")},
+		{"request line longer than MaxPeek", []byte("GET /" + strings.Repeat("p", MaxPeek) + " HTTP/1.1\r\nHost: blocked.example\r\n\r\n")},
+		{"SNI after MaxPeek bytes", rawHello(padding, pad, sni, serverNames("blocked.example"))},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, cli := pair(t)
+			go func() { _, _ = cli.Write(tt.send) }()
+			got, err := Host(srv, 2*time.Second)
+			if got != "" || !errors.Is(err, ErrMalformed) {
+				t.Fatalf("Host = %q, %v; want ErrMalformed", got, err)
+			}
+			if strings.Contains(err.Error(), "blocked.example") {
+				t.Fatalf("Host's error %q quotes the name", err)
 			}
 		})
 	}

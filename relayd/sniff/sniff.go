@@ -15,7 +15,9 @@ import (
 )
 
 // MaxPeek bounds how many bytes Host looks at. A ClientHello is usually under 2 KiB
-// (about 1.8 KiB with a post-quantum key share); one larger than this yields no name.
+// (about 1.8 KiB with a post-quantum key share). A ClientHello or HTTP request whose name
+// would come only after this many bytes cannot be read: Host and Peek report it as
+// ErrMalformed, so it is refused rather than taken for a flow without a name.
 const MaxPeek = 16 << 10
 
 // Parser outcomes. A nil error with an empty name means the protocol was recognised but
@@ -24,7 +26,9 @@ var (
 	ErrIncomplete = errors.New("sniff: need more data")
 	ErrNotTLS     = errors.New("sniff: not a TLS ClientHello")
 	ErrNotHTTP    = errors.New("sniff: not an HTTP/1.x request")
-	ErrMalformed  = errors.New("sniff: malformed")
+	// ErrMalformed: the client names a host, but not in a way that reads as one name.
+	// Its messages never quote the name (they may reach logs; SPEC §5).
+	ErrMalformed = errors.New("sniff: malformed")
 	// ErrUnsupported: Host cannot peek on this operating system.
 	ErrUnsupported = errors.New("sniff: peeking is not supported on this system")
 )

@@ -213,14 +213,15 @@ func TestNotDNSNames(t *testing.T) {
 			t.Errorf("ServerName(SNI %q) = %q, %v; want ErrMalformed", name, h, err)
 		}
 	}
-	for _, host := range []string{"a:b:c", "evil.example:80:80", "[evil.example]", "[evil.example]:80", "[1.2.3.4]:80", "[::1", "::1]:80", "[::1]:8o"} {
+	for _, host := range []string{"a:b:c", "evil.example:80:80", "[evil.example]", "[evil.example]:80", "[1.2.3.4]:80", "[::1", "::1]:80", "[::1]x", "[::1]]:80"} {
 		req := "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
 		if h, err := HTTPHost([]byte(req)); h != "" || !errors.Is(err, ErrMalformed) {
 			t.Errorf("HTTPHost(Host: %s) = %q, %v; want ErrMalformed", host, h, err)
 		}
 	}
-	// IP literals still come through (the rule engine reads them as addresses).
-	for host, want := range map[string]string{"[2001:DB8::1]:80": "2001:db8::1", "2001:db8::2": "2001:db8::2", "::ffff:192.0.2.1": "::ffff:192.0.2.1"} {
+	// IP literals still come through (the rule engine reads them as addresses), whatever
+	// text stands for the port: a server reads the host and leaves the port alone.
+	for host, want := range map[string]string{"[2001:DB8::1]:80": "2001:db8::1", "2001:db8::2": "2001:db8::2", "::ffff:192.0.2.1": "::ffff:192.0.2.1", "[::1]:8o": "::1", "[::1]:": "::1"} {
 		req := "GET / HTTP/1.1\r\nHost: " + host + "\r\n\r\n"
 		if h, err := HTTPHost([]byte(req)); h != want || err != nil {
 			t.Errorf("HTTPHost(Host: %s) = %q, %v; want %q", host, h, err, want)
@@ -253,6 +254,36 @@ func TestHTTPHost(t *testing.T) {
 		{"absolute-form empty host", "GET http:///x HTTP/1.1\r\nHost: hdr.example\r\n\r\n", "", ErrMalformed},
 		{"connect target names the host", "CONNECT tunnel.example:443 HTTP/1.1\r\nHost: hdr.example\r\n\r\n", "tunnel.example", nil},
 		{"path holding a url stays origin-form", "GET /?u=http://other.example/ HTTP/1.1\r\nHost: hdr.example\r\n\r\n", "hdr.example", nil},
+		// The port is not the rules' business: servers take the host before the last
+		// colon (RFC 3986 allows an empty port; Go's ServeMux serves any port text).
+		{"empty port", "GET / HTTP/1.1\r\nHost: blocked.example:\r\n\r\n", "blocked.example", nil},
+		{"port not a number", "GET / HTTP/1.1\r\nHost: blocked.example:x\r\n\r\n", "blocked.example", nil},
+		{"port out of range", "GET / HTTP/1.1\r\nHost: blocked.example:123456\r\n\r\n", "blocked.example", nil},
+		{"absolute-form empty port", "GET http://blocked.example:/ HTTP/1.1\r\nHost: hdr.example\r\n\r\n", "blocked.example", nil},
+		{"connect empty port", "CONNECT blocked.example: HTTP/1.1\r\n\r\n", "blocked.example", nil},
+		{"empty host is no name", "GET / HTTP/1.1\r\nHost: \r\n\r\n", "", nil},
+		{"empty host with a port is no name", "GET / HTTP/1.1\r\nHost: :80\r\n\r\n", "", nil},
+		// Request lines servers accept (RFC 9112 §2.2, §3; Python's http.server, nginx).
+		{"empty line before the request", "\r\nGET / HTTP/1.1\r\nHost: lead.example\r\n\r\n", "lead.example", nil},
+		{"empty lines before the request", "\n\r\n\r\nGET / HTTP/1.1\r\nHost: lead.example\r\n\r\n", "lead.example", nil},
+		{"space after the version", "GET / HTTP/1.1 \r\nHost: trail.example\r\n\r\n", "trail.example", nil},
+		{"tabs and runs of spaces", "GET\t/  HTTP/1.1\t \r\nHost: ws.example\r\n\r\n", "ws.example", nil},
+		{"two-digit minor version", "GET / HTTP/1.10\r\nHost: minor.example\r\n\r\n", "minor.example", nil},
+		{"leading zeros in the version", "GET / HTTP/01.01\r\nHost: zero.example\r\n\r\n", "zero.example", nil},
+		{"http/0.9 spelled out", "GET / HTTP/0.9\r\nHost: old.example\r\n\r\n", "old.example", nil},
+		{"only empty lines yet", "\r\n\r\n", "", ErrIncomplete},
+		{"empty line, then half a cr", "\r\n\r", "", ErrIncomplete},
+		{"host line not known to end yet", "GET / HTTP/1.1\r\nHost: a.example\r\n", "", ErrIncomplete},
+		{"http/2 version", "GET / HTTP/2.0\r\nHost: h2.example\r\n\r\n", "", ErrNotHTTP},
+		{"version without a minor", "GET / HTTP/1\r\nHost: a.example\r\n\r\n", "", ErrNotHTTP},
+		{"no target", "GET HTTP/1.1\r\nHost: a.example\r\n\r\n", "", ErrNotHTTP},
+		{"lowercase version", "GET / http/1.1\r\nHost: a.example\r\n\r\n", "", ErrNotHTTP},
+		// A name present but not readable as one is malformed, never no name.
+		{"whitespace before the colon of host", "GET / HTTP/1.1\r\nHost : blocked.example\r\n\r\n", "", ErrMalformed},
+		{"tab before the colon of host", "GET / HTTP/1.1\r\nhost\t: blocked.example\r\n\r\n", "", ErrMalformed},
+		{"host folded over lines", "GET / HTTP/1.1\r\nHost: ok.example\r\n blocked.example\r\n\r\n", "", ErrMalformed},
+		{"folded host not known to end yet", "GET / HTTP/1.1\r\nHost: ok.example\r\n ", "", ErrIncomplete},
+		{"absolute-form colon only", "GET http://:/ HTTP/1.1\r\nHost: hdr.example\r\n\r\n", "", ErrMalformed},
 		{"incomplete line", "GET /index.html HTT", "", ErrIncomplete},
 		{"incomplete headers", "GET / HTTP/1.1\r\nAccept: */*\r\n", "", ErrIncomplete},
 		{"method only", "OPTIONS", "", ErrIncomplete},
@@ -273,6 +304,16 @@ func TestHTTPHost(t *testing.T) {
 			got, err := HTTPHost([]byte(tt.req))
 			if got != tt.want || !errors.Is(err, tt.err) || (tt.err == nil && err != nil) {
 				t.Fatalf("HTTPHost(%q) = %q, %v; want %q, %v", tt.req, got, err, tt.want, tt.err)
+			}
+			if tt.want == "" {
+				return
+			}
+			// A request that names a host is incomplete until the name is known, never
+			// something else: a client that sends it in pieces gets the same answer.
+			for i := range len(tt.req) {
+				if h, err := HTTPHost([]byte(tt.req[:i])); !errors.Is(err, ErrIncomplete) && (h != tt.want || err != nil) {
+					t.Fatalf("HTTPHost(%q), a prefix of %q, = %q, %v; want ErrIncomplete or %q", tt.req[:i], tt.req, h, err, tt.want)
+				}
 			}
 		})
 	}

@@ -1,0 +1,144 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/tests/testutil"
+)
+
+// sniffNameCases are first bytes a workload sends to a destination whose hostname the
+// policy denies (blocked.example), and whether the flow must be carried. Every way a
+// server would read blocked.example from them must be refused: a Host whose port is empty
+// or not a number (servers take the host before the last colon), a request line a
+// lenient server accepts, and a name the relay cannot read as one name at all, which
+// must be refused rather than decided as a flow without a name.
+var sniffNameCases = []struct {
+	name    string
+	send    string
+	carried bool
+}{
+	{"allowed name", "GET / HTTP/1.1\r\nHost: ok.example\r\n\r\n", true},
+	{"allowed name with an empty port", "GET / HTTP/1.1\r\nHost: ok.example:\r\n\r\n", true},
+	{"no name", "GET / HTTP/1.0\r\nAccept: */*\r\n\r\n", true},
+	{"empty Host", "GET / HTTP/1.1\r\nHost: \r\n\r\n", true},
+	{"not http", "SSH-2.0-OpenSSH_9.6\r\n", true},
+	{"denied name", "GET / HTTP/1.1\r\nHost: blocked.example\r\n\r\n", false},
+	{"empty port", "GET / HTTP/1.1\r\nHost: blocked.example:\r\n\r\n", false},
+	{"port not a number", "GET / HTTP/1.1\r\nHost: blocked.example:x\r\n\r\n", false},
+	{"port out of range", "GET / HTTP/1.1\r\nHost: blocked.example:123456\r\n\r\n", false},
+	{"absolute-form with an empty port", "GET http://blocked.example:/ HTTP/1.1\r\nHost: ok.example\r\n\r\n", false},
+	{"space after the version", "GET / HTTP/1.1 \r\nHost: blocked.example\r\n\r\n", false},
+	{"two-digit minor version", "GET / HTTP/1.10\r\nHost: blocked.example\r\n\r\n", false},
+	{"empty line before the request", "\r\nGET / HTTP/1.1\r\nHost: blocked.example\r\n\r\n", false},
+	{"malformed: two colons", "GET / HTTP/1.1\r\nHost: blocked.example:80:80\r\n\r\n", false},
+	{"malformed: name in brackets", "GET / HTTP/1.1\r\nHost: [blocked.example]:80\r\n\r\n", false},
+	{"malformed: two Host headers", "GET / HTTP/1.1\r\nHost: ok.example\r\nHost: blocked.example\r\n\r\n", false},
+	{"malformed: space before the colon", "GET / HTTP/1.1\r\nHost : blocked.example\r\n\r\n", false},
+	{"malformed: an allowed name is refused too", "GET / HTTP/1.1\r\nbogus\r\nHost: ok.example\r\n\r\n", false},
+}
+
+// checkSniffName sends each case's bytes on a connection from dial, half-closes and reads
+// to the end: a carried flow comes back echoed from the destination, a refused one reset.
+func checkSniffName(t *testing.T, dial func() (net.Conn, error)) {
+	t.Helper()
+	for _, tc := range sniffNameCases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := dial()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, err = io.WriteString(c, tc.send)
+			if err == nil {
+				err = c.(*net.TCPConn).CloseWrite()
+			}
+			var got []byte
+			if err == nil {
+				got, err = io.ReadAll(c)
+			}
+			// A reset surfaces at the write, the half-close or the read.
+			reset := errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ENOTCONN)
+			switch {
+			case tc.carried && (err != nil || string(got) != tc.send+"bye"):
+				t.Errorf("send %q: got %q, %v; want it carried to the destination", tc.send, got, err)
+			case !tc.carried && !reset:
+				t.Errorf("send %q: got %q, %v; want a reset (the policy denies blocked.example)", tc.send, got, err)
+			}
+		})
+	}
+}
+
+const sniffNameRules = "default: direct\nrules:\n  - domain: blocked.example\n    action: deny\n"
+
+// TestSniffNameGoroutines runs the cases on the goroutine path, with the test harness.
+func TestSniffNameGoroutines(t *testing.T) {
+	pol, err := rules.Parse("t", []byte(sniffNameRules), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessWith(t, nil, time.Minute, nil, func(o *Options) {
+		o.Policy = func() Decider { return pol }
+		o.SniffWait = time.Second
+	})
+	h.setDst(echoServer(t))
+	if _, err := h.r.Open(workload("a")); err != nil {
+		t.Fatal(err)
+	}
+	checkSniffName(t, func() (net.Conn, error) { return net.Dial("tcp4", h.addr(t, "/ns/a")) })
+}
+
+// TestSniffNameNetns runs the cases through kl's capture in a pod netns, on the event
+// loop and on the goroutine path.
+func TestSniffNameNetns(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	pod, srv := testutil.NewNetns(t, "klsn"), testutil.NewNetns(t, "klsns")
+	testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
+	const mark, port = 0x4b4c, 15913
+	if err := netns.Install(pod.Path, netns.Capture{RedirectPort: port, Mark: mark}); err != nil {
+		t.Fatal(err)
+	}
+	defer netns.Remove(pod.Path)
+	ln, err := netns.Listen(srv.Path, "tcp", "192.0.2.2:80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Serve(t, ln, func(c net.Conn) {
+		io.Copy(c, c)
+		c.Write([]byte("bye"))
+	})
+	pol, err := rules.Parse("t", []byte(sniffNameRules), rules.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []struct {
+		name  string
+		loops int
+	}{{"event loop", 1}, {"goroutines", -1}} {
+		t.Run(path.name, func(t *testing.T) {
+			r := New(Options{RedirectPort: port, Mark: mark, Loops: path.loops, SniffWait: time.Second,
+				Policy: func() Decider { return pol }})
+			defer testutil.Shutdown(t, r)
+			if _, err := r.Open(api.Workload{ID: "w", Netns: pod.Path, Mode: api.ModeTransparent}); err != nil {
+				t.Fatal(err)
+			}
+			if (len(r.loops) > 0) != (path.loops > 0) {
+				t.Fatalf("%d event loops running, want the %s path", len(r.loops), path.name)
+			}
+			checkSniffName(t, func() (net.Conn, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				return netns.Dial(ctx, pod.Path, 0, "tcp", "192.0.2.2:80")
+			})
+		})
+	}
+}
