@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -264,15 +265,21 @@ var errResponseHeaderTooLarge = fmt.Errorf("response headers over %d bytes", max
 // origin is the kept-alive connection to the destination of forwarded requests. Every
 // read and write on it (through Read and Write, which br uses) must make progress within
 // idle; while until is set, reads end at that time instead (the wait for response
-// headers), and at most headerLeft more bytes are read. An origin that stops answering,
-// or answers with headers that never end, cannot hold the handler or its memory.
+// headers), and at most headerLeft more bytes are read. While a request's body is still
+// being sent (uploading), reads for its answer wait without a deadline: the upload is
+// bounded by its own reads and writes, and sets until when it ends. An origin that stops
+// answering, or answers with headers that never end, cannot hold the handler or its
+// memory.
 type origin struct {
 	conn       net.Conn
 	br         *bufio.Reader // reads through Read
 	key        string
 	idle       time.Duration
-	until      time.Time
 	headerLeft int64
+
+	mu        sync.Mutex // until and uploading: the upload sets them while br reads
+	until     time.Time
+	uploading bool
 }
 
 func (s *Server) newOrigin(conn net.Conn, key string) *origin {
@@ -282,10 +289,17 @@ func (s *Server) newOrigin(conn net.Conn, key string) *origin {
 }
 
 func (o *origin) Read(p []byte) (int, error) {
-	d := o.until
-	if d.IsZero() {
+	o.mu.Lock()
+	d, headers := o.until, !o.until.IsZero() || o.uploading
+	switch {
+	case o.uploading:
+		d = time.Time{}
+	case d.IsZero():
 		d = time.Now().Add(o.idle)
-	} else {
+	}
+	_ = o.conn.SetReadDeadline(d)
+	o.mu.Unlock()
+	if headers {
 		if o.headerLeft <= 0 {
 			return 0, errResponseHeaderTooLarge
 		}
@@ -293,10 +307,26 @@ func (o *origin) Read(p []byte) (int, error) {
 			p = p[:o.headerLeft]
 		}
 	}
-	_ = o.conn.SetReadDeadline(d)
 	n, err := o.conn.Read(p)
 	o.headerLeft -= int64(n)
 	return n, err
+}
+
+// headersDue sets the time by which the answer's headers must be in (zero: none, reads
+// go back to the idle timeout), also for a read already waiting.
+func (o *origin) headersDue(until time.Time, uploading bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.until, o.uploading = until, uploading
+	if !until.IsZero() {
+		_ = o.conn.SetReadDeadline(until)
+	}
+}
+
+func (o *origin) deadline() time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.until
 }
 
 func (o *origin) Write(p []byte) (int, error) {
@@ -316,9 +346,11 @@ func (o *origin) usable() bool {
 	if idle, ok := peekIdle(Raw(o.conn)); ok {
 		return idle
 	}
-	o.until, o.headerLeft = time.Now().Add(time.Millisecond), 1
+	o.headerLeft = 1
+	o.headersDue(time.Now().Add(time.Millisecond), false)
 	_, err := o.br.Peek(1)
-	o.until, o.headerLeft = time.Time{}, 0
+	o.headerLeft = 0
+	o.headersDue(time.Time{}, false)
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
@@ -364,24 +396,123 @@ func (w idleWriter) Write(p []byte) (int, error) {
 	return w.c.Write(p)
 }
 
-// idleBody is a forwarded request's body, read from the client within idle per read.
+// idleBody is a forwarded request's body, read from the client within idle per read
+// while its upload goes on.
 type idleBody struct {
 	io.ReadCloser
-	c      net.Conn
-	idle   time.Duration
-	failed *bool // set when the client connection fails under the body (it stalled or left)
+	u *upload
 }
 
 func (b idleBody) Read(p []byte) (int, error) {
-	_ = b.c.SetReadDeadline(time.Now().Add(b.idle))
+	b.u.arm(b.u.c.SetReadDeadline)
 	n, err := b.ReadCloser.Read(p)
 	// Only the connection's own errors: after a malformed body the client is still
 	// there, with the rest of it unread, and must get the answer.
 	var ne net.Error
 	if errors.As(err, &ne) {
-		*b.failed = true
+		b.u.bodyFailed = true
 	}
 	return n, err
+}
+
+// upload sends a forwarded request, its headers and body, to the origin on a goroutine
+// of its own while forward reads the answer, as net/http's Transport does: an origin
+// may answer before it has read the body (413, 401, 417, 403) and then stop reading it,
+// or close. Each read from the client and each write to the origin must make progress
+// within idle. wait ends an upload still under way at once (forward has the answer).
+type upload struct {
+	c    net.Conn // the client, whose body is read
+	o    *origin
+	idle time.Duration
+	done chan uploaded
+
+	mu      sync.Mutex
+	over    bool // the upload returned: wait leaves the connections alone
+	stopped bool // wait ended the upload before it was over
+
+	bodyFailed bool // the client stalled or left in the middle of the body (the upload's goroutine only)
+}
+
+// uploaded is how an upload ended: err is nil when the whole request went out, and then
+// stopWatch ends the watch on the client (watchClient) that started then.
+type uploaded struct {
+	err        error
+	stopped    bool
+	bodyFailed bool
+	stopWatch  func() bool
+}
+
+// earlyAnswerWait bounds the wait for an answer after sending the request failed: the
+// origin may have answered and closed (a refusal of the body), and its answer is then in
+// the socket already or right behind.
+const earlyAnswerWait = time.Second
+
+// startUpload starts sending req to o through u. Once the request is out, the answer's
+// headers are due within idle, and the client is watched (watchClient with cbr).
+func (s *Server) startUpload(c net.Conn, cbr *bufio.Reader, req *http.Request, o *origin) *upload {
+	u := &upload{c: c, o: o, idle: s.idleTimeout(), done: make(chan uploaded, 1)}
+	if req.Body != nil && req.Body != http.NoBody {
+		req.Body = idleBody{req.Body, u}
+	}
+	o.headerLeft = maxResponseHeaderBytes
+	o.headersDue(time.Time{}, true)
+	go func() {
+		err := req.Write(u)
+		u.mu.Lock()
+		u.over = true
+		res := uploaded{err: err, stopped: u.stopped, bodyFailed: u.bodyFailed}
+		switch {
+		case res.stopped:
+		case err == nil:
+			// The request is sent: the answer's headers are due within the idle timeout
+			// as a whole (an origin trickling them cannot stretch it).
+			o.headersDue(time.Now().Add(u.idle), false)
+		default:
+			o.headersDue(time.Now().Add(min(u.idle, earlyAnswerWait)), false)
+		}
+		u.mu.Unlock()
+		if err == nil && !res.stopped {
+			// A client that leaves meanwhile ends the wait.
+			res.stopWatch = watchClient(c, cbr, o)
+		}
+		u.done <- res
+	}()
+	return u
+}
+
+// arm sets a deadline idle from now with set, unless the upload was stopped: then the
+// deadline stop set, in the past, stays, and fails whatever would wait on the
+// connection. What needs no wait still goes on: the body's end already read (net/http
+// reads a body once more to see its end), whose request the origin has whole.
+func (u *upload) arm(set func(time.Time) error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if !u.stopped {
+		_ = set(time.Now().Add(u.idle))
+	}
+}
+
+func (u *upload) Write(p []byte) (int, error) {
+	u.arm(u.o.conn.SetWriteDeadline)
+	return u.o.conn.Write(p)
+}
+
+// wait stops the upload if it is still under way and returns how it ended. Stopping
+// leaves deadlines in the past on both connections (whoever uses one next sets its own);
+// an upload that did not go out whole leaves neither fit for another exchange.
+func (u *upload) wait() uploaded {
+	u.mu.Lock()
+	if !u.over {
+		u.stopped = true
+		_ = u.o.conn.SetWriteDeadline(aLongTimeAgo)
+		_ = u.c.SetReadDeadline(aLongTimeAgo)
+	}
+	u.mu.Unlock()
+	res := <-u.done
+	if res.stopWatch == nil {
+		res.stopWatch = func() bool { return false }
+	}
+	return res
 }
 
 // watchClient notices the client going away while a forwarded request waits for its
@@ -462,9 +593,12 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 		}
 		o.close() // not kept while the client connection lingers
 		o = nil
-		if then == closeLinger {
+		switch then {
+		case closeLinger:
 			s.lingerClose(c)
-		} else {
+		case closeHold:
+			s.holdClose(c)
+		default:
 			_ = c.Close()
 		}
 		return
@@ -503,6 +637,7 @@ const (
 	keepOpen    afterExchange = iota // read the next request
 	closeNow                         // the client is gone or stalled, or a tunnel ended
 	closeLinger                      // kl's answer was the last: lingerClose
+	closeHold                        // the answer came before the client's whole body: holdClose
 )
 
 // forward sends one absolute-URI request to its origin in origin-form and relays the
@@ -553,46 +688,38 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			return closeNow, o
 		}
 	}
-	var bodyFailed bool
-	if req.Body != nil && req.Body != http.NoBody {
-		req.Body = idleBody{req.Body, c, s.idleTimeout(), &bodyFailed}
-	}
-	if err := req.Write(o); err != nil {
-		s.writeError(c, http.StatusBadGateway, "sending the request failed")
-		s.log().Debug("http proxy: write to origin failed", "target", key, "err", err)
-		o.close()
-		if bodyFailed { // the client stalled or left in the middle of the body
-			return closeNow, nil
-		}
-		return closeLinger, nil // the rest of the body may wait unread
-	}
-	// The request is sent: the answer's headers are due within the idle timeout as a
-	// whole (an origin trickling them cannot stretch it), and a client that leaves
-	// meanwhile ends the wait.
-	o.until = time.Now().Add(s.idleTimeout())
-	o.headerLeft = maxResponseHeaderBytes
-	stopWatch := watchClient(c, cbr, o)
+	up := s.startUpload(c, cbr, req, o)
 	var resp *http.Response
 	for {
 		var err error
 		resp, err = http.ReadResponse(o.br, req)
 		if err != nil {
-			if stopWatch() {
+			sent := up.wait()
+			if sent.stopWatch() {
 				s.log().Debug("http proxy: client left before the answer", "target", key)
 				o.close()
 				return closeNow, nil
+			}
+			o.close()
+			if sent.err != nil && !sent.stopped {
+				// Sending failed, and no answer came in the short wait after it.
+				s.writeError(c, http.StatusBadGateway, "sending the request failed")
+				s.log().Debug("http proxy: write to origin failed", "target", key, "err", sent.err)
+				if sent.bodyFailed { // the client stalled or left in the middle of the body
+					return closeNow, nil
+				}
+				return closeLinger, nil // the rest of the body may wait unread
 			}
 			status, msg := http.StatusBadGateway, "no valid response from the destination"
 			// A deadline in the middle of a header line reads as a malformed answer.
 			var ne net.Error
 			if errors.Is(err, errResponseHeaderTooLarge) {
 				msg = "the destination's " + errResponseHeaderTooLarge.Error()
-			} else if errors.As(err, &ne) && ne.Timeout() || !time.Now().Before(o.until) {
+			} else if until := o.deadline(); errors.As(err, &ne) && ne.Timeout() || !until.IsZero() && !time.Now().Before(until) {
 				status, msg = http.StatusGatewayTimeout, "the destination did not answer in time"
 			}
 			s.writeError(c, status, msg)
 			s.log().Debug("http proxy: read from origin failed", "target", key, "err", err)
-			o.close()
 			return closeLinger, nil
 		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
@@ -603,19 +730,27 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 		if interim && (resp.StatusCode != http.StatusContinue || expect == "") {
 			removeHopHeaders(resp.Header)
 			if err := resp.Write(cw); err != nil {
-				stopWatch()
+				up.wait().stopWatch()
 				o.close()
 				return closeNow, nil
 			}
 		}
 	}
-	o.until = time.Time{}
-	if stopWatch() {
+	// The answer is in. A request not sent whole by now is not sent further: the origin
+	// answered without the rest of the body, which the client connection still holds
+	// unread, so neither connection carries another exchange.
+	sent := up.wait()
+	o.headersDue(time.Time{}, false)
+	if sent.stopWatch() {
 		o.close()
 		return closeNow, nil
 	}
+	whole := sent.err == nil
+	if !whole {
+		s.log().Debug("http proxy: the destination answered before the whole request was sent", "target", key, "err", sent.err)
+	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		if !upgrade {
+		if !upgrade || !whole {
 			s.writeError(c, http.StatusBadGateway, "the destination switched protocols unasked")
 			o.close()
 			return closeLinger, nil
@@ -629,8 +764,8 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	}
 	removeHopHeaders(resp.Header)
 	framed := resp.ContentLength >= 0 || isChunked(resp.TransferEncoding) || !bodyAllowed(req, resp.StatusCode)
-	clientKeep := !req.Close && req.ProtoAtLeast(1, 1) && framed
-	originKeep := !resp.Close && framed
+	clientKeep := !req.Close && req.ProtoAtLeast(1, 1) && framed && whole
+	originKeep := !resp.Close && framed && whole
 	resp.Close = !clientKeep
 	if !req.ProtoAtLeast(1, 1) && isChunked(resp.TransferEncoding) {
 		// An HTTP/1.0 client does not know chunked framing: the body goes as is, ended
@@ -646,6 +781,9 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	if !originKeep {
 		o.close()
 		o = nil
+	}
+	if !whole {
+		return closeHold, o // (o is nil: originKeep is false)
 	}
 	if !clientKeep {
 		// Requests the client pipelined behind this one go unanswered; the answer

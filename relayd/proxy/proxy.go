@@ -133,7 +133,17 @@ func (s *Server) lingerFor() (time.Duration, int64) {
 // right after reading the answer), for at most lingerTime and lingerBytes, then close.
 // It runs on the connection's own goroutine, so it holds up no other connection, and the
 // connection stays tracked until it is closed (closing a workload ends the wait).
-func (s *Server) lingerClose(c net.Conn) {
+func (s *Server) lingerClose(c net.Conn) { s.linger(c, false) }
+
+// holdClose is lingerClose for a client that was still sending a body when the
+// destination's answer went out (an origin that refused the body): once lingerBytes are
+// discarded it stops reading but keeps the connection for the rest of lingerTime. A
+// client that writes its whole body before it looks at the answer then finds its
+// writes blocked on full buffers, not reset, and reads the answer meanwhile (net/http's
+// server waits so too, after a handler left a large body unread).
+func (s *Server) holdClose(c net.Conn) { s.linger(c, true) }
+
+func (s *Server) linger(c net.Conn, hold bool) {
 	defer func() { _ = c.Close() }()
 	cw, ok := c.(interface{ CloseWrite() error })
 	if !ok {
@@ -143,8 +153,11 @@ func (s *Server) lingerClose(c net.Conn) {
 		return
 	}
 	d, n := s.lingerFor()
-	_ = c.SetReadDeadline(time.Now().Add(d))
-	_, _ = io.CopyN(io.Discard, c, n)
+	end := time.Now().Add(d)
+	_ = c.SetReadDeadline(end)
+	if k, err := io.CopyN(io.Discard, c, n); hold && k == n && err == nil {
+		time.Sleep(time.Until(end))
+	}
 }
 
 func (s *Server) log() *slog.Logger {
