@@ -110,15 +110,15 @@ func TestHandshakeSplits(t *testing.T) {
 		{name: "http code glued to reason", url: "http://h:1", answer: "HTTP/1.1 200OK\r\n\r\n",
 			errText: "upstream http://h:1: read CONNECT reply: protocol error: bad status line (no 3-digit status code)"},
 		{name: "http huge header line", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 5000) + "\r\n\r\n",
-			errText: "upstream http://h:1: read CONNECT reply: protocol error: reply header over 4096 bytes"},
+			errText: "upstream http://h:1: read CONNECT reply: protocol error: header line over 4096 bytes"},
 		{name: "http longest header line", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 4092) + "\n\r\n"},
 		{name: "http header line one over", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 4093) + "\n\r\n",
-			errText: "upstream http://h:1: read CONNECT reply: protocol error: reply header over 4096 bytes"},
+			errText: "upstream http://h:1: read CONNECT reply: protocol error: header line over 4096 bytes"},
 		{name: "http head over 32KiB", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\n" + strings.Repeat("X: "+strings.Repeat("a", 4000)+"\r\n", 9) + "\r\n",
-			errText: "upstream http://h:1: read CONNECT reply: protocol error: reply header over 4096 bytes"},
+			errText: "upstream http://h:1: read CONNECT reply: protocol error: reply header over 32768 bytes"},
 		{name: "http 99 headers", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\n" + strings.Repeat("X: y\r\n", 99) + "\r\n"},
 		{name: "http 100 headers", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\n" + strings.Repeat("X: y\r\n", 100) + "\r\n",
-			errText: "upstream http://h:1: read CONNECT reply: protocol error: more than 100 header lines"},
+			errText: "upstream http://h:1: read CONNECT reply: protocol error: 100 header lines or more"},
 		{name: "http cut short", url: "http://h:1", answer: "HTTP/1.1 200 OK\r\n",
 			errText: "upstream http://h:1: read CONNECT reply: upstream closed the connection"},
 
@@ -310,7 +310,7 @@ func TestHandshakeIOError(t *testing.T) {
 			want: "upstream http://h:1: read CONNECT reply: timed out after 300ms: context deadline exceeded"},
 		{name: "http reply over the bound when cut", url: "http://h:1", err: io.EOF, dialToo: true,
 			answer: "HTTP/1.1 200 OK\r\n" + strings.Repeat("X: "+strings.Repeat("a", 4000)+"\r\n", 8) + "X: " + strings.Repeat("a", 3000),
-			want:   "upstream http://h:1: read CONNECT reply: protocol error: reply header over 4096 bytes"},
+			want:   "upstream http://h:1: read CONNECT reply: protocol error: reply header over 32768 bytes"},
 	}
 	target := Target{Host: "example.com", Port: 443}
 	for _, tt := range tests {

@@ -99,16 +99,19 @@ func (h *Handshake) feedHTTP(b []byte) (int, error) {
 	return n, nil
 }
 
-// errHeaderOver is the error of an answer head past its bounds in bytes: over
-// maxHeaderBytes in all, or a line over readBufSize (a reader with a buffer of that size
-// would not find its end).
-var errHeaderOver = fmt.Errorf("%w: reply header over %d bytes", ErrProtocol, min(maxHeaderBytes, readBufSize))
+// The errors of an answer head past its bounds in bytes: a line over readBufSize (a
+// reader with a buffer of that size would not find its end), or over maxHeaderBytes in
+// all. Each names the bound that fired.
+var (
+	errLineOver   = fmt.Errorf("%w: header line over %d bytes", ErrProtocol, readBufSize)
+	errHeaderOver = fmt.Errorf("%w: reply header over %d bytes", ErrProtocol, maxHeaderBytes)
+)
 
 // httpHead reads an HTTP/1.x status line and headers as they come, in pieces of any
-// size, bounded as above and to maxHeaderLines header lines, and keeps the status code;
-// the reason phrase is not kept (it may name the target). Headers are skipped: a CONNECT
-// client needs none of them (RFC 9110 §9.3.6: a 2xx CONNECT answer has no body to
-// frame). A line ends at LF, one CR before it dropped.
+// size, bounded as above and to fewer than maxHeaderLines header lines, and keeps the
+// status code; the reason phrase is not kept (it may name the target). Headers are
+// skipped: a CONNECT client needs none of them (RFC 9110 §9.3.6: a 2xx CONNECT answer
+// has no body to frame). A line ends at LF, one CR before it dropped.
 type httpHead struct {
 	status  [13]byte // the status line's first bytes: "HTTP/1.1 200 "
 	line    int      // bytes of the line being read, without its LF
@@ -130,7 +133,7 @@ func (p *httpHead) feed(b []byte) (int, bool, error) {
 			p.line++
 			p.last = c
 			if p.line >= readBufSize {
-				return i + 1, false, errHeaderOver
+				return i + 1, false, errLineOver
 			}
 			continue
 		}
@@ -154,7 +157,7 @@ func (p *httpHead) feed(b []byte) (int, bool, error) {
 		default:
 			p.headers++
 			if p.headers >= maxHeaderLines {
-				return i + 1, false, fmt.Errorf("%w: more than %d header lines", ErrProtocol, maxHeaderLines)
+				return i + 1, false, fmt.Errorf("%w: %d header lines or more", ErrProtocol, maxHeaderLines)
 			}
 		}
 	}

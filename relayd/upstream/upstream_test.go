@@ -214,7 +214,7 @@ func TestHTTPConnect(t *testing.T) {
 		{name: "garbage", answer: "SSH-2.0-OpenSSH\r\n\r\n",
 			target: Target{Host: "h", Port: 443}, wantErr: ErrProtocol, errText: "bad status line"},
 		{name: "huge header", answer: "HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 5000) + "\r\n\r\n",
-			target: Target{Host: "h", Port: 443}, wantErr: ErrProtocol, errText: "reply header over"},
+			target: Target{Host: "h", Port: 443}, wantErr: ErrProtocol, errText: "header line over 4096 bytes"},
 		{name: "silent upstream", answer: "",
 			target: Target{Host: "h", Port: 443}, errText: "timed out"},
 	}
