@@ -104,8 +104,12 @@ func (c CNI) conflist(data []byte) (root, plugins *span, kl []int, err error) {
 	return root, plugins, kl, nil
 }
 
-// Install appends kl's entry to the plugins list. It is a no-op when the list already
-// ends with exactly that entry; an entry elsewhere or with other settings is replaced.
+// Install appends kl's entry to the plugins list. kl owns only "type", "capabilities"
+// and the keys of Conf there: when kl's entry is already the last plugin, only those
+// are corrected, in place, and the operator's other settings of it (redirectPort, mark,
+// excludeCIDRs… set by an earlier --conf or by hand) stay, so installing again without
+// Conf changes nothing. An entry elsewhere in the list (or several) is moved to the
+// end: the last of them, with kl's keys corrected, takes the place of all.
 func (c CNI) Install(old []byte) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return nil, errors.New("no CNI configuration to chain kl-cni to (the file is empty)")
@@ -127,34 +131,122 @@ func (c CNI) Install(old []byte) ([]byte, error) {
 			return nil, fmt.Errorf("the network's cniVersion is %q but %s supports %s: chaining it would fail every pod's setup", v, c.typ(), strings.Join(c.Versions, ", "))
 		}
 	}
-	if len(kl) == 1 && kl[0] == len(plugins.Elems)-1 {
-		e := plugins.Elems[kl[0]]
-		if sameJSON(old[e.Start:e.End], want) {
+	// What kl's entry must be after the edit: the operator's entry (the last kl one),
+	// with kl's keys set.
+	var cur *span
+	if len(kl) > 0 {
+		cur = plugins.Elems[kl[len(kl)-1]]
+	}
+	expect, err := c.expected(old, cur, want)
+	if err != nil {
+		return nil, err
+	}
+	var next []byte
+	switch {
+	case len(kl) == 1 && kl[0] == len(plugins.Elems)-1:
+		if next, err = c.correct(old, want); err != nil {
+			return nil, err
+		}
+		if bytes.Equal(next, old) {
 			return old, nil
 		}
-	}
-	base := old
-	if len(kl) > 0 {
-		if base, err = c.Uninstall(old); err != nil {
+	default:
+		entry := want
+		if cur != nil {
+			entry = merged(old, cur, want)
+		}
+		base := old
+		if len(kl) > 0 {
+			if base, err = c.Uninstall(old); err != nil {
+				return nil, err
+			}
+		}
+		root, plugins, _, err = c.conflist(base)
+		if err != nil {
+			return nil, err
+		}
+		unit := indentUnit(base, root)
+		starts, ends := entries(plugins)
+		next, err = insertLast(base, plugins, starts, ends, unit, func(ind string, multi bool) (string, error) {
+			return render(entry, ind, unit, multi)
+		})
+		if err != nil {
 			return nil, err
 		}
 	}
-	root, plugins, _, err = c.conflist(base)
-	if err != nil {
-		return nil, err
-	}
-	unit := indentUnit(base, root)
-	starts, ends := entries(plugins)
-	next, err := insertLast(base, plugins, starts, ends, unit, func(ind string, multi bool) (string, error) {
-		return render(want, ind, unit, multi)
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := c.check(base, next, true); err != nil {
+	if err := c.check(old, next, expect); err != nil {
 		return nil, err
 	}
 	return next, nil
+}
+
+// correct sets kl's keys (want, but "type", which identifies the entry) in kl's entry,
+// the last plugin of data, one by one where they are: a missing key is added as the
+// entry's last, a wrong value replaced, written the way the entry is.
+func (c CNI) correct(data []byte, want orderedObject) ([]byte, error) {
+	for _, m := range want[1:] {
+		root, plugins, kl, err := c.conflist(data)
+		if err != nil {
+			return nil, err
+		}
+		e := plugins.Elems[kl[len(kl)-1]]
+		switch v := e.get(m.K); {
+		case v == nil:
+			data, err = addMember(data, e, m.K, m.V)
+		case !sameJSON(data[v.Start:v.End], m.V):
+			data, err = replaceIn(data, root, e, v, m.V)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return data, nil
+}
+
+// merged is the entry e of data, with its keys in their order and their values as
+// written, and want's keys set: in place when e has them, after its own otherwise. A key
+// e repeats appears once, with the value that is read (the last).
+func merged(data []byte, e *span, want orderedObject) orderedObject {
+	var o orderedObject
+	at := map[string]int{}
+	set := func(k string, v any) {
+		if i, ok := at[k]; ok {
+			o[i].V = v
+			return
+		}
+		at[k] = len(o)
+		o = append(o, kv{k, v})
+	}
+	for _, m := range e.Members {
+		set(m.Key, json.RawMessage(data[m.Value.Start:m.Value.End]))
+	}
+	for _, m := range want {
+		set(m.K, m.V)
+	}
+	return o
+}
+
+// expected is kl's entry as an install must leave it, decoded: e (the current one; nil
+// when there is none) with want's keys set.
+func (c CNI) expected(data []byte, e *span, want orderedObject) (map[string]any, error) {
+	m := map[string]any{}
+	if e != nil {
+		if err := json.Unmarshal(data[e.Start:e.End], &m); err != nil {
+			return nil, fmt.Errorf("kl's entry: %w", err)
+		}
+	}
+	for _, x := range want {
+		raw, err := marshalNoEscape(x.V)
+		if err != nil {
+			return nil, fmt.Errorf("kl's entry: key %q: %w", x.K, err)
+		}
+		var v any
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, fmt.Errorf("kl's entry: key %q: %w", x.K, err)
+		}
+		m[x.K] = v
+	}
+	return m, nil
 }
 
 // Uninstall removes every kl entry from the plugins list.
@@ -179,16 +271,17 @@ func (c CNI) Uninstall(old []byte) ([]byte, error) {
 		starts, ends := entries(plugins)
 		next = removeEntry(next, starts, ends, kl[len(kl)-1])
 	}
-	if err := c.check(old, next, false); err != nil {
+	if err := c.check(old, next, nil); err != nil {
 		return nil, err
 	}
 	return next, nil
 }
 
 // check proves an edit changed nothing but kl's entries: the two documents, with kl's
-// entries taken out, decode to the same value, and after installing, the last plugin is
-// kl's.
-func (c CNI) check(before, after []byte, installed bool) error {
+// entries taken out, decode to the same value. After an install (want, the entry as it
+// must be, decoded) the last plugin is kl's and is want: kl's keys set, the operator's
+// kept.
+func (c CNI) check(before, after []byte, want map[string]any) error {
 	var a, b map[string]any
 	if err := json.Unmarshal(before, &a); err != nil {
 		return fmt.Errorf("re-read original: %w", err)
@@ -217,8 +310,11 @@ func (c CNI) check(before, after []byte, installed bool) error {
 	if !reflect.DeepEqual(a, b) {
 		return errors.New("edit would change more than kl's plugin entry (a bug); nothing written")
 	}
-	if installed && last == nil {
+	switch {
+	case want != nil && last == nil:
 		return errors.New("kl-cni is not the last plugin after the edit (a bug); nothing written")
+	case want != nil && !reflect.DeepEqual(last, want):
+		return fmt.Errorf("kl's entry after the edit is %v, want %v (a bug); nothing written", last, want)
 	}
 	return nil
 }

@@ -299,6 +299,13 @@ func addMember(data []byte, obj *span, key string, value any) ([]byte, error) {
 // file is (multi-line with the indentation of v's line when v starts a multi-line
 // value's line, compact otherwise).
 func replaceValue(data []byte, root, v *span, value any) ([]byte, error) {
+	return replaceIn(data, root, root, v, value)
+}
+
+// replaceIn is replaceValue for a value v of the container scope: value is written
+// multi-line when scope spans several lines, compact otherwise, with the indent unit
+// of the document root.
+func replaceIn(data []byte, root, scope, v *span, value any) ([]byte, error) {
 	// The indentation of the line v starts on (its member's).
 	i := bytes.LastIndexByte(data[:v.Start], '\n') + 1
 	j := i
@@ -306,7 +313,7 @@ func replaceValue(data []byte, root, v *span, value any) ([]byte, error) {
 		j++
 	}
 	ind := string(data[i:j])
-	multi := bytes.IndexByte(data[root.Start:root.End], '\n') >= 0
+	multi := bytes.IndexByte(data[scope.Start:scope.End], '\n') >= 0
 	text, err := render(value, ind, indentUnit(data, root), multi)
 	if err != nil {
 		return nil, err
