@@ -1023,14 +1023,17 @@ func (c Containerd) currentDefault(data []byte) string {
 }
 
 // notes tells what an edit changed beyond kl's runtime: the CRI plugin's default
-// runtime.
-func (c Containerd) notes(old, next []byte, uninstall bool) []string {
+// runtime. st is the record uninstall put the default back from (nil: none).
+func (c Containerd) notes(old, next []byte, uninstall bool, st *defaultState) []string {
 	oldV, nextV := c.defaultValue(old), c.defaultValue(next)
 	was, _ := oldV.(string)
 	now, _ := nextV.(string)
+	recorded := st != nil && st.Runtime == c.name() && st.DefaultRuntime != nil
 	switch {
 	case uninstall && was == c.name() && nextV == nil:
 		return []string{fmt.Sprintf(`default_runtime_name was %q; removed, as it was before kl was installed`, c.name())}
+	case uninstall && was == c.name() && recorded && now == *st.DefaultRuntime:
+		return []string{fmt.Sprintf(`default_runtime_name was %q; set back to %q, as it was before kl was installed`, c.name(), now)}
 	case uninstall && was == c.name() && now == "runc":
 		return []string{fmt.Sprintf(`default_runtime_name was %q; set to "runc" (containerd's CRI plugin does not start with a default runtime that is not defined)`, c.name())}
 	case uninstall && was == c.name() && now != c.name():

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -204,7 +205,7 @@ func TestRunContainerdDefaultNotes(t *testing.T) {
 		install string // note of the install
 		un      string // note of the uninstall
 	}{
-		{"runc", `default_runtime_name was "runc"; set to "kl", and uninstall sets it back`, `default_runtime_name was "kl"; set to "runc"`},
+		{"runc", `default_runtime_name was "runc"; set to "kl", and uninstall sets it back`, `default_runtime_name was "kl"; set back to "runc", as it was before kl was installed`},
 		{"", `default_runtime_name was ""; set to "kl", and uninstall sets it back`, `default_runtime_name was "kl"; set back to "", as it was before kl was installed`},
 		{"absent", `default_runtime_name set to "kl"; uninstall removes it again`, `default_runtime_name was "kl"; removed, as it was before kl was installed`},
 	}
@@ -244,6 +245,53 @@ func TestRunContainerdDefaultNotes(t *testing.T) {
 			}
 			if _, err := os.Stat(StatePath(p)); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("state file after uninstall: %v, want it gone", err)
+			}
+		})
+	}
+}
+
+// uninstall containerd says where the default_runtime_name it sets comes from: the
+// value install --default recorded (also when that is runc), or, with no record (kl
+// made the default by hand), runc because containerd needs a defined default. Only one
+// note is printed.
+func TestRunContainerdUninstallNotes(t *testing.T) {
+	const noRecord = `default_runtime_name was "kl"; set to "runc" (containerd's CRI plugin does not start with a default runtime that is not defined)`
+	cases := []struct {
+		name    string
+		install bool   // install --default first (else default_runtime_name = "kl" by hand)
+		want    string // the note of the uninstall
+	}{
+		{"recorded runc", true, `default_runtime_name was "kl"; set back to "runc", as it was before kl was installed`},
+		{"no record", false, noRecord},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "config.toml")
+			orig := read(t, "containerd-v2-default.toml")
+			in := orig
+			if !tc.install {
+				if in, _ = (Containerd{}).Install(orig); in == nil {
+					t.Fatal("Install failed")
+				}
+				in = priorDefault(t, in, "kl")
+			}
+			if err := os.WriteFile(p, in, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if tc.install {
+				if err := Run(context.Background(), []string{"install", "containerd", "--config", p, "--default"}, io.Discard, io.Discard); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var out, errb bytes.Buffer
+			if err := Run(context.Background(), []string{"uninstall", "containerd", "--config", p}, &out, &errb); err != nil {
+				t.Fatal(err)
+			}
+			if n := strings.Count(errb.String(), "default_runtime_name"); n != 1 || !strings.Contains(errb.String(), p+": "+tc.want+"\n") {
+				t.Errorf("uninstall said (%d notes about the default):\n%s\nwant the note %q", n, errb.String(), tc.want)
+			}
+			if cur := mustRead(t, p); !bytes.Equal(cur, orig) {
+				t.Errorf("config.toml after uninstall:\n%s", UnifiedDiff("original", "now", orig, cur))
 			}
 		})
 	}

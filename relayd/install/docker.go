@@ -207,7 +207,7 @@ func (d Docker) uninstall(old []byte, st *defaultState) ([]byte, error) {
 }
 
 // notes tells what an edit changed beyond kl's runtime: dockerd's default runtime.
-func (d Docker) notes(old, next []byte, uninstall bool) []string {
+func (d Docker) notes(old, next []byte, uninstall bool, _ *defaultState) []string {
 	var a, b map[string]any
 	if json.Unmarshal(old, &a) != nil || json.Unmarshal(next, &b) != nil {
 		return nil

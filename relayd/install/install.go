@@ -44,9 +44,9 @@ type Editor interface {
 }
 
 // noter is an Editor that explains what an edit changed beyond kl's own entry (kl-ctl
-// prints the notes).
+// prints the notes). st is what the state file recorded before the edit (nil: nothing).
 type noter interface {
-	notes(old, next []byte, uninstall bool) []string
+	notes(old, next []byte, uninstall bool, st *defaultState) []string
 }
 
 // Options control how Apply writes.
@@ -170,12 +170,14 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 		statePath string
 		state     []byte
 		nextState []byte
+		record    *defaultState // the state file's record before the edit
 	)
 	if de, ok := e.(defaultEditor); ok {
 		statePath = StatePath(path)
 		if state, err = os.ReadFile(statePath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return ch, fmt.Errorf("read %s: %w", statePath, err)
 		}
+		record, _ = parseDefaultState(state) // its errors are editDefault's
 		next, nextState, err = editDefault(de, old, state, o.Uninstall)
 		if errors.Is(err, errBadState) {
 			return ch, fmt.Errorf("%s: %w", statePath, err)
@@ -206,7 +208,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	ch.Changed = true
 	ch.Diff = UnifiedDiff(path, path, old, next)
 	if n, ok := e.(noter); ok {
-		ch.Notes = n.notes(old, next, o.Uninstall)
+		ch.Notes = n.notes(old, next, o.Uninstall, record)
 	}
 	if stateChanged && nextState != nil {
 		ch.Notes = append(ch.Notes, fmt.Sprintf("what uninstall puts back is kept in %s", statePath))
