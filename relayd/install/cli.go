@@ -197,6 +197,10 @@ func report(ch Change, o Options, target string, stdout, stderr io.Writer) {
 		fmt.Fprintf(stderr, "%s: kl is already in it; nothing to do\n", p)
 	case o.DryRun:
 		fmt.Fprintf(stderr, "%s: dry run, nothing written\n", p)
+	case ch.Removed && ch.Backup != "":
+		fmt.Fprintf(stderr, "%s: removed; previous contents in %s\n", p, ch.Backup)
+	case ch.Removed:
+		fmt.Fprintf(stderr, "%s: removed\n", p)
 	case ch.Backup != "":
 		fmt.Fprintf(stderr, "%s: written; previous contents in %s\n", p, ch.Backup)
 	default:

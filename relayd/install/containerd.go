@@ -1022,6 +1022,30 @@ func (c Containerd) currentDefault(data []byte) string {
 	return s
 }
 
+// hasRuntime reports whether the config defines kl's runtime.
+func (c Containerd) hasRuntime(data []byte) bool {
+	d, err := parseTOML(data, c.Version)
+	if err != nil {
+		return false
+	}
+	rp, err := RuntimesPath(d.version)
+	if err != nil {
+		return false
+	}
+	return lookup(d.value, append(rp[:len(rp):len(rp)], c.name())...) != nil
+}
+
+// emptyRuntimes is false: uninstall takes out only kl's own tables, never one that
+// holds them.
+func (c Containerd) emptyRuntimes([]byte) bool { return false }
+
+// blank reports whether data is the `version = N` line install starts a config.toml it
+// creates with.
+func (c Containerd) blank(data []byte) bool {
+	d, err := parseTOML(data, c.Version)
+	return err == nil && string(data) == fmt.Sprintf("version = %d\n", d.version)
+}
+
 // notes tells what an edit changed beyond kl's runtime: the CRI plugin's default
 // runtime. st is the record uninstall put the default back from (nil: none).
 func (c Containerd) notes(old, next []byte, uninstall bool, st *defaultState) []string {

@@ -143,13 +143,15 @@ func (d Docker) currentDefault(data []byte) string {
 
 // Uninstall removes runtimes.<name> (and "runtimes" when that leaves it empty), whatever
 // else the operator put in it, and default-runtime when it names kl. (Apply also puts
-// back the default-runtime that install replaced; see editDefault.)
+// back the default-runtime that install replaced, and leaves a "runtimes" that was
+// there empty before install; see editDefault.)
 func (d Docker) Uninstall(old []byte) ([]byte, error) {
 	return d.uninstall(old, nil)
 }
 
 // uninstall is Uninstall that, when default-runtime names kl's runtime and st records
-// what it was before, puts that back, in place.
+// what it was before, puts that back, in place; and when st records that "runtimes" was
+// there, empty, before install, leaves it so.
 func (d Docker) uninstall(old []byte, st *defaultState) ([]byte, error) {
 	if len(strings.TrimSpace(string(old))) == 0 {
 		return old, nil
@@ -187,7 +189,7 @@ func (d Docker) uninstall(old []byte, st *defaultState) ([]byte, error) {
 			if m.Key != "runtimes" || rts.Kind != '{' || rts.get(d.name()) == nil {
 				continue
 			}
-			if len(rts.Members) == 1 {
+			if len(rts.Members) == 1 && (st == nil || !st.EmptyRuntimes) {
 				starts, ends := entries(root)
 				next = removeEntry(next, starts, ends, i)
 			} else {
@@ -204,6 +206,32 @@ func (d Docker) uninstall(old []byte, st *defaultState) ([]byte, error) {
 		return nil, err
 	}
 	return next, nil
+}
+
+// hasRuntime reports whether daemon.json defines kl's runtime.
+func (d Docker) hasRuntime(data []byte) bool {
+	var m struct {
+		Runtimes map[string]any `json:"runtimes"`
+	}
+	json.Unmarshal(data, &m)
+	_, ok := m.Runtimes[d.name()]
+	return ok
+}
+
+// emptyRuntimes reports whether daemon.json has a "runtimes" object with nothing in it.
+func (d Docker) emptyRuntimes(data []byte) bool {
+	root, err := parseSpans(data)
+	if err != nil || root.Kind != '{' {
+		return false
+	}
+	rts := root.get("runtimes")
+	return rts != nil && rts.Kind == '{' && len(rts.Members) == 0
+}
+
+// blank reports whether data is the empty object install writes a daemon.json it
+// creates with.
+func (d Docker) blank(data []byte) bool {
+	return string(bytes.TrimSpace(data)) == "{}"
 }
 
 // notes tells what an edit changed beyond kl's runtime: dockerd's default runtime.

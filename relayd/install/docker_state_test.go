@@ -45,11 +45,11 @@ const (
 	stepUninstall = "uninstall"
 )
 
-// restoreSteps writes orig to path and applies steps to it, the first an install
-// --default, with the editor newEditor(step is install --default). The file and state
-// file after the first are golden (name); every later install leaves both as they are,
-// and every uninstall gives back orig, with no state file. Nothing but path (and its
-// lock file) is left in its directory.
+// restoreSteps writes orig to path and applies steps to it, the first an install (with
+// or without --default), with the editor newEditor(step is install --default). The file
+// and state file after the first are golden (name); every later install leaves both as
+// they are, and every uninstall gives back orig, with no state file. Nothing but path
+// (and its lock file) is left in its directory.
 func restoreSteps(t *testing.T, path string, orig []byte, name string, steps []string, newEditor func(def bool) Editor) {
 	t.Helper()
 	if err := os.WriteFile(path, orig, 0o644); err != nil {
@@ -72,8 +72,8 @@ func restoreSteps(t *testing.T, path string, orig []byte, name string, steps []s
 		got := append(append(bytes.Clone(cur), "--- "+filepath.Base(StatePath(path))+"\n"...), state...)
 		switch {
 		case i == 0:
-			if step != stepDefault {
-				t.Fatalf("step 0 is %s, want %s", step, stepDefault)
+			if step == stepUninstall {
+				t.Fatalf("step 0 is %s, want an install", step)
 			}
 			golden(t, name, got)
 			first = got
@@ -95,23 +95,48 @@ func restoreSteps(t *testing.T, path string, orig []byte, name string, steps []s
 }
 
 // install --default into a daemon.json (and directory) that does not exist yet records
-// that there was no default-runtime.
+// that there was no default-runtime, and that it created the file and its directory;
+// uninstall removes the file again (its backup stays, and so the directory).
 func TestDockerDefaultCreated(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "docker", "daemon.json")
 	if _, err := Apply(path, Docker{Default: true}, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := string(mustRead(t, StatePath(path))), "{\n  \"runtime\": \"kl\"\n}\n"; got != want {
+	want := "{\n  \"runtime\": \"kl\",\n  \"created\": true,\n  \"created-dir\": \"" + filepath.Dir(path) + "\"\n}\n"
+	if got := string(mustRead(t, StatePath(path))); got != want {
 		t.Errorf("state = %q, want %q", got, want)
 	}
-	if _, err := Apply(path, Docker{}, Options{Uninstall: true}); err != nil {
+	ch, err := Apply(path, Docker{}, Options{Uninstall: true})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := mustRead(t, path); string(got) != "{}\n" {
-		t.Errorf("daemon.json after uninstall = %q, want {}", got)
+	if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) || !ch.Removed || ch.Backup == "" {
+		t.Errorf("daemon.json after uninstall: %v, Removed %v, Backup %q; want it removed, with a backup", err, ch.Removed, ch.Backup)
 	}
 	if _, err := os.Stat(StatePath(path)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("state file after uninstall: %v, want it gone", err)
+	}
+}
+
+// An empty "runtimes" object that was there before install is there after uninstall, and
+// kl's runtime goes into it indented one level deeper than "runtimes" (the golden files).
+// Only a "runtimes" install added is taken out.
+func TestDockerEmptyRuntimes(t *testing.T) {
+	cases := []struct {
+		name  string
+		in    string
+		steps []string
+	}{
+		{"empty-runtimes", string(read(t, "daemon-empty-runtimes.json")), []string{stepInstall, stepInstall, stepUninstall, stepUninstall}},
+		{"empty-runtimes-default", string(read(t, "daemon-empty-runtimes.json")), []string{stepDefault, stepInstall, stepDefault, stepUninstall}},
+		{"empty-runtimes-compact", `{"debug": true, "runtimes": {}}`, []string{stepInstall, stepUninstall}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "daemon.json")
+			restoreSteps(t, path, []byte(tc.in), "docker-state/"+tc.name+".installed", tc.steps,
+				func(def bool) Editor { return Docker{Default: def} })
+		})
 	}
 }
 

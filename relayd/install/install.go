@@ -16,6 +16,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,8 +37,8 @@ const (
 // Editor turns the bytes of one configuration file into its form with kl installed, or
 // uninstalled. Both directions are idempotent, and Uninstall(Install(x)) == x for a file
 // that did not hold kl before; for an edit that replaces one of the operator's values
-// (docker or containerd --default), only through Apply, which keeps the old value in
-// StatePath.
+// (docker or containerd --default), fills daemon.json's empty "runtimes", or creates the
+// file, only through Apply, which records what uninstall needs in StatePath.
 type Editor interface {
 	Install(old []byte) ([]byte, error)
 	Uninstall(old []byte) ([]byte, error)
@@ -96,7 +97,9 @@ func LockPath(config string) string {
 // file itself cannot hold: the default runtime before `install docker|containerd
 // --default` (daemon.json's "default-runtime", config.toml's default_runtime_name;
 // dockerd refuses keys it does not know in daemon.json, and a comment in config.toml
-// would be the operator's to edit). It exists only while kl's change is in the file.
+// would be the operator's to edit), and that install created the file (or, for
+// daemon.json, found "runtimes" empty), so that uninstall removes it (or leaves that)
+// again. It exists only while kl's change is in the file.
 func StatePath(config string) string { return config + ".kl-state" }
 
 // errBadState marks an error in the state file, which Apply names.
@@ -110,6 +113,7 @@ type Change struct {
 	Path    string   // the file edited
 	Changed bool     // false when kl was already in (or, uninstalling, already out)
 	Created bool     // the file did not exist before
+	Removed bool     // uninstall removed the file: install had created it, and nothing else is in it
 	Backup  string   // where the previous contents were saved; "" when nothing was written
 	Diff    string   // unified diff from the old contents to the new; "" when unchanged
 	Notes   []string // what the edit changed besides kl's entry, for the operator
@@ -118,7 +122,10 @@ type Change struct {
 // Apply runs e on the file at path (following symlinks) and, unless DryRun, writes the
 // result atomically (same directory, same mode and owner), after saving the previous
 // contents to path.kl-backup-<UTC timestamp>. A file that does not exist is treated as empty when
-// installing and left alone when uninstalling. Unless DryRun, it holds the file's lock
+// installing and left alone when uninstalling. For docker and containerd, a file (and
+// directory) install created is recorded in StatePath, and uninstall removes it again
+// (the directory when it holds nothing else) once only what install started it with is
+// left. Unless DryRun, it holds the file's lock
 // (LockPath) from reading to writing, so concurrent installs and uninstalls of one file
 // take turns instead of overwriting each other's edits. In a directory it cannot write
 // in (a read-only mount, no permission), where the lock file cannot be created either,
@@ -132,9 +139,16 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	if real, err := filepath.EvalSymlinks(path); err == nil {
 		path = real
 	}
+	var createdDir string // the top directory MkdirAll makes for the file
 	if !o.DryRun {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) && o.Uninstall {
 			return ch, nil // no file, nothing to take out (and no lock file left)
+		}
+		for d := filepath.Dir(path); ; d = filepath.Dir(d) {
+			if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) || d == filepath.Dir(d) {
+				break
+			}
+			createdDir = d
 		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return ch, fmt.Errorf("create directory for %s: %w", path, err)
@@ -171,6 +185,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 		state     []byte
 		nextState []byte
 		record    *defaultState // the state file's record before the edit
+		remove    bool          // uninstall leaves only what install created the file with
 	)
 	if de, ok := e.(defaultEditor); ok {
 		statePath = StatePath(path)
@@ -178,7 +193,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 			return ch, fmt.Errorf("read %s: %w", statePath, err)
 		}
 		record, _ = parseDefaultState(state) // its errors are editDefault's
-		next, nextState, err = editDefault(de, old, state, o.Uninstall)
+		next, nextState, remove, err = editDefault(de, old, state, o.Uninstall, missing, createdDir)
 		if errors.Is(err, errBadState) {
 			return ch, fmt.Errorf("%s: %w", statePath, err)
 		}
@@ -192,7 +207,7 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	}
 	afterRead()
 	stateChanged := statePath != "" && (!bytes.Equal(state, nextState) || (state == nil) != (nextState == nil))
-	if bytes.Equal(old, next) && !ch.Created {
+	if bytes.Equal(old, next) && !ch.Created && !remove {
 		// The file is as it should be; a state file left by an edit that stopped half
 		// way (or by the operator's own change of the file) goes.
 		if stateChanged && !o.DryRun {
@@ -209,6 +224,11 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 	ch.Diff = UnifiedDiff(path, path, old, next)
 	if n, ok := e.(noter); ok {
 		ch.Notes = n.notes(old, next, o.Uninstall, record)
+	}
+	if remove {
+		ch.Removed = true
+		ch.Diff = UnifiedDiff(path, path, old, nil)
+		ch.Notes = append(ch.Notes, "install created this file and nothing else is left in it: removed")
 	}
 	if stateChanged && nextState != nil {
 		ch.Notes = append(ch.Notes, fmt.Sprintf("what uninstall puts back is kept in %s", statePath))
@@ -245,6 +265,16 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 			return ch, err
 		}
 	}
+	if remove {
+		if err := os.Remove(path); err != nil {
+			return ch, fmt.Errorf("remove %s: %w", path, err)
+		}
+		if err := writeState(statePath, nil); err != nil {
+			return ch, err
+		}
+		removeCreatedDirs(path, record.CreatedDir)
+		return ch, nil
+	}
 	if err := atomicfile.Write(path, next, mode, st); err != nil {
 		return ch, fmt.Errorf("write %s: %w", path, err)
 	}
@@ -254,6 +284,26 @@ func Apply(path string, e Editor, o Options) (Change, error) {
 		}
 	}
 	return ch, nil
+}
+
+// removeCreatedDirs removes the directories install made for path, from path's own up to
+// top, each only while it is empty but for path's lock file. That lock file goes with
+// its directory: an edit that was waiting for it then fails to write (the directory is
+// gone) and can be run again.
+func removeCreatedDirs(path, top string) {
+	dir := filepath.Dir(path)
+	if top == "" || (dir != top && !strings.HasPrefix(dir, top+string(filepath.Separator))) {
+		return
+	}
+	if ents, err := os.ReadDir(dir); err != nil || len(ents) != 1 || ents[0].Name() != filepath.Base(LockPath(path)) {
+		return
+	}
+	os.Remove(LockPath(path))
+	for d := dir; ; d = filepath.Dir(d) {
+		if os.Remove(d) != nil || d == top {
+			return
+		}
+	}
 }
 
 // writeState writes kl's state file, or removes it when data is nil.

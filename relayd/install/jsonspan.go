@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -187,6 +188,16 @@ func lineIndent(b []byte, off int) (string, bool) {
 	return "", false
 }
 
+// lineLead returns the whitespace at the start of the line holding offset.
+func lineLead(b []byte, off int) string {
+	i := bytes.LastIndexByte(b[:off], '\n') + 1
+	j := i
+	for j < off && (b[j] == ' ' || b[j] == '\t') {
+		j++
+	}
+	return string(b[i:j])
+}
+
 // indentUnit guesses the file's indentation step: the indent of the first member of the
 // top-level object when it sits on its own line, else two spaces.
 func indentUnit(b []byte, root *span) string {
@@ -249,8 +260,10 @@ func removeEntry(data []byte, starts, ends []int, idx int) []byte {
 
 // insertLast returns data with text added as the last entry of container c (an array
 // element, or a `"key": value` member), written the way the existing entries are: on
-// its own line with their indentation when they are one per line. It also returns the
-// indentation the entry got, for rendering nested values.
+// its own line with their indentation when they are one per line. Into an empty
+// container it goes one level deeper than the container's line, or, in a one-line
+// document, on that line. It also returns the indentation the entry got, for rendering
+// nested values.
 func insertLast(data []byte, c *span, starts, ends []int, unit string, text func(indent string, multiline bool) (string, error)) ([]byte, error) {
 	var ins string
 	var at, to int
@@ -267,8 +280,18 @@ func insertLast(data []byte, c *span, starts, ends []int, unit string, text func
 			ins = ", " + t
 		}
 		at, to = ends[last], ends[last]
+	} else if doc := bytes.TrimSpace(data); bytes.IndexByte(doc, '\n') < 0 && c.Start != len(data)-len(bytes.TrimLeft(data, " \t\r\n")) {
+		// An empty container inside a one-line document: the entry stays on that line.
+		t, err := text("", false)
+		if err != nil {
+			return nil, err
+		}
+		ins = t
+		at, to = c.Start+1, c.End-1
 	} else {
-		cind, _ := lineIndent(data, c.Start)
+		// The entries go one level deeper than the line the bracket is on (a member's
+		// line, for `"runtimes": {}`).
+		cind := lineLead(data, c.Start)
 		t, err := text(cind+unit, true)
 		if err != nil {
 			return nil, err

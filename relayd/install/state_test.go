@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -117,6 +118,101 @@ func TestStaleState(t *testing.T) {
 				t.Errorf("state file after the edit = %q, %v; want %s", state, err, tc.state)
 			case !tc.keep && !errors.Is(err, fs.ErrNotExist):
 				t.Errorf("state file after the edit: %q, %v; want it gone", state, err)
+			}
+		})
+	}
+}
+
+// A file install created (and the directories it made for it) is recorded in the state
+// file, and uninstall removes it again once nothing but what install started it with is
+// left: daemon.json's "{}", config.toml's "version = N". A directory goes only when it
+// holds nothing else (a backup of the file keeps it); a file the operator has put
+// something in since stays.
+func TestCreatedFile(t *testing.T) {
+	cases := []struct {
+		name     string
+		base     string   // path below the test's directory
+		e        Editor   // installs, with --default when the step says so
+		steps    []string // after them, uninstall with backups as o says
+		backup   bool     // keep backups
+		existing bool     // the file's directory exists before install
+		edit     string   // written over the installed file by the operator ("" none)
+		wantFile string   // the file after uninstall; "" removed
+		wantDir  bool     // the directory is still there after uninstall
+	}{
+		{name: "docker", base: "etc/docker/daemon.json", e: Docker{}, steps: []string{stepInstall, stepInstall}},
+		{name: "docker default", base: "etc/docker/daemon.json", e: Docker{}, steps: []string{stepDefault, stepInstall}},
+		{name: "docker in existing dir", base: "daemon.json", e: Docker{}, steps: []string{stepInstall}, existing: true, wantDir: true},
+		{name: "docker with backups", base: "etc/docker/daemon.json", e: Docker{}, steps: []string{stepInstall}, backup: true, wantDir: true},
+		{name: "docker edited since", base: "etc/docker/daemon.json", e: Docker{}, steps: []string{stepInstall},
+			edit: "{\n  \"debug\": true,\n  \"runtimes\": {\n    \"kl\": {\n      \"path\": \"/usr/bin/kl-runtime\"\n    }\n  }\n}\n", wantFile: "{\n  \"debug\": true\n}\n", wantDir: true},
+		{name: "containerd v3", base: "etc/containerd/config.toml", e: Containerd{Version: 3}, steps: []string{stepInstall, stepInstall}},
+		{name: "containerd v2 default", base: "etc/containerd/config.toml", e: Containerd{Version: 2}, steps: []string{stepDefault, stepDefault}},
+		{name: "containerd edited since", base: "etc/containerd/config.toml", e: Containerd{Version: 3}, steps: []string{stepInstall},
+			edit:     "version = 3\nroot = \"/srv/containerd\"\n\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.kl]\n  runtime_type = \"io.containerd.runc.v2\"\n",
+			wantFile: "version = 3\nroot = \"/srv/containerd\"\n", wantDir: true},
+	}
+	withDefault := func(e Editor, def bool) Editor {
+		switch e := e.(type) {
+		case Docker:
+			e.Default = def
+			return e
+		case Containerd:
+			e.Default = def
+			return e
+		}
+		return e
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			path := filepath.Join(root, tc.base)
+			if tc.existing {
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, step := range tc.steps {
+				if _, err := Apply(path, withDefault(tc.e, step == stepDefault), Options{NoBackup: !tc.backup}); err != nil {
+					t.Fatalf("step %d (%s): %v", i, step, err)
+				}
+			}
+			if tc.edit != "" {
+				if err := os.WriteFile(path, []byte(tc.edit), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var st defaultState
+			if err := json.Unmarshal(mustRead(t, StatePath(path)), &st); err != nil || !st.Created {
+				t.Fatalf("state file %+v, %v: want it to record that install created the file", st, err)
+			}
+			ch, err := Apply(path, withDefault(tc.e, false), Options{Uninstall: true, NoBackup: !tc.backup})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(path)
+			switch {
+			case tc.wantFile == "" && (!errors.Is(err, fs.ErrNotExist) || !ch.Removed):
+				t.Errorf("after uninstall the file holds %q (%v), Removed %v; want it removed", got, err, ch.Removed)
+			case tc.wantFile != "" && (string(got) != tc.wantFile || ch.Removed):
+				t.Errorf("after uninstall the file is %q (%v), Removed %v; want %q", got, err, ch.Removed, tc.wantFile)
+			}
+			if _, err := os.Stat(StatePath(path)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("state file after uninstall: %v, want it gone", err)
+			}
+			_, err = os.Stat(filepath.Dir(path))
+			if dir := err == nil; dir != tc.wantDir {
+				t.Errorf("directory %s there after uninstall = %v, want %v", filepath.Dir(path), dir, tc.wantDir)
+			}
+			if !tc.wantDir {
+				// Every directory install made (etc/ too) is gone, and only those.
+				if ents, err := os.ReadDir(root); err != nil || len(ents) != 0 {
+					var names []string
+					for _, e := range ents {
+						names = append(names, e.Name())
+					}
+					t.Errorf("left in %s: %q, %v; want nothing", root, names, err)
+				}
 			}
 		})
 	}
