@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"bufio"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kl-egress/kl/relayd/config"
+	"github.com/kl-egress/kl/relayd/install"
 	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/tests/testutil"
 )
@@ -346,6 +348,114 @@ func TestInstallCNIKeepsEntry(t *testing.T) {
 	if !watch {
 		t.Error("install-cni must run with --watch (the network plugin rewrites its conflist)")
 	}
+}
+
+// install-cni is ready only while kl-cni is chained: its readiness probe is kl-ctl's
+// `install cni --check`, a binary of the image, with install-cni's own directories and
+// settings. Run for real (the built kl-ctl and kl-cni, temporary directories in place
+// of the host's), it passes on a node whose conflist chains kl-cni and fails on one
+// where kl-cni cannot be chained (Multus's single-plugin .conf sorts first), so such a
+// node's kl pod is not ready and a rollout does not pass it.
+func TestInstallCNIReadiness(t *testing.T) {
+	o := load(t)
+	_, _, cni := o.daemonSet(t)
+	p := cni.ReadinessProbe
+	if p == nil || p.Exec == nil || len(p.Exec.Command) < 4 {
+		t.Fatal("install-cni has no exec readinessProbe: a node where kl-cni cannot be chained would look ready and its pods start uncaptured")
+	}
+	probe := p.Exec.Command
+	image := imageFiles(t)
+	for _, bin := range []string{cni.Command[0], probe[0]} {
+		if !image[bin] {
+			t.Errorf("%s is not in the image (packaging/k8s/Dockerfile)", bin)
+		}
+	}
+	if filepath.Base(probe[0]) != "kl-ctl" || !slices.Equal(probe[1:4], []string{"install", "cni", "--check"}) {
+		t.Fatalf("install-cni's readiness probe is %q, want kl-ctl install cni --check", probe)
+	}
+	flags := func(args []string) map[string]string {
+		m := map[string]string{}
+		for _, a := range args {
+			k, v, _ := strings.Cut(a, "=")
+			m[k] = v
+		}
+		return m
+	}
+	want, got := flags(cni.Command[1:]), flags(probe[4:])
+	for _, f := range []string{"--cni-conf-dir", "--cni-bin-dir", "--conf"} {
+		if got[f] != want[f] {
+			t.Errorf("readiness probe %s=%q, install-cni runs with %q: check what it installs", f, got[f], want[f])
+		}
+	}
+
+	dir := t.TempDir()
+	host := map[string]string{want["--cni-conf-dir"]: filepath.Join(dir, "net.d"), want["--cni-bin-dir"]: filepath.Join(dir, "bin")}
+	for _, d := range host {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	netd, bin := host[want["--cni-conf-dir"]], host[want["--cni-bin-dir"]]
+	if _, err := install.CopyBinary(testutil.Bin(t, "kl-cni"), bin, install.DefaultCNIType); err != nil {
+		t.Fatal(err)
+	}
+	entry := install.CNI{}
+	if c := want["--conf"]; c != "" {
+		if err := json.Unmarshal([]byte(c), &entry.Conf); err != nil {
+			t.Fatalf("install-cni --conf: %v", err)
+		}
+	}
+	chained, err := entry.Install([]byte(`{"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [{"type": "ptp"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(netd, "10-ptp.conflist"), chained, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{}
+	for _, a := range probe[1:] {
+		k, v, ok := strings.Cut(a, "=")
+		if d, mapped := host[v]; ok && mapped {
+			a = k + "=" + d
+		}
+		args = append(args, a)
+	}
+	kl := testutil.Bin(t, "kl-ctl")
+	if out, err := exec.Command(kl, args...).CombinedOutput(); err != nil {
+		t.Errorf("readiness probe on a node with kl-cni chained: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(netd, "00-multus.conf"), []byte(`{"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "multus"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(kl, args...).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "single-plugin") {
+		t.Errorf("readiness probe on a node whose 00-multus.conf cannot chain kl-cni: %v, want a failure saying why\n%s", err, out)
+	}
+}
+
+// imageFiles reads the paths the image's Dockerfile copies files to.
+func imageFiles(t *testing.T) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile("Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]bool{}
+	for _, l := range strings.Split(string(data), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 || f[0] != "COPY" {
+			continue
+		}
+		dst := f[len(f)-1]
+		for _, src := range f[1 : len(f)-1] {
+			if strings.HasSuffix(dst, "/") {
+				files[dst+filepath.Base(src)] = true
+			} else {
+				files[dst] = true
+			}
+		}
+	}
+	return files
 }
 
 // The ConfigMap's rules and the Secret's settings load as the daemon loads them, and

@@ -11,7 +11,11 @@ import (
 // CNIAgent keeps kl chained into a node's CNI configuration: the job of the install-cni
 // container of the Kubernetes DaemonSet (as istio-cni's install-cni does). The cluster's
 // network plugin rewrites its conflist when it restarts or upgrades, dropping kl's
-// entry, so the agent checks again every Interval and puts it back.
+// entry, so the agent checks again every Interval and puts it back. A configuration it
+// cannot chain kl-cni into (a single-plugin .conf such as Multus's, a cniVersion kl-cni
+// does not support) is logged and tried again, and `kl-ctl install cni --check` (CNI's
+// Check), the install-cni container's readiness probe, fails meanwhile: the node's kl
+// pod is not ready while pods created there would start without kl's capture.
 type CNIAgent struct {
 	ConfDir string // the node's CNI configuration directory (DefaultCNIConfDir)
 	BinDir  string // the node's CNI plugin directory (DefaultCNIBinDir)
@@ -66,10 +70,13 @@ func (a CNIAgent) Run(ctx context.Context) error {
 		if err := a.once(confDir, entry, log); err != nil {
 			// Log each distinct problem once, not every interval.
 			if err.Error() != lastErr {
-				log.Warn("cannot chain kl-cni yet", "err", err)
+				log.Warn("cannot chain kl-cni yet; the readiness probe (install cni --check) fails until it is", "err", err)
 				lastErr = err.Error()
 			}
 		} else {
+			if lastErr != "" {
+				log.Info("kl-cni is chained now")
+			}
 			lastErr = ""
 		}
 		select {

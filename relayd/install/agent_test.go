@@ -3,6 +3,8 @@ package install
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,5 +155,60 @@ func TestCNIAgentUninstallEveryConflist(t *testing.T) {
 	}
 	if got := mustRead(t, old); !bytes.Equal(got, calico) {
 		t.Errorf("kl left in %s:\n%s", old, got)
+	}
+}
+
+// While the agent cannot chain kl-cni into the configuration runtimes use (Multus's
+// single-plugin .conf sorts first), the readiness check fails; once that file is gone
+// the agent chains kl-cni into the conflist and the check passes.
+func TestCNIAgentReadiness(t *testing.T) {
+	dir := t.TempDir()
+	confDir, binDir := filepath.Join(dir, "net.d"), filepath.Join(dir, "bin")
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	multus := filepath.Join(confDir, "00-multus.conf")
+	if err := os.WriteFile(multus, []byte(`{"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "10-calico.conflist"), read(t, "10-calico.conflist"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- CNIAgent{ConfDir: confDir, BinDir: binDir, Binary: fakePlugin(t, dir, "0.3.1"), Interval: 10 * time.Millisecond}.Run(ctx)
+	}()
+	check := func() error {
+		return Run(ctx, []string{"install", "cni", "--check", "--cni-conf-dir", confDir, "--cni-bin-dir", binDir}, io.Discard, io.Discard)
+	}
+	waitCheck := func(what string, ok bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := check()
+			if (err == nil) == ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: check = %v, want ok = %v", what, err, ok)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Give the agent time to install kl-cni and try the .conf a few times.
+	time.Sleep(100 * time.Millisecond)
+	waitCheck("with 00-multus.conf first", false)
+	if err := check(); !errors.Is(err, ErrNotChained) || !strings.Contains(err.Error(), "single-plugin") {
+		t.Errorf("check = %v, want a single-plugin ErrNotChained", err)
+	}
+	if err := os.Remove(multus); err != nil {
+		t.Fatal(err)
+	}
+	waitCheck("after 00-multus.conf is gone", true)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }

@@ -79,6 +79,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		watch := fs.Bool("watch", false, "keep kl chained until terminated, re-adding it when the network plugin rewrites its file")
 		interval := fs.Duration("interval", 5*time.Second, "how often --watch checks")
 		onExit := fs.Bool("uninstall-on-exit", false, "with --watch: take kl out of the conflist when terminated (not for a watcher that restarts: pods created while kl is out are never captured)")
+		check := fs.Bool("check", false, "write nothing: succeed only when the conflist runtimes use (or --cni-conf-file) chains the kl-cni of --cni-bin-dir as install would (the DaemonSet's readiness probe)")
 		if err := fs.Parse(args[2:]); err != nil {
 			return parseError(err)
 		}
@@ -87,6 +88,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			if err := json.Unmarshal([]byte(*conf), &c.Conf); err != nil {
 				return &UsageError{Err: fmt.Errorf("--conf: want a JSON object: %w", err)}
 			}
+		}
+		if *check {
+			if *watch || *uninstall || *dryRun || *binary != "" {
+				return &UsageError{Err: errors.New("--check changes nothing; it takes no --watch, --uninstall, --dry-run or --cni-binary")}
+			}
+			if fs.NArg() > 0 {
+				return &UsageError{Err: fmt.Errorf("unexpected arguments: %q", fs.Args())}
+			}
+			return checkCNI(ctx, c, *confDir, *confFile, *binDir, stdout)
 		}
 		if *watch {
 			if *uninstall || *dryRun || *confFile != "" {
@@ -180,6 +190,39 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	report(ch, o, target, stdout, stderr)
+	return nil
+}
+
+// checkCNI carries out `install cni --check`: the network configuration runtimes use in
+// confDir (or confFile) must chain kl-cni as install leaves it, and the kl-cni in binDir
+// must run and accept the network's cniVersion. Pods created on a node where this fails
+// would start without kl's capture (or not at all), so the DaemonSet's install-cni
+// container is ready only while it succeeds.
+func checkCNI(ctx context.Context, c CNI, confDir, confFile, binDir string, stdout io.Writer) error {
+	plugin := filepath.Join(binDir, c.typ())
+	if _, err := os.Stat(plugin); err != nil {
+		return fmt.Errorf("%w: %s is not installed: %w", ErrNotChained, c.typ(), err)
+	}
+	vs, err := PluginVersions(ctx, plugin)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNotChained, err)
+	}
+	c.Versions = vs
+	p := confFile
+	if p == "" {
+		if p, err = FindCNIConfig(confDir); err != nil {
+			return fmt.Errorf("%w: %w", ErrNotChained, err)
+		}
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNotChained, err)
+	}
+	n, err := c.Check(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p, err)
+	}
+	fmt.Fprintf(stdout, "%s: %s is chained, the last of %d plugins\n", p, c.typ(), n)
 	return nil
 }
 

@@ -319,6 +319,37 @@ func (c CNI) check(before, after []byte, want map[string]any) error {
 	return nil
 }
 
+// ErrNotChained is what Check's error wraps when the network configuration runtimes use
+// does not chain kl-cni as kl would: pods created now would start without kl's capture.
+var ErrNotChained = errors.New("kl-cni is not chained")
+
+// Check reports whether the network configuration data (of the file path) chains
+// kl-cni as Install would leave it: kl's entry the last plugin, with kl's keys, in a
+// network whose cniVersion c.Versions holds. It changes nothing; the error, which wraps
+// ErrNotChained, says what is missing. On success it returns how many plugins the
+// network has.
+func (c CNI) Check(data []byte) (plugins int, err error) {
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return 0, fmt.Errorf("%w: the file is empty", ErrNotChained)
+	}
+	_, ps, kl, err := c.conflist(data)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrNotChained, err)
+	}
+	next, err := c.Install(data)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("%w: %w", ErrNotChained, err)
+	case len(kl) == 0:
+		return 0, fmt.Errorf("%w: no %s entry in its plugins", ErrNotChained, c.typ())
+	case kl[len(kl)-1] != len(ps.Elems)-1 || len(kl) > 1:
+		return 0, fmt.Errorf("%w: %s is not the last plugin, or is in the list more than once", ErrNotChained, c.typ())
+	case !bytes.Equal(next, data):
+		return 0, fmt.Errorf("%w: %s's entry lacks kl's settings (capabilities or --conf)", ErrNotChained, c.typ())
+	}
+	return len(ps.Elems), nil
+}
+
 // FindCNIConfig returns the network configuration a CNI runtime uses in dir: the first
 // .conf, .conflist or .json file in lexical order, as libcni, containerd and CRI-O pick
 // it.

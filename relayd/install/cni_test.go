@@ -116,3 +116,102 @@ func TestRunCNIReinstall(t *testing.T) {
 		t.Errorf("second install changed the conflist:\n%s", UnifiedDiff("first", "second", first, got))
 	}
 }
+
+// install cni --check, install-cni's readiness probe, succeeds only when the conflist
+// runtimes use chains kl-cni as install leaves it and the kl-cni in --cni-bin-dir
+// accepts the network's cniVersion; otherwise it fails saying why (a node where pods
+// would start uncaptured must not look ready). It writes nothing, not even a lock file.
+func TestRunCNICheck(t *testing.T) {
+	calico := read(t, "10-calico.conflist")
+	chained, err := CNI{}.Install(calico)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withConf, err := CNI{Conf: map[string]any{"redirectPort": 15011}}.Install(calico)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notLast := []byte(strings.Replace(string(chained), "    }\n  ]\n}\n", "    },\n    {\n      \"type\": \"tuning\"\n    }\n  ]\n}\n", 1))
+	noCaps := []byte(strings.Replace(string(chained), ",\n      \"capabilities\": {\n        \"io.kubernetes.cri.pod-annotations\": true\n      }", "", 1))
+	multus := []byte(`{"cniVersion": "0.3.1", "name": "multus-cni-network", "type": "multus", "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig"}` + "\n")
+	cases := []struct {
+		name     string
+		files    map[string][]byte
+		versions []string // kl-cni's; nil: no kl-cni in the bin dir
+		args     []string
+		wantOut  string // stdout on success
+		wantErr  string // substring of the error; "" for none
+	}{
+		{name: "chained", files: map[string][]byte{"10-calico.conflist": chained}, versions: []string{"0.3.1", "1.0.0"},
+			wantOut: "10-calico.conflist: kl-cni is chained, the last of 4 plugins\n"},
+		{name: "chained with --conf", files: map[string][]byte{"10-calico.conflist": withConf}, versions: []string{"0.3.1"},
+			args: []string{"--conf", `{"redirectPort":15011}`}, wantOut: "10-calico.conflist: kl-cni is chained, the last of 4 plugins\n"},
+		{name: "operator's settings are not kl's", files: map[string][]byte{"10-calico.conflist": withConf}, versions: []string{"0.3.1"},
+			wantOut: "10-calico.conflist: kl-cni is chained, the last of 4 plugins\n"},
+		{name: "another --conf value", files: map[string][]byte{"10-calico.conflist": withConf}, versions: []string{"0.3.1"},
+			args: []string{"--conf", `{"redirectPort":15012}`}, wantErr: "kl-cni's entry lacks kl's settings"},
+		{name: "not chained", files: map[string][]byte{"10-calico.conflist": calico}, versions: []string{"0.3.1"},
+			wantErr: "kl-cni is not chained: no kl-cni entry"},
+		{name: "not last", files: map[string][]byte{"10-calico.conflist": notLast}, versions: []string{"0.3.1"},
+			wantErr: "kl-cni is not the last plugin"},
+		{name: "no capabilities", files: map[string][]byte{"10-calico.conflist": noCaps}, versions: []string{"0.3.1"},
+			wantErr: "kl-cni's entry lacks kl's settings"},
+		{name: "multus conf first", files: map[string][]byte{"00-multus.conf": multus, "10-calico.conflist": chained}, versions: []string{"0.3.1"},
+			wantErr: "00-multus.conf: kl-cni is not chained: a single-plugin network configuration"},
+		{name: "cniVersion kl-cni does not support", files: map[string][]byte{"10-calico.conflist": chained}, versions: []string{"1.0.0", "1.1.0"},
+			wantErr: `kl-cni is not chained: the network's cniVersion is "0.3.1"`},
+		{name: "no kl-cni binary", files: map[string][]byte{"10-calico.conflist": chained},
+			wantErr: "kl-cni is not chained: kl-cni is not installed"},
+		{name: "no network yet", files: map[string][]byte{}, versions: []string{"0.3.1"},
+			wantErr: "kl-cni is not chained: no CNI network configuration"},
+		{name: "--cni-conf-file", files: map[string][]byte{"00-multus.conf": multus, "10-calico.conflist": chained}, versions: []string{"0.3.1"},
+			args: []string{"--cni-conf-file", "NETD/10-calico.conflist"}, wantOut: "10-calico.conflist: kl-cni is chained, the last of 4 plugins\n"},
+		{name: "--check with --watch", files: map[string][]byte{"10-calico.conflist": chained}, versions: []string{"0.3.1"},
+			args: []string{"--watch"}, wantErr: "--check changes nothing"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			netd, bin := filepath.Join(dir, "net.d"), filepath.Join(dir, "bin")
+			for _, d := range []string{netd, bin} {
+				if err := os.MkdirAll(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for n, b := range tc.files {
+				if err := os.WriteFile(filepath.Join(netd, n), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.versions != nil {
+				if _, err := CopyBinary(fakePlugin(t, dir, tc.versions...), bin, "kl-cni"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			args := []string{"install", "cni", "--check", "--cni-conf-dir", netd, "--cni-bin-dir", bin}
+			for _, a := range tc.args {
+				args = append(args, strings.ReplaceAll(a, "NETD", netd))
+			}
+			var out, errb bytes.Buffer
+			err := Run(context.Background(), args, &out, &errb)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("Run(%q): %v", args, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("Run(%q) error = %v, want one containing %q", args, err, tc.wantErr)
+			}
+			if got := strings.ReplaceAll(out.String(), netd+"/", ""); got != tc.wantOut {
+				t.Errorf("stdout = %q, want %q", got, tc.wantOut)
+			}
+			ents, _ := os.ReadDir(netd)
+			if len(ents) != len(tc.files) {
+				t.Errorf("--check left %d files in the conf dir, want the %d there were", len(ents), len(tc.files))
+			}
+			for n, b := range tc.files {
+				if got := mustRead(t, filepath.Join(netd, n)); !bytes.Equal(got, b) {
+					t.Errorf("--check changed %s", n)
+				}
+			}
+		})
+	}
+}
