@@ -299,6 +299,11 @@ func parseExit(s string, o LoadOptions, code Code, what string) (string, *Error)
 
 var exitName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
 
+// ValidExitName says whether name can name an exit in a rule (exit:): lower-case letters,
+// digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters. The
+// daemon's configuration takes no other names, so every exit it defines can be named.
+func ValidExitName(name string) bool { return exitName.MatchString(name) }
+
 func isReservedExit(s string) bool {
 	switch s {
 	case "direct", "cluster", "proxy", "deny", "block", "client", "gateway":

@@ -344,10 +344,8 @@ func checkExitName(name string) error {
 			return fmt.Errorf("%q is a built-in exit and cannot be redefined", name)
 		}
 	}
-	for _, r := range name {
-		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
-			return fmt.Errorf("exit name %q: only letters, digits, '-', '_' and '.' are allowed", name)
-		}
+	if !rules.ValidExitName(name) {
+		return fmt.Errorf("exit name %q: a name is lower-case letters, digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters (as rules name it in exit:)", name)
 	}
 	return nil
 }

@@ -78,7 +78,10 @@ exits:
 		{name: "port clash", in: "redirectPort: 15080\n", wantErr: "port 15080 is also redirectPort"},
 		{name: "short idle", in: "idleTimeout: 10ms\n", wantErr: "idleTimeout"},
 		{name: "builtin exit", in: "exits: {direct: {url: 'http://a:1'}}\n", wantErr: `"direct" is a built-in exit`},
-		{name: "bad exit name", in: "exits: {'a b': {url: 'http://a:1'}}\n", wantErr: "only letters"},
+		{name: "bad exit name", in: "exits: {'a b': {url: 'http://a:1'}}\n", wantErr: "lower-case letters"},
+		// A name rules cannot write in exit: is refused here, not left unreachable.
+		{name: "upper-case exit name", in: "exits: {Egress-B: {url: 'socks5://a:1'}}\n", wantErr: `exit name "Egress-B"`},
+		{name: "exit name starting with _", in: "exits: {_b: {url: 'socks5://a:1'}}\n", wantErr: `exit name "_b"`},
 		{name: "bad scheme", in: "proxy: {url: 'ftp://a:1'}\n", wantErr: `scheme "ftp"`},
 		{name: "no port", in: "proxy: {url: 'http://user:secret@a'}\n", wantErr: "needs a host and a port"},
 		{name: "missing url", in: "exits: {b: {}}\n", wantErr: "exits: b: url is missing"},
