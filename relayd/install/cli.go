@@ -27,7 +27,9 @@ runtime and records the default it replaced in FILE.kl-state; uninstall puts tha
 (without a record, a default that names kl goes back to runc).
 install cni chains kl into the conflist the runtime uses (the first in name order);
 uninstall cni takes it out of every conflist of the directory, reporting each file
-(--cni-conf-file edits just that one). --dry-run prints the diff and writes nothing.`
+(--cni-conf-file edits just that one). --dry-run prints the diff and writes nothing.
+install cni --check writes nothing and exits 0 only while kl-cni is chained where
+install would chain it (the DaemonSet's readiness probe); --watch keeps it chained.`
 
 // Run carries out `kl-ctl install …` or `kl-ctl uninstall …`: args starts with the verb
 // ("install" or "uninstall") and the target. Diffs go to stdout, progress to stderr.
