@@ -2,6 +2,7 @@ package netns
 
 import (
 	"flag"
+	"slices"
 	"testing"
 	"time"
 
@@ -26,6 +27,17 @@ func TestDecisionsRoundTrip(t *testing.T) {
 			}
 			if c, err := Installed(ns.Path); err != nil || c.Render() != tc.c.Render() {
 				t.Errorf("Installed = %v, %v; want the capture underneath", c, err)
+			}
+			fake := NewFake()
+			if err := InstallDecisionsWith(fake, ns.Path, tc.c, tc.d); err != nil {
+				t.Fatal(err)
+			}
+			want, _ := InstalledMarksWith(fake, ns.Path)
+			got, err := InstalledMarks(ns.Path)
+			slices.Sort(got)
+			slices.Sort(want)
+			if err != nil || len(got) == 0 || !slices.Equal(got, want) {
+				t.Errorf("InstalledMarks = %#x, %v; want %#x, as written", got, err, want)
 			}
 			listed := ns.Exec(t, "nft", "list", "table", "inet", "kl")
 			golden(t, "nft-"+tc.name, listed)

@@ -377,3 +377,33 @@ func FuzzDecisions(f *testing.F) {
 		}
 	})
 }
+
+// InstalledMarks names every mark the installed decisions can set (the guard's, the
+// marking rules' and the mark maps' values), none for a plain capture or a netns without
+// a table: what a new kl-relayd must not take for marks of its own tables.
+func TestInstalledMarks(t *testing.T) {
+	want := map[string][]uint32{
+		"decisions-mixed":                   {0x6b010000, 0x6b010003, 0x6b010004, 0x6b010005, 0x6b010006, 0x6b010007},
+		"decisions-relay-default-ipv4-only": {0x6b020001},
+	}
+	f := NewFake()
+	if got, err := InstalledMarksWith(f, "/ns"); err != nil || len(got) != 0 {
+		t.Errorf("InstalledMarks without a table = %#x, %v; want none, nil", got, err)
+	}
+	for _, tc := range goldenDecisions {
+		if err := InstallDecisionsWith(f, "/ns", tc.c, tc.d); err != nil {
+			t.Fatal(err)
+		}
+		got, err := InstalledMarksWith(f, "/ns")
+		slices.Sort(got)
+		if err != nil || !slices.Equal(got, want[tc.name]) {
+			t.Errorf("%s: InstalledMarks = %#x, %v; want %#x", tc.name, got, err, want[tc.name])
+		}
+		if err := InstallWith(f, "/ns", tc.c); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := InstalledMarksWith(f, "/ns"); err != nil || len(got) != 0 {
+			t.Errorf("%s: InstalledMarks of the plain capture = %#x, %v; want none", tc.name, got, err)
+		}
+	}
+}

@@ -39,6 +39,50 @@ func InstalledWith(b Backend, nsPath string) (Capture, error) {
 	return c, nil
 }
 
+// InstalledMarks returns the conntrack marks the kernel decisions of the table installed
+// in nsPath set (the marking rules' and the mark maps' values, each once, in table
+// order): none for a plain capture or when the netns has no table. A process that takes
+// over a table another one installed (kl-relayd after a restart) learns from them which
+// marks that table gives the flows it decides, before it has installed its own.
+func InstalledMarks(nsPath string) ([]uint32, error) {
+	return InstalledMarksWith(defaultBackend, nsPath)
+}
+
+// InstalledMarksWith is InstalledMarks on a given backend.
+func InstalledMarksWith(b Backend, nsPath string) ([]uint32, error) {
+	if nsPath == "" {
+		return nil, fmt.Errorf("read nftables table inet %s: %w", TableName, errNoPath)
+	}
+	got, err := b.Get(nsPath, TableName)
+	if errors.Is(err, ErrNoTable) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read nftables table inet %s in %s: %w", TableName, nsPath, err)
+	}
+	var marks []uint32
+	add := func(m uint32) {
+		if m != 0 && !slices.Contains(marks, m) {
+			marks = append(marks, m)
+		}
+	}
+	for _, ch := range got.Chains {
+		for _, r := range ch.Rules {
+			if sm, ok := r.Action.(SetMark); ok {
+				add(sm.Mark)
+			}
+		}
+	}
+	for _, s := range got.Sets {
+		if s.Map {
+			for _, m := range s.Marks {
+				add(m)
+			}
+		}
+	}
+	return marks, nil
+}
+
 // withoutLive is t without the live set and its rule: the program as kl wrote it before
 // it had them. Reading such a table back still gives its capture, so that an upgraded
 // daemon can add kernel decisions to a pod set up by the previous version (the table it

@@ -44,6 +44,16 @@ import (
 // or one of the keepGens kept for late events), and then the next one it does not know
 // (pod.genFor). At most keepGens numbers are known, so one is always free; the mark keeps
 // its layout, and pods installed in the same round still share one compiled table.
+//
+// The counter is the process's own, but a pod's table outlives the process: after a
+// restart the previous kl-relayd's table goes on deciding flows until the new one is
+// installed, and the new watcher, opened first, reads their events. A generation says
+// nothing of which process's id table it names, so a pod added with a table already in
+// place learns the generations of that table's marks (netns.InstalledMarks) as known
+// numbers without an id table: its own tables never take them, and their events count
+// as unknown marks instead of being decoded with another table's ids (pod.adopt). The
+// node's counter also goes on from the latest of them, so the numbers the previous
+// process used last are the ones this one reuses last.
 const (
 	Tag      uint32 = 0x6b000000
 	TagMask  uint32 = 0xff000000
@@ -145,7 +155,7 @@ type PodStatus struct {
 	Flows      uint64   `json:"kernel_flows"`   // kernel-decided flows recorded
 	Lost       uint64   `json:"lost_events"`    // conntrack event socket failures (the watcher reopened it; events may be lost)
 	Overruns   uint64   `json:"event_overruns"` // event socket overruns (the kernel resends the NEW events: late, not lost)
-	Unknown    uint64   `json:"unknown_marks"`  // tagged marks of no known generation
+	Unknown    uint64   `json:"unknown_marks"`  // tagged marks of no known generation, or of a table installed before the pod was added
 	Late       uint64   `json:"late_records"`   // recorded from a DESTROY event (the NEW event could not be delivered in time)
 	Generation uint8    `json:"generation"`
 	Policy     string   `json:"policy"` // hash of the policy the plan was computed from
@@ -159,11 +169,12 @@ type Manager struct {
 	log     *slog.Logger
 	backend netns.Backend
 
-	mu   sync.Mutex
-	gen  uint8 // the last install round's generation (node-wide; a pod may skip it)
-	pods map[string]*pod
-	poll *poller // the pods' conntrack event sockets (Linux; started by the first watch)
-	hits map[hitKey]uint64
+	mu    sync.Mutex
+	gen   uint8 // the last install round's generation (node-wide; a pod may skip it)
+	began bool  // a round has taken a generation, or gen follows an adopted table's
+	pods  map[string]*pod
+	poll  *poller // the pods' conntrack event sockets (Linux; started by the first watch)
+	hits  map[hitKey]uint64
 }
 
 type hitKey struct {
@@ -180,8 +191,8 @@ type pod struct {
 	imu     sync.Mutex // one install at a time
 	capture netns.Capture
 	gen     uint8                         // of the installed table (when plan is set)
-	gens    map[uint8][]rules.KernelEntry // id tables by generation (entries by id-1)
-	order   []uint8                       // installed generations, oldest first; the last is gen
+	gens    map[uint8][]rules.KernelEntry // id tables by generation (entries by id-1); nil: adopted, ids unknown
+	order   []uint8                       // installed (and adopted) generations, oldest first; the last is gen
 	plan    *rules.KernelPlan
 	policy  string
 	flows   uint64
@@ -191,6 +202,7 @@ type pod struct {
 	late    uint64
 	err     string // of the last install, when it failed
 	gone    bool   // dropped: no longer registered, its watcher stopped
+	adopted bool   // an event of an adopted generation was seen (logged once)
 	// Set before the pod is published, never changed after (read without a lock).
 	stop  func() // nil: not watched
 	nsDev uint64 // the netns the watcher reads (watch_linux.go)
@@ -212,6 +224,10 @@ func New(o Options) *Manager {
 // Add registers a pod: it installs the pod's kernel decisions under policy p and starts
 // watching its conntrack events. On error nothing of the pod is kept and its table is
 // unchanged (the relay decides everything).
+//
+// The generations the table already in the pod's netns marks with (the previous
+// kl-relayd's, after a restart) are never decoded: their events count as unknown marks
+// (see Tag).
 //
 // Adding an id again in the same netns (a refresh, the daemon's repair) updates the pod
 // in place: its watcher stays, with whatever events are queued in it, and so do the
@@ -251,6 +267,7 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	// mark the manager does not know yet. Its watcher (and the netns identity it keeps)
 	// is set before the pod is published, and never changes after.
 	po := &pod{Pod: pd, capture: c, gens: map[uint8][]rules.KernelEntry{}}
+	m.adopt(po)
 	if !m.o.NoWatch {
 		stop, err := m.watch(po)
 		if err != nil {
@@ -355,6 +372,7 @@ type round struct {
 func (m *Manager) newRound(p *rules.Policy) *round {
 	m.mu.Lock()
 	m.gen++
+	m.began = true
 	gen := m.gen
 	m.mu.Unlock()
 	return &round{p: p, gen: gen, plans: map[string]*rules.KernelPlan{}, tables: map[string]*netns.Table{}}
@@ -401,6 +419,36 @@ func (r *round) table(po *pod, gen uint8) (*rules.KernelPlan, *netns.Table, erro
 		r.mu.Unlock()
 	}
 	return plan, t, nil
+}
+
+// adopt makes the generations of the table installed in po's netns known to po without
+// an id table (po not published yet): that table was installed by another process (the
+// kl-relayd before a restart) or for a registration this process dropped, and it decides
+// the pod's flows until po's own table is in. Its marks' ids mean nothing here, so their
+// events count as unknown marks, and po's own tables take other numbers (genFor). At
+// most keepGens-1 are kept, so that genFor always finds a free number. The node's
+// counter goes on after them: a restarted daemon continues the previous one's numbers,
+// so those it used last (marks of connections whose events come late) come round last.
+func (m *Manager) adopt(po *pod) {
+	marks, err := m.installedMarks(po.Netns)
+	if err != nil {
+		// No table to read: nothing installed decides the pod's flows, or installing fails too.
+		m.log.Debug("marks of the installed table not read", "pod", po.ID, "err", err)
+		return
+	}
+	for _, mark := range marks {
+		gen, _, ok := splitMark(mark)
+		if !ok || slices.Contains(po.order, gen) || len(po.order) == keepGens-1 {
+			continue
+		}
+		po.gens[gen] = nil
+		po.order = append(po.order, gen)
+		m.mu.Lock()
+		if !m.began || int8(gen-m.gen) > 0 {
+			m.gen, m.began = gen, true
+		}
+		m.mu.Unlock()
+	}
 }
 
 // genFor returns the generation po's next table marks with: the round's, or the next
@@ -610,6 +658,13 @@ func (m *Manager) installed(ns string) (netns.Capture, error) {
 	return netns.InstalledWith(m.backend, ns)
 }
 
+func (m *Manager) installedMarks(ns string) ([]uint32, error) {
+	if m.backend == nil {
+		return netns.InstalledMarks(ns)
+	}
+	return netns.InstalledMarksWith(m.backend, ns)
+}
+
 func (m *Manager) apply(ns string, t *netns.Table) error {
 	if m.backend == nil {
 		return netns.InstallProgram(ns, t)
@@ -628,7 +683,13 @@ func (m *Manager) record(po *pod, mark uint32) bool {
 	entries, known := po.gens[gen]
 	if !known || id > len(entries) {
 		po.unknown++
+		first := known && entries == nil && !po.adopted
+		po.adopted = po.adopted || first
 		m.mu.Unlock()
+		if first {
+			m.log.Info("kernel-decided flows of the table found in the pod's netns (the previous kl-relayd's, until this one's went in) are counted as unknown marks, not recorded: which rules decided them is not known",
+				"pod", po.ID, "generation", gen)
+		}
 		return false
 	}
 	d := entries[id-1].Decision

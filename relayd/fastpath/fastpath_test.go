@@ -357,3 +357,50 @@ func TestGenerationNotReused(t *testing.T) {
 		})
 	}
 }
+
+// A restarted daemon takes over tables the previous process installed, whose
+// generations came from the previous process's counter: its own tables never mark with
+// them, and it decodes none of them (its id tables say nothing of what another process's
+// ids meant; the flows count as unknown marks). Its counter goes on after the adopted
+// table's, so the previous process's last numbers are not the first it reuses.
+func TestRestartAdoptsInstalledGenerations(t *testing.T) {
+	f := netns.NewFake()
+	c := capture
+	pd := Pod{ID: "a", Netns: "/ns/a", Capture: &c}
+	old := policy(t, cidrPolicy)
+	m1 := New(Options{Backend: f, NoWatch: true})
+	if err := m1.Add(pd, old); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if err := m1.Reload(old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	earlier := slices.Clone(m1.pods["a"].order)
+	m1.Close() // the daemon stops; the table stays
+
+	var s sink
+	m2 := New(Options{Sink: &s, Backend: f, NoWatch: true})
+	defer m2.Close()
+	now := policy(t, "default: direct\nrules:\n  - cidr: 192.0.2.0/24\n    action: deny\n    note: blocked now\n")
+	if err := m2.Add(pd, now); err != nil {
+		t.Fatal(err)
+	}
+	po := m2.pods["a"]
+	if want := earlier[len(earlier)-1] + 1; po.gen != want {
+		t.Errorf("the restarted manager installed generation %d; want %d, after the generations %v of the previous process", po.gen, want, earlier)
+	}
+	for _, g := range earlier {
+		if m2.record(po, Mark(g, 2)) {
+			t.Errorf("a flow marked by the previous process's generation %d table was decoded with this process's ids: %+v", g, s.recs)
+		}
+	}
+	if len(s.recs) != 0 || po.unknown != uint64(len(earlier)) {
+		t.Errorf("%d records and %d unknown marks for %d flows of the previous process's tables; want none and %d", len(s.recs), po.unknown, len(earlier), len(earlier))
+	}
+	// Entry 3 of the new plan: the default, direct.
+	if !m2.record(po, Mark(po.gen, 3)) || len(s.recs) != 1 || s.recs[0].Dimension != "default" || s.recs[0].Exit != "direct" {
+		t.Errorf("a flow of the restarted manager's own table recorded as %+v, want its policy's default (direct)", s.recs)
+	}
+}
