@@ -565,11 +565,13 @@ func (d *Daemon) reap(ctx context.Context) {
 
 // sweep drops the registrations whose netns path no longer names their netns and did
 // not at the sweep before either (missing, which it returns for the next one), then
-// checks the fast path's tables. The grace of one interval is for a netns that outlives
-// its path: containers sharing one (--network container:A) are registered through A's
-// /proc/PID/ns/net, gone when A's process ends, and kl-hook moves the registration to a
-// container still in the netns only at A's poststop, which comes later; dropped meanwhile,
-// the others' flows would be cut and their new connections refused until then.
+// checks the fast path's tables, but for the registrations it keeps in grace. The grace
+// of one interval is for a netns that outlives its path: containers sharing one
+// (--network container:A) are registered through A's /proc/PID/ns/net, gone when A's
+// process ends, and kl-hook moves the registration to a container still in the netns
+// only at A's poststop, which comes later; dropped meanwhile, the others' flows would be
+// cut and their new connections refused until then, and their kernel-decided ones
+// unrecorded.
 func (d *Daemon) sweep(missing map[string]bool) map[string]bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -590,7 +592,7 @@ func (d *Daemon) sweep(missing map[string]bool) map[string]bool {
 		d.store.Delete(id)
 		delete(d.regs, id)
 	}
-	d.fastVerify()
+	d.fastVerify(now)
 	return now
 }
 

@@ -96,13 +96,18 @@ func (d *Daemon) fastRepair() {
 // kernel decisions again where they are missing, changed or not the live policy's: a
 // kl-cni ADD or CHECK, or an OCI hook that installed the capture after registering, left
 // the plain capture, or a reload's table swap failed.
-func (d *Daemon) fastVerify() {
+//
+// The workloads in grace are skipped: their netns path has gone, and the sweep keeps
+// them for an interval in case their netns lives on under another path (sweep). There is
+// no table to read or install under that path, and adding them again would stop the
+// watcher of a netns whose table still decides flows.
+func (d *Daemon) fastVerify(grace map[string]bool) {
 	if d.fast == nil {
 		return
 	}
 	for id, e := range d.regs {
 		w := e.Registration.Workload
-		if w.Mode != api.ModeTransparent {
+		if w.Mode != api.ModeTransparent || grace[id] {
 			continue
 		}
 		err := d.fast.Verify(id, d.policy.Load())

@@ -61,7 +61,7 @@ func TestFastPathVerifyReinstalls(t *testing.T) {
 		t.Fatalf("plain capture still has decisions:\n%s", tb)
 	}
 	d.mu.Lock()
-	d.fastVerify()
+	d.fastVerify(nil)
 	d.mu.Unlock()
 	if tb := table(); !strings.Contains(tb, "ct mark set") {
 		t.Fatalf("kernel decisions not reinstalled by the check:\n%s\n%s", tb, logs.String())
@@ -189,7 +189,7 @@ func TestFastPathFailedSwapRepaired(t *testing.T) {
 			}
 		case "reap check":
 			d.mu.Lock()
-			d.fastVerify()
+			d.fastVerify(nil)
 			d.mu.Unlock()
 		}
 		if k := kernel(); k.Error != "" || k.Policy != live {

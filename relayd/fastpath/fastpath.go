@@ -223,7 +223,10 @@ func New(o Options) *Manager {
 
 // Add registers a pod: it installs the pod's kernel decisions under policy p and starts
 // watching its conntrack events. On error nothing of the pod is kept and its table is
-// unchanged (the relay decides everything).
+// unchanged (the relay decides everything), with one exception: a pod already
+// registered under the id stays, with its watcher, when the new path cannot be opened
+// (a path that has gone says nothing of the netns, which may live on under another
+// path, deciding flows with the pod's table: see the daemon's sweep); Remove ends it.
 //
 // The generations the table already in the pod's netns marks with (the previous
 // kl-relayd's, after a restart) are never decoded: their events count as unknown marks
@@ -255,6 +258,11 @@ func (m *Manager) Add(pd Pod, p *rules.Policy) error {
 	m.mu.Unlock()
 	if old != nil && (path == pd.Netns && m.o.NoWatch || old.inNetns(pd.Netns)) {
 		return m.update(old, pd, p, path != pd.Netns)
+	}
+	if old != nil && !m.o.NoWatch {
+		if err := reachable(pd.Netns); err != nil {
+			return fmt.Errorf("fastpath: pod %s: %w", pd.ID, err)
+		}
 	}
 	if old != nil {
 		m.drop(old)

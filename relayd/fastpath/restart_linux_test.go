@@ -5,9 +5,13 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/tests/testutil"
@@ -134,4 +138,83 @@ func TestRestartWindowNotDecodedWithNewRules(t *testing.T) {
 	if got := unknown(); got != 1 {
 		t.Errorf("%d unknown marks, want 1 (the window's flow, decided by the previous process's table)", got)
 	}
+}
+
+// A pod whose netns path has gone (containers sharing a netns: the registrant's
+// /proc/PID/ns/net is gone when its process ends, before the registration moves to a
+// member still running) keeps its registration and its watcher when it is added again
+// under that path: the netns lives on under another path, and its table goes on deciding
+// flows, which must still be recorded. Adding it under a live path of the same netns
+// then moves it, watcher and all.
+func TestAddUnderGonePathKeepsWatcher(t *testing.T) {
+	testutil.RequireTool(t, "nft")
+	pod, srv := testutil.NewNetns(t, "klgp"), testutil.NewNetns(t, "klgps")
+	testutil.Link(t, pod, []string{"192.0.2.2/24"}, srv, []string{"192.0.2.1/24"})
+	const addr = "192.0.2.1:7070"
+	greeter(t, srv.Path, addr)
+	first := bindNetns(t, pod.Path)
+
+	var s sink
+	m := New(Options{Sink: &s})
+	defer m.Close()
+	c := capture
+	p := policy(t, "default: proxy\nrules:\n  - cidr: 192.0.2.0/24\n    action: direct\n    note: cluster\n")
+	if err := m.Add(Pod{ID: "a", Netns: first, Capture: &c}, p); err != nil {
+		t.Fatal(err)
+	}
+	po := m.pods["a"]
+	records := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.recs)
+	}
+	flows := func(n, want int) {
+		t.Helper()
+		for i := range n {
+			if !dialGreeter(t, pod.Path, addr) {
+				t.Fatalf("flow %d not sent out directly by the pod's table", i)
+			}
+		}
+		for deadline := time.Now().Add(3 * time.Second); records() < want && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if got := records(); got != want {
+			t.Errorf("%d records, want %d (one per kernel-decided flow; unknown marks %d)", got, want, po.unknown)
+		}
+	}
+	flows(2, 2)
+
+	if err := unix.Unmount(first, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Add(Pod{ID: "a", Netns: first, Capture: &c}, p); err == nil {
+		t.Error("Add under a path that has gone passed")
+	}
+	if m.pods["a"] != po || watcherSocket(m, po) < 0 {
+		t.Fatalf("adding the pod under its gone path dropped it (registered %p, was %p) or its watcher", m.pods["a"], po)
+	}
+	flows(3, 5)
+
+	if err := m.Add(Pod{ID: "a", Netns: pod.Path, Capture: &c}, p); err != nil {
+		t.Fatal(err)
+	}
+	if m.pods["a"] != po || watcherSocket(m, po) < 0 {
+		t.Errorf("the move to a live path of the netns replaced the pod or its watcher")
+	}
+	flows(1, 6)
+}
+
+// bindNetns bind-mounts the netns file at nsPath on a file of a temporary directory and
+// returns that path (unmounted when the test ends, if still mounted).
+func bindNetns(t *testing.T, nsPath string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "netns")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(nsPath, p, "", unix.MS_BIND, ""); err != nil {
+		t.Fatalf("bind-mount %s on %s: %v", nsPath, p, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(p, unix.MNT_DETACH) })
+	return p
 }

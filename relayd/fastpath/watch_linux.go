@@ -139,6 +139,19 @@ func (po *pod) inNetns(path string) bool {
 	return po.stop != nil && unix.Stat(path, &st) == nil && st.Dev == po.nsDev && st.Ino == po.nsIno
 }
 
+// reachable says whether path names a netns (a bind mount of one, or /proc/PID/ns/net):
+// not when it is gone, or is the file a bind mount was on once unmounted.
+func reachable(path string) error {
+	var fs unix.Statfs_t
+	if err := unix.Statfs(path, &fs); err != nil {
+		return fmt.Errorf("netns %s: %w", path, err)
+	}
+	if fs.Type != unix.NSFS_MAGIC {
+		return fmt.Errorf("netns %s: not a namespace file (gone)", path)
+	}
+	return nil
+}
+
 // poller returns the manager's poller, starting it on first use.
 func (m *Manager) poller() (*poller, error) {
 	m.mu.Lock()

@@ -12,6 +12,8 @@ func (m *Manager) rewatch(po *pod) error { return errors.ErrUnsupported }
 
 func (po *pod) inNetns(string) bool { return false }
 
+func reachable(string) error { return errors.ErrUnsupported }
+
 type poller struct{}
 
 func (m *Manager) closePoller() {}
