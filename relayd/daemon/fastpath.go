@@ -3,6 +3,7 @@ package daemon
 import (
 	"time"
 
+	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/fastpath"
 )
@@ -14,16 +15,27 @@ import (
 // keeps the table it had (its plain capture, or the decisions last installed, which the
 // reap loop and the next reload replace) and the relay decides every other flow. Callers hold d.mu, so a registration and a reload never
 // install plans of different policies out of order.
+//
+// A workload the fast path does not serve (it is off, or the workload is in proxy mode)
+// must not keep kernel decisions either: its table can still carry those of an earlier
+// kl-relayd (one that ran with the fast path on before a restart with noFastPath) or of
+// its transparent registration before a refresh into proxy mode. Nothing would audit the
+// flows they send out, and no reload would change them, so a destination the rules deny
+// now would stay reachable. Registration, restore and the reap loop's check put the
+// plain capture back in their place (plainCapture).
 
 // fastAdd installs w's kernel decisions under the live policy (w exactly as the relay
-// hands it to Decide: labels and image after enrichment).
+// hands it to Decide: labels and image after enrichment), or, when the fast path does
+// not serve w, takes any kernel decisions out of its table.
 func (d *Daemon) fastAdd(w api.Workload) error {
-	if d.fast == nil {
-		return nil
-	}
-	if w.Mode != api.ModeTransparent {
-		d.fast.Remove(w.ID) // a refresh into proxy mode
-		return nil
+	if d.fast == nil || w.Mode != api.ModeTransparent {
+		err := d.plainCapture(w)
+		if d.fast != nil {
+			// A refresh into proxy mode. The watcher stops after the decisions are gone, so
+			// the flows they decided until then are recorded.
+			d.fast.Remove(w.ID)
+		}
+		return err
 	}
 	return d.fast.Add(fastpath.Pod{ID: w.ID, Netns: w.Netns, Labels: w.Labels, Image: w.Image}, d.policy.Load())
 }
@@ -33,10 +45,37 @@ func (d *Daemon) fastAdd(w api.Workload) error {
 // attempt finds no table. The reap loop's check tries again after that.
 var fastRetry = time.Second
 
+// plainCapture reinstalls the capture underneath w's table, without its kernel
+// decisions, if the table carries any (see above). Only the decisions go, in one
+// transaction with the rest of the table: the capture is read back from it. A netns
+// without a kl table is left alone.
+func (d *Daemon) plainCapture(w api.Workload) error {
+	marks, err := netns.InstalledMarks(w.Netns)
+	if err != nil || len(marks) == 0 {
+		return err
+	}
+	c, err := netns.Installed(w.Netns)
+	if err != nil {
+		return err
+	}
+	if c.RedirectPort == 0 {
+		c.RedirectPort = d.cfg.RedirectPort // every flow was decided in the kernel
+	}
+	if err := netns.Install(w.Netns, c); err != nil {
+		return err
+	}
+	d.log.Info("kernel decisions no watcher audits removed from the workload's table; the relay decides its flows", "workload", w.ID, "mode", w.Mode, "fast_path", d.fast != nil)
+	return nil
+}
+
 // fastRegister is fastAdd on the registration path: an error is logged, never returned.
 func (d *Daemon) fastRegister(w api.Workload) {
 	err := d.fastAdd(w)
 	if err == nil {
+		return
+	}
+	if d.fast == nil || w.Mode != api.ModeTransparent {
+		d.log.Warn("kernel decisions not removed from the workload's table; the reap loop tries again", "workload", w.ID, "err", err)
 		return
 	}
 	d.log.Info("kernel fast path not installed yet; the relay decides every flow of the workload", "workload", w.ID, "err", err)
@@ -95,19 +134,23 @@ func (d *Daemon) fastRepair() {
 // fastVerify checks every transparent workload's table (d.mu held) and installs the
 // kernel decisions again where they are missing, changed or not the live policy's: a
 // kl-cni ADD or CHECK, or an OCI hook that installed the capture after registering, left
-// the plain capture, or a reload's table swap failed.
+// the plain capture, or a reload's table swap failed. The tables of workloads the fast
+// path does not serve lose any kernel decisions they still carry.
 //
 // The workloads in grace are skipped: their netns path has gone, and the sweep keeps
 // them for an interval in case their netns lives on under another path (sweep). There is
 // no table to read or install under that path, and adding them again would stop the
 // watcher of a netns whose table still decides flows.
 func (d *Daemon) fastVerify(grace map[string]bool) {
-	if d.fast == nil {
-		return
-	}
 	for id, e := range d.regs {
 		w := e.Registration.Workload
-		if w.Mode != api.ModeTransparent || grace[id] {
+		if grace[id] {
+			continue
+		}
+		if d.fast == nil || w.Mode != api.ModeTransparent {
+			if err := d.plainCapture(w); err != nil {
+				d.log.Debug("kernel decisions not removed from the workload's table", "workload", id, "err", err)
+			}
 			continue
 		}
 		err := d.fast.Verify(id, d.policy.Load())

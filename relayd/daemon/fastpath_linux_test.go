@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -52,6 +53,93 @@ func greeted(t *testing.T, pod *testutil.Netns) bool {
 	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	line, _ := bufio.NewReader(c).ReadString('\n')
 	return line == "hi\n"
+}
+
+// A workload registered while the fast path was on keeps its kernel decisions in its
+// table across a restart. Restarted with noFastPath, the daemon watches and reloads
+// nothing of them: the flows they send out would have no record, and a destination the
+// new rules deny would stay reachable. Restore puts the plain capture back, so the relay
+// decides (and here refuses) every flow.
+func TestNoFastPathRestartRemovesKernelDecisions(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	testutil.RequireTool(t, "nft")
+	pod, accepted := greeterPod(t, "klnfp")
+	cfg := testConfig(t, t.TempDir()) // default: direct
+	plain := netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true}
+	if err := netns.Install(pod.Path, plain); err != nil {
+		t.Fatal(err)
+	}
+	table := func() string { return pod.Exec(t, "nft", "list", "table", "inet", netns.TableName) }
+
+	c, stop := start(t, cfg)
+	w := api.Workload{ID: "fp", Netns: pod.Path, Mode: api.ModeTransparent, Source: "cni"}
+	if _, err := c.Register(context.Background(), w); err != nil {
+		t.Fatal(err)
+	}
+	if tb := table(); !strings.Contains(tb, "ct mark set") {
+		t.Fatalf("no kernel decisions with the fast path on:\n%s", tb)
+	}
+	if !greeted(t, pod) {
+		t.Fatal("default direct: the flow did not reach the server")
+	}
+	stop()
+
+	if err := os.WriteFile(cfg.Rules, []byte("default: deny\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NoFastPath = true
+	c2, _ := start(t, cfg)
+	if _, found, err := c2.Get(context.Background(), "fp"); err != nil || !found {
+		t.Fatalf("registration not restored: found %v, %v", found, err)
+	}
+	if tb := table(); strings.Contains(tb, "ct mark set") {
+		t.Errorf("restored with noFastPath, the table still carries kernel decisions:\n%s", tb)
+	}
+	if err := netns.Verify(pod.Path, plain); err != nil {
+		t.Errorf("restored with noFastPath, the table is not the pod's plain capture: %v", err)
+	}
+	before := accepted.Load()
+	if greeted(t, pod) || accepted.Load() != before {
+		t.Errorf("default: deny and noFastPath, yet the flow reached the server (%d connections); table:\n%s", accepted.Load()-before, table())
+	}
+}
+
+// A transparent workload refreshed into proxy mode leaves the fast path: its watcher
+// stops, so its table must not keep the kernel decisions, which would send flows out
+// with no record and no reload ever changing them. The capture underneath stays.
+func TestProxyRefreshRemovesKernelDecisions(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	testutil.RequireTool(t, "nft")
+	pod, _ := greeterPod(t, "klpxr")
+	cfg := testConfig(t, t.TempDir())
+	plain := netns.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true}
+	if err := netns.Install(pod.Path, plain); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.fastClose()
+	defer d.relay.Close("fp")
+	table := func() string { return pod.Exec(t, "nft", "list", "table", "inet", netns.TableName) }
+	w := api.Workload{ID: "fp", Netns: pod.Path, Mode: api.ModeTransparent, Source: "cni"}
+	if _, err := d.Register(w); err != nil {
+		t.Fatal(err)
+	}
+	if tb := table(); !strings.Contains(tb, "ct mark set") {
+		t.Fatalf("no kernel decisions after the transparent registration:\n%s", tb)
+	}
+	w.Mode = api.ModeProxy
+	if _, err := d.Register(w); err != nil {
+		t.Fatal(err)
+	}
+	if tb := table(); strings.Contains(tb, "ct mark set") {
+		t.Errorf("refreshed into proxy mode, the table still carries kernel decisions:\n%s", tb)
+	}
+	if err := netns.Verify(pod.Path, plain); err != nil {
+		t.Errorf("refreshed into proxy mode, the table is not the pod's plain capture: %v", err)
+	}
 }
 
 // The sweep keeps a registration whose netns path has gone for one interval (the netns
