@@ -229,6 +229,7 @@ type Daemon struct {
 	// still saved, tried again every retryInterval until they open, their netns goes or
 	// their id is registered or deregistered anew.
 	pending map[string]registry.Entry
+	rescan  bool // under mu: a shortage kept saved registrations from being read; retryPending reads them again
 
 	fastClosed bool // under mu: late fast path retries stop after shutdown
 
@@ -453,10 +454,10 @@ func (d *Daemon) healthy(ctx context.Context, probe *api.Client) error {
 // that a shortage (descriptors, memory) keeps from opening is neither: it stays saved and
 // is tried again (pending), since nothing says its pod is gone.
 func (d *Daemon) restore(ctx context.Context) {
-	entries, errs := d.store.Load()
-	for _, err := range errs {
-		d.log.Error("saved registration unreadable or refused; left in place", "err", err)
-	}
+	entries, rescan := d.loadSaved()
+	d.mu.Lock()
+	d.rescan = rescan
+	d.mu.Unlock()
 	var n [3]int // by restoreOne's outcome
 	for i, e := range entries {
 		if ctx.Err() != nil {
@@ -521,10 +522,37 @@ func (d *Daemon) restoreOne(e registry.Entry) int {
 	return restoredDropped
 }
 
-// retryPending tries the pending registrations again.
+// loadSaved reads the saved registrations; rescan: a shortage kept some from being read
+// (the directory or a file), for retryPending to read again (d.rescan). One that is
+// unreadable otherwise, or that the API would refuse, is left in place for the operator.
+func (d *Daemon) loadSaved() (_ []registry.Entry, rescan bool) {
+	entries, errs := d.store.Load()
+	for _, err := range errs {
+		if transient(err) {
+			d.log.Warn("saved registrations not read for now; read again", "err", err, "every", retryInterval)
+			rescan = true
+			continue
+		}
+		d.log.Error("saved registration unreadable or refused; left in place", "err", err)
+	}
+	return entries, rescan
+}
+
+// retryPending tries the pending registrations again, and first reads the saved ones
+// again when a shortage kept some from being read (under d.mu throughout, so that no
+// registration or deregistration comes between the read and what it finds).
 func (d *Daemon) retryPending() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.rescan {
+		var entries []registry.Entry
+		entries, d.rescan = d.loadSaved()
+		for _, e := range entries {
+			if _, ok := d.regs[e.Registration.Workload.ID]; !ok { // a registration since is newer
+				d.pending[e.Registration.Workload.ID] = e
+			}
+		}
+	}
 	for _, e := range d.pending {
 		if d.restoreOne(e) == restoredKept {
 			d.log.Info("saved registration restored", "workload", e.Registration.Workload.ID)

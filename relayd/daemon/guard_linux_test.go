@@ -311,8 +311,8 @@ func TestConcurrentReloadsKeepNewest(t *testing.T) {
 // A saved registration that a descriptor shortage keeps from being restored stays saved
 // and opens at a retry, instead of being dropped as if its pod were gone (the pod's
 // capture table would then send its connections to a port nobody listens on until the
-// pod is recreated). The shortage is real: the process's descriptor limit is lowered to
-// what it has open while restore runs.
+// pod is recreated). The shortage is real: the process's descriptor limit is lowered
+// below what it has open while restore runs.
 func TestRestoreKeepsRegistrationThroughShortage(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	logs := &bytes.Buffer{}
@@ -337,12 +337,8 @@ func TestRestoreKeepsRegistrationThroughShortage(t *testing.T) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
 	}
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
 	short := old
-	short.Cur = uint64(len(fds)) // the directory's own descriptor is closed again: none free
+	short.Cur = 3 // below every descriptor but stdin, stdout and stderr: none to be had, whatever closes meanwhile
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
 		t.Fatal(err)
 	}
@@ -353,8 +349,8 @@ func TestRestoreKeepsRegistrationThroughShortage(t *testing.T) {
 	if ents, _ := mustStore(t, cfg).Load(); len(ents) != 1 {
 		t.Fatalf("saved registrations after a restore short of descriptors: %d, want 1 kept; logs:\n%s", len(ents), logs)
 	}
-	if len(d.Registrations()) != 0 || len(d.pending) != 1 {
-		t.Fatalf("registered %d, pending %d; want 0 and 1; logs:\n%s", len(d.Registrations()), len(d.pending), logs)
+	if len(d.Registrations()) != 0 {
+		t.Fatalf("registered %d with no descriptor to open; logs:\n%s", len(d.Registrations()), logs)
 	}
 	d.sweep(d.sweep(nil)) // the reaper must not take a shortage for a gone netns either
 	d.retryPending()
@@ -381,12 +377,8 @@ func TestSweepKeepsRegistrationThroughShortage(t *testing.T) {
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
 	}
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
 	short := old
-	short.Cur = uint64(len(fds))
+	short.Cur = 3 // below every descriptor but stdin, stdout and stderr: none to be had, whatever closes meanwhile
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
 		t.Fatal(err)
 	}
