@@ -1059,10 +1059,22 @@ func TestOnThisMachine(t *testing.T) {
 		{"localhost", Header{Host: "LocalHost.", Port: 22}, true},
 		{"under localhost", Header{Host: "db.localhost", Port: 22}, true},
 		{"literal host", Header{Host: "[::1]", Port: 22}, true},
+		{"short loopback", Header{Host: "127.1", Port: 22}, true},
+		{"decimal loopback", Header{Host: "2130706433", Port: 22}, true},
+		{"hex loopback", Header{Host: "0x7f000001", Port: 22}, true},
+		{"octal loopback", Header{Host: "0177.0.0.1", Port: 22}, true},
+		{"short unspecified", Header{Host: "0", Port: 22}, true},
+		{"hex metadata", Header{Host: "0xa9fea9fe", Port: 80}, true},
+		{"hosts file alias", Header{Host: "ip6-localhost", Port: 22}, true},
+		{"own name", Header{Host: "Laptop7", Port: 22}, true},
+		{"own full name", Header{Host: "laptop7.corp.example.", Port: 22}, true},
+		{"short corp address", Header{Host: "10.1", Port: 22}, false},
 		{"corp address", Header{Dst: netip.MustParseAddrPort("10.1.2.3:22"), Port: 22}, false},
 		{"corp name", Header{Host: "git.corp.example", Dst: netip.MustParseAddrPort("127.0.0.1:22"), Port: 22}, false},
 		{"name like localhost", Header{Host: "localhost.corp.example", Port: 22}, false},
 	}
+	defer func(h func() string) { hostname = h }(hostname)
+	hostname = func() string { return "laptop7.corp.example" }
 	for _, tt := range tests {
 		if got := tt.h.namesThisMachine(); got != tt.want {
 			t.Errorf("%s: namesThisMachine(%+v) = %v, want %v", tt.name, tt.h, got, tt.want)

@@ -438,7 +438,7 @@ func (c *Client) flow(ctx context.Context, sess string, st *yamux.Stream) {
 		code := RefuseDial
 		var pe *proxyError
 		switch {
-		case errors.Is(err, errThisMachine):
+		case errors.Is(err, errThisMachine), errors.Is(err, errNotHostName):
 			code = RefuseLocal
 		case errors.As(err, &pe):
 			code = RefuseProxy

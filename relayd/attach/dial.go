@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,10 +43,16 @@ func (c *Client) dial(ctx context.Context, h *Header, pacProxy string) (net.Conn
 		conn, err := c.o.dialDest(ctx, "tcp", h.target())
 		return conn, "", err
 	}
-	if !c.o.AllowLocal && h.namesThisMachine() {
+	if !c.o.AllowLocal {
 		// The proxy would reach its own machine, often this one (a local corporate
-		// proxy helper).
-		return nil, "", errThisMachine
+		// proxy helper). It resolves the name itself, so a name this side cannot tell
+		// apart from an address is not handed to it either.
+		if h.namesThisMachine() {
+			return nil, "", errThisMachine
+		}
+		if !h.proxyNameable() {
+			return nil, "", errNotHostName
+		}
 	}
 	u, err := normalizeProxy(via)
 	if err != nil {
@@ -67,21 +75,158 @@ func (c *Client) dial(ctx context.Context, h *Header, pacProxy string) (net.Conn
 // names no address: it goes back to the daemon, into its log and audit records.
 var errThisMachine = errors.New("destination is on this machine itself (loopback, link-local, unspecified or the metadata address): refused")
 
+// errNotHostName refuses, on the way to a proxy, a destination name that is neither an
+// address nor a well-formed host name ("1.2.3.4.5", "256.1", "a b"): the proxy resolves
+// it, and a resolver more lenient than this side's parsing could take it for an address
+// of its own machine. It is refused with E_LOCAL, like a destination that names it.
+var errNotHostName = errors.New("destination name is neither an address nor a well-formed host name, and a proxy could take it for its own machine: refused")
+
+// localNames are the names that mean the machine itself in the hosts files of common
+// systems, beyond localhost and *.localhost.
+var localNames = []string{"localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+
+// hostname is this machine's own name, which resolves to one of its addresses
+// (127.0.1.1 on Debian) on the machine itself, where a proxy helper often runs.
+var hostname = func() string {
+	h, _ := os.Hostname()
+	return strings.TrimSuffix(strings.ToLower(h), ".")
+}
+
 // namesThisMachine reports whether the header's destination is the machine itself by
-// what it says: an address on it, or a name that means it (localhost). A name that
-// resolves there is caught when it is dialled (destDialer).
+// what it says: an address on it, in any of the forms a resolver takes for an address
+// (inet_aton's "127.1", "2130706433", "0x7f000001", "0177.0.0.1" as well as the usual
+// ones), or a name that means it (localhost, the machine's own name). A name that
+// resolves there is caught when it is dialled directly (destDialer); a proxy resolves it
+// out of this side's sight.
 func (h *Header) namesThisMachine() bool {
 	if h.Host == "" {
 		return h.Dst.IsValid() && netns.HostLocal(h.Dst.Addr())
 	}
 	host := strings.TrimSuffix(strings.ToLower(h.Host), ".")
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") || slices.Contains(localNames, host) {
 		return true
 	}
-	if a, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+	if hn := hostname(); hn != "" {
+		short, _, _ := strings.Cut(hn, ".")
+		if host == hn || host == short {
+			return true
+		}
+	}
+	if a, ok := hostAddr(host); ok {
 		return netns.HostLocal(a)
 	}
 	return false
+}
+
+// proxyNameable reports whether the header's destination may be handed to a proxy as it
+// is: an address (netip's forms or inet_aton's), or a well-formed host name whose last
+// label is not all digits (RFC 3696 §2), so that no resolver takes it for an address.
+func (h *Header) proxyNameable() bool {
+	if h.Host == "" {
+		return true
+	}
+	host := strings.TrimSuffix(h.Host, ".")
+	if _, ok := hostAddr(host); ok {
+		return true
+	}
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	labels := strings.Split(host, ".")
+	for _, l := range labels {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+		for i := 0; i < len(l); i++ {
+			if c := l[i]; !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	last := labels[len(labels)-1]
+	return strings.ContainsFunc(last, func(r rune) bool { return r < '0' || r > '9' })
+}
+
+// hostAddr parses host as an address: an IP literal (IPv6 in brackets too), or an IPv4
+// address in any form inet_aton(3) takes, which is what getaddrinfo, and with it most
+// proxies, does with a name before asking DNS.
+func hostAddr(host string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")); err == nil {
+		return a, true
+	}
+	return parseInetAton(host)
+}
+
+// parseInetAton parses s as inet_aton(3) does: one to four parts separated by dots, each
+// decimal, octal (a leading 0) or hexadecimal (a leading 0x), the last part filling the
+// bytes the others left ("127.1" is 127.0.0.1, "2130706433" and "0x7f000001" are too).
+// It does not take inet_aton's trailing blank and junk: a host with a blank is refused
+// on the way to a proxy anyway (proxyNameable).
+func parseInetAton(s string) (netip.Addr, bool) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 4 {
+		return netip.Addr{}, false
+	}
+	vals := make([]uint64, len(parts))
+	for i, p := range parts {
+		v, ok := atonPart(p)
+		if !ok {
+			return netip.Addr{}, false
+		}
+		vals[i] = v
+	}
+	// Every part but the last is one byte; the last fills the rest.
+	var a uint64
+	for _, v := range vals[:len(vals)-1] {
+		if v > 0xff {
+			return netip.Addr{}, false
+		}
+		a = a<<8 | v
+	}
+	restBits := 8 * (4 - (len(vals) - 1))
+	last := vals[len(vals)-1]
+	if last >= 1<<restBits {
+		return netip.Addr{}, false
+	}
+	a = a<<restBits | last
+	return netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), byte(a)}), true
+}
+
+// atonPart parses one part of an inet_aton address: decimal, octal after a leading 0,
+// hexadecimal after 0x (which alone is 0, as in glibc). Values past 32 bits fail.
+func atonPart(p string) (uint64, bool) {
+	if p == "" || p[0] < '0' || p[0] > '9' {
+		return 0, false
+	}
+	base, digits := uint64(10), p
+	if p[0] == '0' && len(p) > 1 {
+		if p[1] == 'x' || p[1] == 'X' {
+			base, digits = 16, p[2:]
+		} else {
+			base, digits = 8, p[1:]
+		}
+	}
+	var v uint64
+	for i := 0; i < len(digits); i++ {
+		var d uint64
+		switch c := digits[i]; {
+		case '0' <= c && c <= '9':
+			d = uint64(c - '0')
+		case base == 16 && 'a' <= c && c <= 'f':
+			d = uint64(c-'a') + 10
+		case base == 16 && 'A' <= c && c <= 'F':
+			d = uint64(c-'A') + 10
+		default:
+			return 0, false
+		}
+		if d >= base {
+			return 0, false
+		}
+		if v = v*base + d; v > 0xffffffff {
+			return 0, false
+		}
+	}
+	return v, true
 }
 
 // destDialer dials destinations directly, refusing every address on this machine unless

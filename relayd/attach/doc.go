@@ -30,7 +30,9 @@
 // its own environment names (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, NO_PROXY), else
 // directly, resolving hostnames here (a hostname only when this side's own decision
 // rested on it, as the relay hands its exits the name; else the address that was checked); never into this machine itself (its loopback,
-// link-local and unspecified addresses, refused with E_LOCAL) unless the operator lends
+// link-local and unspecified addresses, also in the forms getaddrinfo reads as one, such
+// as 127.1; and, since a proxy resolves names out of this side's sight, every name
+// handed to one that is not well-formed: refused with E_LOCAL) unless the operator lends
 // those too (ClientOptions.AllowLocal, kl-ctl attach --allow-local: a tunnel on
 // localhost). The verdict is sent only after that dial, so the
 // workload sees a refused connection exactly when this side could not connect.

@@ -147,7 +147,7 @@ const (
 	RefuseDial   = "E_DIAL"           // the attach side could not reach the destination
 	RefuseProxy  = "E_PROXY"          // the proxy the decision or the environment names is unusable
 	RefuseScope  = "E_SCOPE"          // the flow's workload is not one this side asked to carry
-	RefuseLocal  = "E_LOCAL"          // the destination is the attach side's own machine
+	RefuseLocal  = "E_LOCAL"          // the destination is (or, by a name a proxy would resolve, may be) the attach side's own machine
 	// RefuseDuplicate is a flow whose id is already live on the session: the aborts are
 	// keyed by it, so the second flow would take the first one's (a bug or a hostile
 	// daemon; the first flow goes on).
