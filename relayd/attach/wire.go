@@ -19,10 +19,12 @@ import (
 // Version is the attach protocol's version; a peer speaking another one is refused.
 const Version = 1
 
-// Frame bounds. A policy frame carries a whole rules file, so it may be as large as one.
+// Frame bounds. A policy frame carries a whole rules file, so it may be as large as one
+// in base64 (JSON's form of PolicyMsg.Source: 4 bytes for every 3, padded), plus the
+// rest of the message.
 const (
 	maxSmallFrame  = 64 << 10
-	maxPolicyFrame = rules.MaxFileBytes + 64<<10
+	maxPolicyFrame = (rules.MaxFileBytes+2)/3*4 + 64<<10
 )
 
 // Hello is the first message of a session, from the attach side on the control stream.
