@@ -340,8 +340,10 @@ func (c *Client) Run(ctx context.Context) (err error) {
 	// The session's flows live no longer than the session: when it ends (or ctx is
 	// done) every flow is cut, dials included, whatever its destination does. Otherwise a
 	// flow to a destination that stays silent would hold this Run, and with it the
-	// reconnect, until the destination spoke or closed.
-	sctx, endSession := context.WithCancel(ctx)
+	// reconnect, until the destination spoke or closed. The session is closed before
+	// its flows are cut: a flow's cut closes its stream, which on a live session would
+	// send the daemon a half-close, and the workload would take its flow for complete.
+	sctx, endSession := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSession()
 	go func() {
 		select {

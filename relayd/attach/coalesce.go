@@ -10,11 +10,22 @@ import (
 // system calls per frame. The coalescer holds the header of a data frame that has a body
 // and sends it with the body in one write. Every other write passes straight through,
 // so nothing waits for a write that may never come.
+//
+// On the daemon's side it also shows the frames it reads to a finWatch (fins).
 type coalescer struct {
 	io.ReadWriteCloser
 	hdr  [muxHeaderSize]byte
 	held bool
 	buf  []byte
+	fins *finWatch
+}
+
+func (c *coalescer) Read(p []byte) (int, error) {
+	n, err := c.ReadWriteCloser.Read(p)
+	if c.fins != nil {
+		c.fins.observe(p[:n])
+	}
+	return n, err
 }
 
 // muxHeaderSize and muxTypeData are yamux's frame header size and data frame type

@@ -35,7 +35,9 @@
 // handed to one that is not well-formed: refused with E_LOCAL) unless the operator lends
 // those too (ClientOptions.AllowLocal, kl-ctl attach --allow-local: a tunnel on
 // localhost). The verdict is sent only after that dial, so the
-// workload sees a refused connection exactly when this side could not connect.
+// workload sees a refused connection exactly when this side could not connect; and a
+// flow the session's end cuts off is reset on the workload's side, never ended as if
+// the destination had finished.
 //
 // Compared with mirrord's outgoing traffic and Telepresence: those move a process's
 // traffic between a laptop and a cluster by injecting an agent into the pod or replacing

@@ -112,6 +112,7 @@ type session struct {
 	remote  string
 	scope   *scope
 	mux     *yamux.Session
+	fins    *finWatch // which flow streams the attach side half-closed
 	started time.Time
 
 	log *slog.Logger
@@ -333,7 +334,8 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 		c.Close()
 		return
 	}
-	mux, err := yamux.Server(&coalescer{ReadWriteCloser: c}, s.muxConfig())
+	fins := &finWatch{}
+	mux, err := yamux.Server(&coalescer{ReadWriteCloser: c, fins: fins}, s.muxConfig())
 	if err != nil {
 		c.Close()
 		return
@@ -383,7 +385,7 @@ func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) 
 	}
 	c.SetDeadline(time.Time{})
 	done()
-	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, started: time.Now(), log: log,
+	se := &session{id: newID(), cred: cred.Name, client: h.Client, remote: remote, scope: sc, mux: mux, fins: fins, started: time.Now(), log: log,
 		ctrl: ctrl, live: map[uint64]*flowConn{}, progress: make(chan struct{}), wake: make(chan struct{}, 1)}
 	if err := writeFrame(ctrl, Welcome{Version: Version, Session: se.id, Credential: cred.Name, Scope: sc.String()}); err != nil {
 		return
@@ -829,6 +831,13 @@ func (s *Server) dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	if err != nil {
 		return fail(fmt.Errorf("%w (opening a stream: %v)", ErrNoSession, err))
 	}
+	// Watched before the header goes: the attach side's FIN may follow its verdict at once.
+	fin := se.fins.add(st.StreamID())
+	defer func() {
+		if !carried {
+			se.fins.remove(st.StreamID())
+		}
+	}()
 	port := f.Dst.Port()
 	dst := f.Dst
 	if !dst.Addr().IsValid() {
@@ -867,19 +876,23 @@ func (s *Server) dial(ctx context.Context, w *api.Workload, f rules.Flow, d *rul
 	if br.Buffered() > 0 {
 		// The attach side sends nothing after its verdict until the flow's own bytes, which
 		// the reader may already hold: keep them.
-		return se.track(&flowConn{Stream: st, pre: br, se: se, id: f.ID}), nil
+		return se.track(&flowConn{Stream: st, pre: br, se: se, id: f.ID, fin: fin}), nil
 	}
-	return se.track(&flowConn{Stream: st, se: se, id: f.ID}), nil
+	return se.track(&flowConn{Stream: st, se: se, id: f.ID, fin: fin}), nil
 }
 
 // flowConn is a flow stream as a net.Conn for the relay's copy: half-close is the
 // stream's Close, and a read deadline passing reads as os.ErrDeadlineExceeded like a
-// socket's (yamux has its own error).
+// socket's (yamux has its own error). A stream that ends without the attach side's
+// half-close (the session died under it, or yamux gave up waiting for that half-close)
+// fails with ECONNRESET, as writes do once the session is gone: the relay resets the
+// workload's connection, so a cut transfer never looks complete.
 type flowConn struct {
 	*yamux.Stream
 	pre *bufio.Reader
 	se  *session
 	id  uint64
+	fin *atomic.Bool // the attach side half-closed the stream (finWatch)
 
 	readEOF, wroteEOF, peerReset atomic.Bool
 	closeOnce                    sync.Once
@@ -904,6 +917,9 @@ func (c *flowConn) Read(b []byte) (int, error) {
 	} else {
 		n, err = c.Stream.Read(b)
 	}
+	if err == io.EOF && !c.fin.Load() {
+		return n, &net.OpError{Op: "read", Net: "attach", Err: syscall.ECONNRESET}
+	}
 	if err == io.EOF {
 		c.readEOF.Store(true)
 	}
@@ -913,13 +929,21 @@ func (c *flowConn) Read(b []byte) (int, error) {
 	return n, deadlineErr(err)
 }
 
+func (c *flowConn) Write(b []byte) (int, error) {
+	n, err := c.Stream.Write(b)
+	if err != nil && (c.se.mux.IsClosed() || errors.Is(err, yamux.ErrConnectionReset)) {
+		return n, &net.OpError{Op: "write", Net: "attach", Err: syscall.ECONNRESET}
+	}
+	return n, err
+}
+
 // ReadFrom copies from the workload's connection in large chunks: every Write to a
 // stream is one frame that waits for the session to send it, so bigger writes amortise
 // that round trip (the relay's copy finds this through the connection's WriteTo).
 func (c *flowConn) ReadFrom(r io.Reader) (int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
-	return io.CopyBuffer(struct{ io.Writer }{c.Stream}, struct{ io.Reader }{r}, *bp)
+	return io.CopyBuffer(struct{ io.Writer }{c}, struct{ io.Reader }{r}, *bp)
 }
 
 // CloseWrite passes the workload's end of stream on (a half-close).
@@ -936,6 +960,7 @@ func (c *flowConn) Close() error {
 			c.se.abort(c.id)
 		}
 		c.se.release(c.id, c)
+		c.se.fins.remove(c.Stream.StreamID())
 	})
 	return c.Stream.Close()
 }
