@@ -42,6 +42,8 @@ type fixture struct {
 	policyHook atomic.Pointer[func() *rules.Policy]
 	log        *testutil.Buffer
 	audit      *audit.Log
+	// stop ends the server's Serve and waits until it returned (also at the test's end).
+	stop func()
 }
 
 func mustPolicy(t testing.TB, src string) *rules.Policy {
@@ -86,7 +88,8 @@ func newFixture(t *testing.T, policy string, creds ...Credential) *fixture {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { f.srv.Serve(ctx, ln); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	f.stop = func() { cancel(); <-done }
+	t.Cleanup(f.stop)
 	return f
 }
 

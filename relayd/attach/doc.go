@@ -6,7 +6,11 @@
 // Both ends live here. The daemon side (Server) runs the attach listener, off unless the
 // daemon's settings configure it: TLS 1.3 with the daemon's certificate, then
 // authentication by bearer token or client certificate against configured credentials,
-// each granting workloads by id or label selector. It keeps the registry of live sessions
+// each granting workloads by id or label selector. Connections not authenticated yet are
+// bounded, in all and per source address (an IPv6 /64), and one over a bound evicts the
+// oldest pending one (of its source, else of the busiest source) rather than being
+// refused, so silent connections cannot lock operators out; one that sends nothing for
+// 3 seconds is closed, and none outlives Serve. It keeps the registry of live sessions
 // (Live, Sessions) and is the relay's `client` exit (Exit, Dial): one multiplexed stream
 // (hashicorp/yamux, over the one TLS connection) per flow, opened by a Header carrying the
 // destination, the flow's whole decision context (timestamp, id, labels, image, process,

@@ -28,9 +28,6 @@ import (
 	"github.com/kl-egress/kl/rules"
 )
 
-// maxPending bounds the connections in their TLS handshake or authentication at once.
-const maxPending = 64
-
 // Errors of Server.Dial. Each is wrapped in a *net.OpError (Op "attach") whose text names
 // no destination, so logs and audit records keep the reason and nothing else.
 var (
@@ -252,21 +249,25 @@ func NewServer(o ServerOptions) (*Server, error) {
 }
 
 // Serve accepts attach connections on ln (plain TCP; Serve adds TLS) until ctx is done,
-// then closes every session. A Server serves one listener at a time; it may serve again
-// after Serve returned (the daemon restarting its listener).
+// then closes every connection, sessions and handshakes alike. A Server serves one
+// listener at a time; it may serve again after Serve returned (the daemon restarting its
+// listener).
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.mu.Lock()
 	s.closed = false
 	s.mu.Unlock()
-	tln := tls.NewListener(ln, s.tls)
+	ctx, cancel := context.WithCancel(ctx)
+	defer s.closeAll()
+	// Every connection's handler closes it when ctx is done: none outlives Serve, not one
+	// still in its handshake either.
+	defer cancel()
+	go func() { <-ctx.Done(); ln.Close() }()
 	// Connections that have not authenticated yet are bounded, so a flood of them cannot
 	// exhaust the daemon; authenticated sessions do not count.
-	pending := make(chan struct{}, maxPending)
-	go func() { <-ctx.Done(); tln.Close() }()
-	defer s.closeAll()
+	var pending pendingConns
 	var delay time.Duration
 	for {
-		c, err := tln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
@@ -277,17 +278,15 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		select {
-		case pending <- struct{}{}:
-		default:
-			s.o.Log.Warn("attach refused: too many connections in their handshake", "remote", c.RemoteAddr().String(), "limit", maxPending)
-			c.Close()
-			continue
+		pc, evicted := pending.add(c)
+		if evicted != nil {
+			s.o.Log.Warn("attach: too many connections in their handshake; dropped the oldest", "remote", evicted.RemoteAddr().String(),
+				"for", c.RemoteAddr().String(), "limit", maxPending, "perSource", maxPendingPerSource)
 		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.handle(ctx, c.(*tls.Conn), func() { <-pending })
+			s.handle(ctx, c, func() { pending.done(pc) })
 		}()
 	}
 }
@@ -321,14 +320,22 @@ func (s *Server) muxConfig() *yamux.Config {
 }
 
 // handle runs one attach connection: handshake, authentication, then the session until
-// either side ends it.
-func (s *Server) handle(ctx context.Context, c *tls.Conn, authenticated func()) {
+// either side or ctx ends it.
+func (s *Server) handle(ctx context.Context, raw net.Conn, authenticated func()) {
 	var once sync.Once
 	done := func() { once.Do(authenticated) }
 	defer done()
-	remote := c.RemoteAddr().String()
+	// After TLS, the reads of the control stream and the Hello, and the first policy's
+	// write, do not watch ctx: closing the connection ends them.
+	defer context.AfterFunc(ctx, func() { raw.Close() })()
+	remote := raw.RemoteAddr().String()
 	log := s.o.Log.With("remote", remote)
-	c.SetDeadline(time.Now().Add(s.o.HandshakeTimeout))
+	deadline := time.Now().Add(s.o.HandshakeTimeout)
+	raw.SetDeadline(deadline)
+	if first := time.Now().Add(firstBytesTimeout); first.Before(deadline) {
+		raw.SetReadDeadline(first)
+	}
+	c := tls.Server(&firstBytes{Conn: raw, then: deadline}, s.tls)
 	if err := c.HandshakeContext(ctx); err != nil {
 		log.Warn("attach refused: TLS handshake failed", "err", err)
 		c.Close()
