@@ -243,13 +243,35 @@ func runForeground(ctx context.Context, env *Env, af *attachFlags, o attach.Clie
 	}
 }
 
+// Test seams: the program startAgent runs as the agent, and how long it waits for the
+// agent's answer.
+var (
+	agentExecutable   = os.Executable
+	agentStartTimeout = 15 * time.Second
+)
+
 // startAgent re-runs kl-ctl as a detached background agent and waits until it answers
-// on its control socket.
+// on its control socket. An agent that does not answer in time is stopped: the caller
+// is told it failed, so it must not keep a session on its own.
 func startAgent(ctx context.Context, env *Env, af *attachFlags, token string) error {
+	// The agent runs in /, and this process looks for its socket and log: both must be
+	// the same files whatever the directory.
+	control, err := filepath.Abs(af.control)
+	if err != nil {
+		return fmt.Errorf("--control: %w", err)
+	}
+	af.control = control
+	logPath := af.logFile
+	if logPath == "" {
+		logPath = af.control + ".log"
+	}
+	if logPath, err = filepath.Abs(logPath); err != nil {
+		return fmt.Errorf("--log: %w", err)
+	}
 	if st, err := attach.AgentRequest(ctx, af.control, "status"); err == nil {
 		return fmt.Errorf("an attach agent (pid %d, server %s) already runs on %s; kl-ctl attach stop first", st.PID, st.Server, af.control)
 	}
-	self, err := os.Executable()
+	self, err := agentExecutable()
 	if err != nil {
 		return err
 	}
@@ -267,10 +289,6 @@ func startAgent(ctx context.Context, env *Env, af *attachFlags, token string) er
 	}
 	if af.allowLocal {
 		args = append(args, "--allow-local")
-	}
-	logPath := af.logFile
-	if logPath == "" {
-		logPath = af.control + ".log"
 	}
 	if err := os.MkdirAll(filepath.Dir(af.control), 0o700); err != nil {
 		return err
@@ -291,7 +309,16 @@ func startAgent(ctx context.Context, env *Env, af *attachFlags, token string) er
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	deadline := time.Now().Add(15 * time.Second)
+	stop := func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(2 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	deadline := time.Now().Add(agentStartTimeout)
 	for {
 		st, err := attach.AgentRequest(ctx, af.control, "status")
 		if err == nil && (st.Stats.Connected || st.Stats.LastError != "") {
@@ -306,10 +333,14 @@ func startAgent(ctx context.Context, env *Env, af *attachFlags, token string) er
 		case err := <-exited:
 			b, _ := os.ReadFile(logPath)
 			return fmt.Errorf("the agent exited (%v):\n%s", err, tail(string(b), 10))
+		case <-ctx.Done():
+			stop()
+			return fmt.Errorf("stopped the agent (pid %d) before it answered: %w", cmd.Process.Pid, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the agent (pid %d) does not answer on %s after 15s; see %s", cmd.Process.Pid, af.control, logPath)
+			stop()
+			return fmt.Errorf("the agent (pid %d) did not answer on %s within %s; stopped it; see %s", cmd.Process.Pid, af.control, agentStartTimeout, logPath)
 		}
 	}
 }
