@@ -64,6 +64,7 @@ type KernelStatus struct {
 	Lost          uint64   `json:"lostEvents"`    // conntrack event socket failures (the watcher reopened it; events may be lost)
 	Overruns      uint64   `json:"eventOverruns"` // event socket overruns (the kernel resends the NEW events: late, not lost)
 	Late          uint64   `json:"lateRecords"`   // records made from a DESTROY event (the NEW one could not be delivered in time)
+	Unknown       uint64   `json:"unknownMarks"`  // kernel-decided flows not recorded: marked by a table whose ids this daemon does not know (a previous kl-relayd's)
 	Generation    uint8    `json:"generation"`
 	Policy        string   `json:"policy"`          // hash of the rules the installed plan came from
 	Error         string   `json:"error,omitempty"` // the last install's failure (the previous table stays)

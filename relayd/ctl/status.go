@@ -206,6 +206,9 @@ func printKernel(w io.Writer, st api.Status) {
 		if k.Lost > 0 {
 			line += fmt.Sprintf(", %d lost events", k.Lost)
 		}
+		if k.Unknown > 0 {
+			line += fmt.Sprintf(", %d not recorded (marked by a table of a previous kl-relayd)", k.Unknown)
+		}
 		if k.Error != "" {
 			line += "; last install FAILED: " + k.Error
 		}

@@ -81,7 +81,7 @@ func sampleStatus() (api.Status, []api.Registration) {
 	}
 	st.FastPath = true
 	st.Kernel = []api.KernelStatus{
-		{ID: "4f1c2b3a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a", Share: 0.75, Entries: 4, KernelEntries: 3, Flows: 1100, Lost: 2, Overruns: 1, Late: 4, Generation: 3, Policy: st.Rules.Hash},
+		{ID: "4f1c2b3a9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a", Share: 0.75, Entries: 4, KernelEntries: 3, Flows: 1100, Lost: 2, Overruns: 1, Late: 4, Unknown: 5, Generation: 3, Policy: st.Rules.Hash},
 		{ID: "web", Share: 1, Entries: 1, KernelEntries: 1, AllKernel: true, Flows: 1, Generation: 1, Policy: st.Rules.Hash},
 		{ID: "stale", Error: "install nftables table inet kl: no such file or directory"},
 	}

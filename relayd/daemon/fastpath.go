@@ -184,7 +184,7 @@ func (d *Daemon) fastStatus(s *api.Status) {
 	for _, p := range d.fast.Status() {
 		s.Kernel = append(s.Kernel, api.KernelStatus{
 			ID: p.ID, Share: p.Share, Entries: p.Entries, KernelEntries: p.Kernel, AllKernel: p.AllKernel,
-			Flows: p.Flows, Lost: p.Lost, Overruns: p.Overruns, Late: p.Late, Generation: p.Generation, Policy: p.Policy, Error: p.Error, Plan: p.Plan,
+			Flows: p.Flows, Lost: p.Lost, Overruns: p.Overruns, Late: p.Late, Unknown: p.Unknown, Generation: p.Generation, Policy: p.Policy, Error: p.Error, Plan: p.Plan,
 		})
 	}
 	for _, h := range d.fast.Hits() {
