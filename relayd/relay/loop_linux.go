@@ -435,7 +435,7 @@ var (
 func (l *loop) closeFlow(lf *lflow) {
 	switch lf.state {
 	case lSniff: // as on the goroutine path, whose peek fails when the connection closes
-		l.r.peekFailed(lf.lp.p.w.Load().ID, lf.f.ID, errCutPeeking)
+		l.r.peekFailed(lf.lp.p.w.Load().ID, &lf.f, errCutPeeking)
 	case lConnect, lHandshake:
 		l.unreached(lf, l.exitError(lf, errCut))
 	}
@@ -542,7 +542,7 @@ func (l *loop) sniff(lf *lflow) {
 	host, done, err := sniff.Peek(lf.c, l.peek[:], &lf.seen)
 	switch {
 	case err != nil:
-		l.r.peekFailed(lf.lp.p.w.Load().ID, lf.f.ID, err)
+		l.r.peekFailed(lf.lp.p.w.Load().ID, &lf.f, err)
 		l.end(lf, errRefusedFlow)
 	case done:
 		lf.f.Host = host

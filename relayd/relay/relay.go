@@ -663,7 +663,7 @@ func (r *Relay) carry(p *pod, c *net.TCPConn, w *registered, f rules.Flow, pol D
 			// The peek consumes nothing: the bytes still reach the destination.
 			host, err := sniff.Host(c, r.o.SniffWait)
 			if err != nil {
-				r.peekFailed(w.ID, f.ID, err)
+				r.peekFailed(w.ID, &f, err)
 				reset(c)
 				return
 			}
@@ -752,11 +752,16 @@ func (r *Relay) keepHostIfDecided(pol Decider, f *rules.Flow, d rules.Decision) 
 	}
 }
 
-// peekFailed counts and logs a flow whose socket failed while its hostname was peeked
-// (the caller resets it).
-func (r *Relay) peekFailed(wid string, id uint64, err error) {
+// peekFailed counts and logs a flow whose socket failed while its hostname was peeked,
+// or that names a host that cannot be read (the caller resets it). The latter is a
+// decision: refused rather than decided without its name (a domain rule could not see
+// it), it is recorded as a deny of the domain dimension, rule 0, with the reason.
+func (r *Relay) peekFailed(wid string, f *rules.Flow, err error) {
 	r.count("refused")
-	r.o.Log.Info("flow failed: peek for the hostname", "workload", wid, "flow", id, "err", r.redact(err))
+	r.o.Log.Info("flow failed: peek for the hostname", "workload", wid, "flow", f.ID, "err", r.redact(err))
+	if errors.Is(err, sniff.ErrMalformed) {
+		r.record(rules.Decision{Exit: rules.ExitDeny, Dimension: rules.DimDomain}, f, "refused: "+audit.Reason(err))
+	}
 }
 
 // deny counts and records a denied flow (the caller resets it).

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/tests/testutil"
 )
@@ -125,8 +128,12 @@ func TestSniffNameNetns(t *testing.T) {
 		loops int
 	}{{"event loop", 1}, {"goroutines", -1}} {
 		t.Run(path.name, func(t *testing.T) {
+			log, err := audit.New("", 0, 0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
 			r := New(Options{RedirectPort: port, Mark: mark, Loops: path.loops, SniffWait: time.Second,
-				Policy: func() Decider { return pol }})
+				Policy: func() Decider { return pol }, Audit: log})
 			defer testutil.Shutdown(t, r)
 			if _, err := r.Open(api.Workload{ID: "w", Netns: pod.Path, Mode: api.ModeTransparent}); err != nil {
 				t.Fatal(err)
@@ -139,6 +146,28 @@ func TestSniffNameNetns(t *testing.T) {
 				defer cancel()
 				return netns.Dial(ctx, pod.Path, 0, "tcp", "192.0.2.2:80")
 			})
+			// A flow refused for a name that cannot be read is a decision, and audited
+			// as one: a deny of the domain dimension with the reason, never the name.
+			want := 0
+			for _, tc := range sniffNameCases {
+				if strings.HasPrefix(tc.name, "malformed") {
+					want++
+				}
+			}
+			eventually := time.Now().Add(5 * time.Second)
+			var refused []audit.Record
+			for len(refused) < want && time.Now().Before(eventually) {
+				time.Sleep(10 * time.Millisecond)
+				refused = slices.DeleteFunc(log.Recent(100), func(r audit.Record) bool { return !strings.HasPrefix(r.Reason, "refused") })
+			}
+			if len(refused) != want {
+				t.Fatalf("%d refusal records, want one for each of the %d malformed names: %+v", len(refused), want, log.Recent(100))
+			}
+			for _, rec := range refused {
+				if rec.Exit != rules.ExitDeny || rec.Dimension != "domain" || rec.Rule != 0 || strings.Contains(rec.Reason, "example") {
+					t.Errorf("refusal record %+v, want a deny of the domain dimension, rule 0, naming no host", rec)
+				}
+			}
 		})
 	}
 }
