@@ -94,6 +94,9 @@ func (d *Daemon) watchRules(ctx context.Context) {
 			lastBad = ""
 		}
 	}
+	// A change made between the load at start and the watches going in has no event:
+	// look once now that they are in.
+	check()
 	for {
 		select {
 		case <-ctx.Done():
