@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 pkgs=(nftables iproute2 conntrack runc containerd docker.io squid dante-server microsocks
       redsocks iperf3 wrk python3-pacparser busybox-static curl socat ncat jq procps psmisc
-      systemd)
+      systemd patch)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

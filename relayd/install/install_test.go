@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kl-egress/kl/tests/testutil"
 )
 
 // update regenerates the golden files instead of comparing with them.
@@ -311,9 +313,11 @@ func TestApply(t *testing.T) {
 		t.Errorf("dry run left %d files in the directory", len(ents))
 	}
 
-	// The diff is a real patch: applying it gives the installed file.
-	if _, err := exec.LookPath("patch"); err == nil {
-		cp := filepath.Join(dir, "patched")
+	// The diff is a real patch: applying it gives the installed file (tests/deps.sh
+	// installs patch; without it the subtest skips, and fails in CI).
+	t.Run("diff applies with patch", func(t *testing.T) {
+		testutil.RequireTool(t, "patch")
+		cp := filepath.Join(t.TempDir(), "patched")
 		if err := os.WriteFile(cp, orig, 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -326,8 +330,7 @@ func TestApply(t *testing.T) {
 		if got, _ := os.ReadFile(cp); !bytes.Equal(got, want) {
 			t.Errorf("patched file differs from Install's output:\n%s", UnifiedDiff("install", "patched", want, got))
 		}
-		os.Remove(cp)
-	}
+	})
 
 	// Install: backup with the old contents, same mode, CNI ignores the backup.
 	ch, err = Apply(path, CNI{}, Options{Now: now})

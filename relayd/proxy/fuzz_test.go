@@ -106,17 +106,24 @@ func FuzzSOCKS5Handshake(f *testing.F) {
 }
 
 // TestWriteSeedCorpus writes the seeds above to testdata/fuzz (KL_UPDATE_GOLDEN=1).
+// TestWriteSeedCorpus checks that the committed seed corpus holds the seeds above
+// (KL_UPDATE_GOLDEN=1 writes them).
 func TestWriteSeedCorpus(t *testing.T) {
-	if os.Getenv("KL_UPDATE_GOLDEN") != "1" {
-		return
-	}
+	update := os.Getenv("KL_UPDATE_GOLDEN") == "1"
 	write := func(fuzz string, i int, b []byte) {
 		dir := filepath.Join("testdata", "fuzz", fuzz)
+		path := filepath.Join(dir, fmt.Sprintf("seed-%d", i))
+		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
+		if !update {
+			if got, err := os.ReadFile(path); err != nil || string(got) != body {
+				t.Errorf("%s: %v; not the seed %q (KL_UPDATE_GOLDEN=1 writes the corpus)", path, err, b)
+			}
+			return
+		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%d", i)), []byte(body), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

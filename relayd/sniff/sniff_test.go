@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -364,17 +365,35 @@ func checkResult(t *testing.T, b []byte, h string, err error) {
 }
 
 // TestWriteSeedCorpus regenerates testdata/fuzz from real clients (KL_UPDATE_GOLDEN=1).
+// TestWriteSeedCorpus checks that the committed seed corpus holds the seeds below
+// (KL_UPDATE_GOLDEN=1 writes them). ClientHellos are random from run to run: the
+// committed ones must be there and be ClientHellos (ServerName reads them).
 func TestWriteSeedCorpus(t *testing.T) {
-	if os.Getenv("KL_UPDATE_GOLDEN") != "1" {
-		return
-	}
+	update := os.Getenv("KL_UPDATE_GOLDEN") == "1"
 	write := func(fuzz, name string, b []byte) {
 		dir := filepath.Join("testdata", "fuzz", fuzz)
+		path := filepath.Join(dir, name)
+		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
+		if !update {
+			got, err := os.ReadFile(path)
+			switch {
+			case err != nil:
+				t.Errorf("%s: %v (KL_UPDATE_GOLDEN=1 writes the corpus)", path, err)
+			case fuzz == "FuzzServerName":
+				quoted, ok := strings.CutPrefix(strings.TrimSpace(string(got)), "go test fuzz v1\n[]byte(")
+				hello, qerr := strconv.Unquote(strings.TrimSuffix(quoted, ")"))
+				if _, serr := ServerName([]byte(hello)); !ok || qerr != nil || serr != nil {
+					t.Errorf("%s: not a ClientHello seed (%v, %v)", path, qerr, serr)
+				}
+			case string(got) != body:
+				t.Errorf("%s: not the seed %q (KL_UPDATE_GOLDEN=1 writes the corpus)", path, b)
+			}
+			return
+		}
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		body := fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", b)
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

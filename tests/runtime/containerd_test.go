@@ -32,8 +32,11 @@ func TestContainerdSnippets(t *testing.T) {
 
 // TestContainerdCtr runs containers with `ctr run --runc-binary kl-runtime` on a
 // containerd the test starts: proxy mode (annotation) gets the variables, the read-only
-// rules file and a hook registration with the image; transparent mode (node default)
-// gets the capture table in the container's netns.
+// rules file and a hook registration; transparent mode (node default) gets the capture
+// table in the container's netns. ctr puts neither the image nor the container's labels
+// (--label) in the OCI spec, so the hook registers without them: kl-relayd adds both
+// from containerd's API (its enrichment, TestContainerdEnrichment; the relay here is the
+// test's recorder).
 func TestContainerdCtr(t *testing.T) {
 	t.Parallel() // each test has its own daemons, directories and names
 	testutil.RequirePrivileged(t)
@@ -76,7 +79,12 @@ func TestContainerdCtr(t *testing.T) {
 			json.Unmarshal([]byte(line), &registered)
 		}
 	}
-	t.Logf("hook log for %s: %v", id, registered)
+	if registered == nil || registered["mode"] != "proxy" || registered["engine"] != "oci" {
+		t.Errorf("hook log for %s: %v; want a proxy registration of an oci (plain containerd) container", id, registered)
+	}
+	if img, _ := registered["image"].(string); img != "" {
+		t.Errorf("hook registered image %q from a spec ctr wrote without one", img)
+	}
 
 	// Transparent (node default), detached: the capture is in the container's netns.
 	id2 := testutil.Name("klc")
@@ -88,7 +96,9 @@ func TestContainerdCtr(t *testing.T) {
 	if !ok || reg.Workload.Mode != api.ModeTransparent {
 		t.Fatalf("transparent container not registered: %+v %v; calls %q", reg, ok, relay.Calls())
 	}
-	t.Logf("annotations containerd put in the spec: %v; image registered: %q", reg.Workload.Annotations, reg.Workload.Image)
+	if reg.Workload.Image != "" || len(reg.Workload.Labels) != 0 {
+		t.Errorf("registered image %q, labels %v from a spec ctr wrote without them (annotations %v)", reg.Workload.Image, reg.Workload.Labels, reg.Workload.Annotations)
+	}
 	pid := taskPid(t, c, id2)
 	want := netns.Capture{RedirectPort: api.DefaultRedirectPort, Mark: api.DefaultMark, IPv6: true, RejectQUIC: true}
 	if err := netns.Verify(fmt.Sprintf("/proc/%d/ns/net", pid), want); err != nil {
