@@ -250,15 +250,22 @@ func TestInstalled(t *testing.T) {
 	if _, err := InstalledWith(f, "/nothing"); err == nil {
 		t.Error("Installed on a netns without a table passed")
 	}
-	// A table written before the live check existed still reads as its capture; one that
-	// lost only the rule (or only the set) does not.
+	// A table an earlier kl wrote (before the filter chain's blocks were for new flows
+	// only; also before the live check existed) still reads as its capture; one that lost
+	// only part of what came later does not.
 	c := goldenCaptures[4].c
 	for _, tc := range []struct {
 		name string
 		edit func(*Table)
 		ok   bool
 	}{
-		{"no live set or rule", func(t *Table) { *t = *withoutLive(t) }, true},
+		{"blocks for every flow", func(t *Table) { *t = *withoutNewOnly(t) }, true},
+		{"blocks for every flow, no live set or rule", func(t *Table) { *t = *withoutLive(withoutNewOnly(t)) }, true},
+		{"blocks for every flow but the QUIC live check", func(t *Table) {
+			for i := range t.Chains {
+				t.Chains[i].Rules = slices.DeleteFunc(t.Chains[i].Rules, func(r Rule) bool { return r.String() == "ct state != new return" })
+			}
+		}, false},
 		{"live set without its rule", func(t *Table) {
 			t.Chains[0].Rules = slices.DeleteFunc(t.Chains[0].Rules, func(r Rule) bool { return r.String() == liveRule.String() })
 		}, false},

@@ -29,14 +29,43 @@ func InstalledWith(b Backend, nsPath string) (Capture, error) {
 	if err != nil {
 		return Capture{}, fmt.Errorf("nftables table inet %s in %s: %w", TableName, nsPath, err)
 	}
+	plain := c.withoutDecisions(got)
 	want := c.Program()
-	if !slices.ContainsFunc(got.Sets, func(s Set) bool { return s.Name == LiveSet }) {
-		want = withoutLive(want) // written before the live check existed: still a capture
+	d := Diff(want, plain)
+	if len(d) == 0 {
+		return c, nil
 	}
-	if d := Diff(want, c.withoutDecisions(got)); len(d) > 0 {
-		return Capture{}, &VerifyError{NS: nsPath, Diffs: d}
+	// A program an earlier kl wrote is still a capture: an upgraded daemon takes over the
+	// pods the previous version set up (the table it writes then is today's program).
+	for _, older := range olderPrograms(want) {
+		if len(Diff(older, plain)) == 0 {
+			return c, nil
+		}
 	}
-	return c, nil
+	return Capture{}, &VerifyError{NS: nsPath, Diffs: d}
+}
+
+// olderPrograms are the forms of program t that earlier kl versions wrote, newest first:
+// before the filter chain's blocks applied to new flows only, and also before the live
+// check existed.
+func olderPrograms(t *Table) []*Table {
+	allFlows := withoutNewOnly(t)
+	return []*Table{allFlows, withoutLive(allFlows)}
+}
+
+// withoutNewOnly is t without the filter chain's rules that keep its blocks to new flows
+// (MatchCTNotNew's return and the QUIC block's live check).
+func withoutNewOnly(t *Table) *Table {
+	out := &Table{Name: t.Name, Sets: t.Sets}
+	for _, ch := range t.Chains {
+		if ch.Name == FilterChain {
+			ch.Rules = slices.DeleteFunc(slices.Clone(ch.Rules), func(r Rule) bool {
+				return slices.Contains(r.Match, Match(MatchCTNotNew{})) || slices.Contains(r.Match, Match(MatchDportNotInSet{ProtoUDP, LiveSet}))
+			})
+		}
+		out.Chains = append(out.Chains, ch)
+	}
+	return out
 }
 
 // InstalledMarks returns the conntrack marks the kernel decisions of the table installed

@@ -404,3 +404,35 @@ func TestRestartAdoptsInstalledGenerations(t *testing.T) {
 		t.Errorf("a flow of the restarted manager's own table recorded as %+v, want its policy's default (direct)", s.recs)
 	}
 }
+
+// A daemon upgraded over a table the previous version wrote (here: before the filter
+// chain's blocks were for new flows only) takes the pod over: its kernel decisions are
+// replaced by the new rules', not left deciding flows nobody audits.
+func TestAddAfterUpgrade(t *testing.T) {
+	f := netns.NewFake()
+	if err := netns.InstallWith(f, "/ns", capture); err != nil { // kl-cni
+		t.Fatal(err)
+	}
+	old := New(Options{Backend: f, NoWatch: true})
+	if err := old.Add(Pod{ID: "p", Netns: "/ns"}, policy(t, cidrPolicy)); err != nil {
+		t.Fatal(err)
+	}
+	tb := f.Tables["/ns"] // as the previous version wrote it
+	for i := range tb.Chains {
+		tb.Chains[i].Rules = slices.DeleteFunc(tb.Chains[i].Rules, func(r netns.Rule) bool { return r.String() == "ct state != new return" })
+	}
+	before, _ := netns.InstalledMarksWith(f, "/ns")
+	if len(before) == 0 {
+		t.Fatal("the old table has no kernel decisions to replace")
+	}
+	m := New(Options{Backend: f, NoWatch: true, RedirectPort: capture.RedirectPort})
+	if err := m.Add(Pod{ID: "p", Netns: "/ns"}, policy(t, "default: deny\n")); err != nil {
+		t.Fatalf("Add over the previous version's table: %v", err)
+	}
+	if after, _ := netns.InstalledMarksWith(f, "/ns"); slices.Equal(after, before) {
+		t.Errorf("the previous version's kernel decisions %#x are still installed", after)
+	}
+	if err := netns.VerifyWith(f, "/ns", capture); err != nil {
+		t.Errorf("the table is not today's capture program after the takeover: %v", err)
+	}
+}
