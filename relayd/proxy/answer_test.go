@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -151,5 +152,38 @@ func TestHTTPBodyThenAnswer(t *testing.T) {
 	}
 	if n := len(conns); n != 1 {
 		t.Errorf("%d origin connections for 3 requests, want 1 (kept alive)", n)
+	}
+}
+
+// An origin that answers 2xx before it has read the body and then reads it (a
+// full-duplex or streaming upload endpoint) gets the whole body, and its answer reaches
+// the client whole; the connection stays fit for the next request.
+func TestHTTPEarlyAnswerFullDuplex(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		_ = rc.Flush()
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "got %d err %v", n, err)
+	}))
+	defer srv.Close()
+	w := newWorld()
+	w.names["up.test"] = strings.TrimPrefix(srv.URL, "http://")
+	httpAddr, _ := w.serve(t, &Server{IdleTimeout: 3 * time.Second})
+	c, br := dialProxy(t, httpAddr)
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	for i := range 2 { // the second request: the connection is kept
+		fmt.Fprintf(c, "POST http://up.test/ HTTP/1.1\r\nHost: up.test\r\nContent-Length: 10\r\n\r\n12345")
+		resp, err := http.ReadResponse(br, nil) // the origin answers before the rest
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		io.WriteString(c, "67890")
+		body, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || string(body) != "got 10 err <nil>" || err != nil {
+			t.Fatalf("request %d: status %d body %q err %v; want the origin's answer after the whole body", i, resp.StatusCode, body, err)
+		}
 	}
 }

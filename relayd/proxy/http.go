@@ -418,17 +418,20 @@ func (b idleBody) Read(p []byte) (int, error) {
 // upload sends a forwarded request, its headers and body, to the origin on a goroutine
 // of its own while forward reads the answer, as net/http's Transport does: an origin
 // may answer before it has read the body (413, 401, 417, 403) and then stop reading it,
-// or close. Each read from the client and each write to the origin must make progress
-// within idle. wait ends an upload still under way at once (forward has the answer).
+// or close; or answer 2xx first and read the body while it answers (a full-duplex or
+// streaming upload). Each read from the client and each write to the origin must make
+// progress within idle. wait ends an upload still under way at once (forward has an
+// answer that refuses the rest); keepGoing lets it go on, and finish waits for its end.
 type upload struct {
 	c    net.Conn // the client, whose body is read
 	o    *origin
 	idle time.Duration
 	done chan uploaded
 
-	mu      sync.Mutex
-	over    bool // the upload returned: wait leaves the connections alone
-	stopped bool // wait ended the upload before it was over
+	mu       sync.Mutex
+	over     bool // the upload returned: wait leaves the connections alone
+	stopped  bool // wait ended the upload before it was over
+	answered bool // keepGoing: the answer is in and being relayed while the upload goes on
 
 	bodyFailed bool // the client stalled or left in the middle of the body (the upload's goroutine only)
 }
@@ -461,8 +464,9 @@ func (s *Server) startUpload(c net.Conn, cbr *bufio.Reader, req *http.Request, o
 		u.mu.Lock()
 		u.over = true
 		res := uploaded{err: err, stopped: u.stopped, bodyFailed: u.bodyFailed}
+		answered := u.answered
 		switch {
-		case res.stopped:
+		case res.stopped, answered: // no answer to wait for any more
 		case err == nil:
 			// The request is sent: the answer's headers are due within the idle timeout
 			// as a whole (an origin trickling them cannot stretch it).
@@ -471,7 +475,7 @@ func (s *Server) startUpload(c net.Conn, cbr *bufio.Reader, req *http.Request, o
 			o.headersDue(time.Now().Add(min(u.idle, earlyAnswerWait)), false)
 		}
 		u.mu.Unlock()
-		if err == nil && !res.stopped {
+		if err == nil && !res.stopped && !answered {
 			// A client that leaves meanwhile ends the wait.
 			res.stopWatch = watchClient(c, cbr, o)
 		}
@@ -495,6 +499,27 @@ func (u *upload) arm(set func(time.Time) error) {
 func (u *upload) Write(p []byte) (int, error) {
 	u.arm(u.o.conn.SetWriteDeadline)
 	return u.o.conn.Write(p)
+}
+
+// keepGoing lets an upload still under way go on while forward relays the answer (it
+// then neither sets a deadline for the answer's headers when it ends nor watches the
+// client); false: it is over already, and wait returns how it ended.
+func (u *upload) keepGoing() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.over {
+		return false
+	}
+	u.answered = true
+	return true
+}
+
+// finish waits for an upload keepGoing let go on to end by itself: each of its reads and
+// writes is bounded by idle.
+func (u *upload) finish() uploaded {
+	res := <-u.done
+	res.stopWatch = func() bool { return false }
+	return res
 }
 
 // wait stops the upload if it is still under way and returns how it ended. Stopping
@@ -736,19 +761,27 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 			}
 		}
 	}
-	// The answer is in. A request not sent whole by now is not sent further: the origin
-	// answered without the rest of the body, which the client connection still holds
-	// unread, so neither connection carries another exchange.
-	sent := up.wait()
+	// The answer is in. A 2xx that keeps the connection, come before the whole request
+	// went out, is an origin reading the body while it answers (a full-duplex or
+	// streaming upload): the upload goes on while the answer is relayed, as net/http's
+	// Transport does. Any other answer refuses the rest of the body: a request not sent
+	// whole by now is not sent further, the client connection still holds the rest
+	// unread, and neither connection carries another exchange.
+	duplex := resp.StatusCode >= 200 && resp.StatusCode < 300 && !resp.Close && up.keepGoing()
+	whole := true
+	if !duplex {
+		sent := up.wait()
+		if sent.stopWatch() {
+			o.headersDue(time.Time{}, false)
+			o.close()
+			return closeNow, nil
+		}
+		whole = sent.err == nil
+		if !whole {
+			s.log().Debug("http proxy: the destination answered before the whole request was sent", "target", key, "err", sent.err)
+		}
+	}
 	o.headersDue(time.Time{}, false)
-	if sent.stopWatch() {
-		o.close()
-		return closeNow, nil
-	}
-	whole := sent.err == nil
-	if !whole {
-		s.log().Debug("http proxy: the destination answered before the whole request was sent", "target", key, "err", sent.err)
-	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		if !upgrade || !whole {
 			s.writeError(c, http.StatusBadGateway, "the destination switched protocols unasked")
@@ -775,8 +808,21 @@ func (s *Server) forward(ctx context.Context, c net.Conn, cbr *bufio.Reader, req
 	err := resp.Write(cw)
 	_ = resp.Body.Close()
 	if err != nil {
+		if duplex {
+			up.wait()
+		}
 		o.close()
 		return closeNow, nil
+	}
+	if duplex {
+		if sent := up.finish(); sent.err != nil {
+			s.log().Debug("http proxy: the rest of the request did not go out after the answer", "target", key, "err", sent.err)
+			o.close()
+			if sent.bodyFailed { // the client stalled or left in the middle of the body
+				return closeNow, nil
+			}
+			return closeHold, nil // the rest of the body may wait unread
+		}
 	}
 	if !originKeep {
 		o.close()
