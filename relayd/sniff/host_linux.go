@@ -77,9 +77,12 @@ func Host(c *net.TCPConn, wait time.Duration) (string, error) {
 // the client sent something else, closed, or half-closed without a name. err is a
 // failure of the socket, or an error wrapping ErrMalformed when the client names a host
 // that cannot be read as one name: a malformed ClientHello or request (two names, a name
-// that is no DNS name or IP literal), or one whose name would come only after len(buf)
-// bytes. A server may still read a name there, so such a flow is not one without a name:
-// the caller refuses it. Not done: nothing new yet, or a message still incomplete, so
+// that is no DNS name or IP literal). A server may still read a name there, so such a
+// flow is not one without a name: the caller refuses it. A well-formed message whose
+// name would come only after len(buf) bytes (a request line or headers of more than 16
+// KiB before Host) is decided without a name, as one that names none: a bound on what
+// is looked at, like the wait, not a refusal of long requests. Not done: nothing new
+// yet, or a message still incomplete, so
 // wait for the socket to turn readable and look again. Host is Peek with a wait; an
 // event loop that polls the socket itself calls Peek on each readiness.
 func Peek(fd int, buf []byte, seen *int) (host string, done bool, err error) {
@@ -105,7 +108,7 @@ func Peek(fd int, buf []byte, seen *int) (host string, done bool, err error) {
 	case errors.Is(perr, ErrIncomplete) && n < len(buf):
 		return "", peerClosed(uintptr(fd)), nil // wait for more, unless no more can come
 	case errors.Is(perr, ErrIncomplete):
-		return "", true, fmt.Errorf("%w: no name in the first %d bytes of a TLS or HTTP message", ErrMalformed, n)
+		return "", true, nil // no name within the bytes looked at
 	case errors.Is(perr, ErrMalformed):
 		return "", true, perr
 	}

@@ -112,8 +112,6 @@ func TestHostLive(t *testing.T) {
 // the relay refuses it. The error does not quote the name.
 func TestHostUnreadableName(t *testing.T) {
 	sni := []byte{0, 0}
-	padding := []byte{0, 0x15}
-	pad := make([]byte, MaxPeek)
 	tests := []struct {
 		name string
 		send []byte
@@ -124,9 +122,6 @@ func TestHostUnreadableName(t *testing.T) {
 		{"header line without a colon", []byte("GET / HTTP/1.1\r\nbogus\r\nHost: blocked.example\r\n\r\n")},
 		{"two SNI host_names", rawHello(sni, serverNames("ok.example", "blocked.example"))},
 		{"SNI not a DNS name", withServerName(t, "blocked.example:443")},
-		{"Host after MaxPeek bytes", []byte("GET / HTTP/1.1\r\nX-Pad: " + strings.Repeat("p", MaxPeek) + "\r\nHost: blocked.example\r\n\r\n")},
-		{"request line longer than MaxPeek", []byte("GET /" + strings.Repeat("p", MaxPeek) + " HTTP/1.1\r\nHost: blocked.example\r\n\r\n")},
-		{"SNI after MaxPeek bytes", rawHello(padding, pad, sni, serverNames("blocked.example"))},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -138,6 +133,29 @@ func TestHostUnreadableName(t *testing.T) {
 			}
 			if strings.Contains(err.Error(), "blocked.example") {
 				t.Fatalf("Host's error %q quotes the name", err)
+			}
+		})
+	}
+}
+
+// TestHostBeyondMaxPeek: a well-formed message whose name comes only after MaxPeek bytes
+// (a long URL, big headers before Host) is decided without a name, not refused.
+func TestHostBeyondMaxPeek(t *testing.T) {
+	sni := []byte{0, 0}
+	padding := []byte{0, 0x15}
+	for _, tt := range []struct {
+		name string
+		send []byte
+	}{
+		{"Host after MaxPeek bytes", []byte("GET / HTTP/1.1\r\nX-Pad: " + strings.Repeat("p", MaxPeek) + "\r\nHost: api.example\r\n\r\n")},
+		{"request line longer than MaxPeek", []byte("GET /search?q=" + strings.Repeat("a", 20<<10) + " HTTP/1.1\r\nHost: api.example\r\n\r\n")},
+		{"SNI after MaxPeek bytes", rawHello(padding, make([]byte, MaxPeek), sni, serverNames("api.example"))},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, cli := pair(t)
+			go func() { _, _ = cli.Write(tt.send) }()
+			if got, err := Host(srv, 2*time.Second); got != "" || err != nil {
+				t.Fatalf("Host = %q, %v; want no name and no error", got, err)
 			}
 		})
 	}
