@@ -12,6 +12,26 @@ import (
 	"time"
 )
 
+// udpEcho answers every datagram to addr, in the netns at path, until the test ends.
+func udpEcho(t *testing.T, path, network, addr string) {
+	t.Helper()
+	var pc net.PacketConn
+	if err := Do(path, func() (err error) { pc, err = net.ListenPacket(network, addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		b := make([]byte, 64)
+		for {
+			n, from, err := pc.ReadFrom(b)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(b[:n], from)
+		}
+	}()
+}
+
 // The filter chain's blocks (IPv6 TCP when IPv6 is not captured, QUIC) are for new flows
 // only: the pod's own servers answer, over IPv6 too and to a client whose port is 443,
 // and flows already established to an excluded destination live through reinstalls.
@@ -48,21 +68,7 @@ func TestCaptureRejectsOnlyNewFlows(t *testing.T) {
 	})
 
 	t.Run("a pod UDP server answers a client whose port is 443", func(t *testing.T) {
-		var srv net.PacketConn
-		if err := Do(tp.pod.Path, func() (err error) { srv, err = net.ListenPacket("udp4", "192.0.2.1:5353"); return err }); err != nil {
-			t.Fatal(err)
-		}
-		defer srv.Close()
-		go func() {
-			b := make([]byte, 64)
-			for {
-				n, from, err := srv.ReadFrom(b)
-				if err != nil {
-					return
-				}
-				srv.WriteTo(b[:n], from)
-			}
-		}()
+		udpEcho(t, tp.pod.Path, "udp4", "192.0.2.1:5353")
 		var cl net.PacketConn
 		if err := Do(tp.srv.Path, func() (err error) { cl, err = net.ListenPacket("udp4", "192.0.2.2:443"); return err }); err != nil {
 			t.Fatal(err)
@@ -97,21 +103,7 @@ func TestCaptureRejectsOnlyNewFlows(t *testing.T) {
 				go func() { io.Copy(c, c); c.Close() }()
 			}
 		}()
-		var udp net.PacketConn
-		if err := Do(tp.srv.Path, func() (err error) { udp, err = net.ListenPacket("udp", "198.51.100.2:443"); return err }); err != nil {
-			t.Fatal(err)
-		}
-		defer udp.Close()
-		go func() {
-			b := make([]byte, 64)
-			for {
-				n, from, err := udp.ReadFrom(b)
-				if err != nil {
-					return
-				}
-				udp.WriteTo(b[:n], from)
-			}
-		}()
+		udpEcho(t, tp.srv.Path, "udp", "198.51.100.2:443")
 		var conns []net.Conn
 		for range 4 {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)

