@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 	"regexp"
 	"strconv"
 	"strings"
@@ -31,16 +32,40 @@ type LoadOptions struct {
 
 // Load reads and compiles a rules file. Errors are *Error.
 func Load(path string, o LoadOptions) (*Policy, error) {
-	f, err := os.Open(path)
+	data, err := ReadFile(path, MaxFileBytes)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data, o)
+}
+
+// ReadFile reads a policy file (rules, a PAC script) of at most limit bytes: a regular
+// file, read no further than the bound, so that neither a huge file nor a FIFO or a
+// device (which would never end, or block) can exhaust or hold whoever reads it; a
+// daemon watching the file keeps its rules. Errors are *Error: E_UNREADABLE, or
+// E_TOO_LARGE naming the bound.
+func ReadFile(path string, limit int64) ([]byte, error) {
+	// Non-blocking: opening a FIFO for reading would wait for a writer.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: %v", path, unwrapPath(err))}
 	}
 	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if st, err := f.Stat(); err != nil {
+		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: %v", path, unwrapPath(err))}
+	} else if !st.Mode().IsRegular() {
+		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: not a regular file (%s)", path, st.Mode().Type())}
+	} else if st.Size() > limit {
+		return nil, &Error{Code: CodeTooLarge, Msg: fmt.Sprintf("%s is %d bytes, over %d", path, st.Size(), limit)}
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: %v", path, unwrapPath(err))}
 	}
-	return Parse(path, data, o)
+	if int64(len(data)) > limit { // it grew while read
+		return nil, &Error{Code: CodeTooLarge, Msg: fmt.Sprintf("%s is over %d bytes", path, limit)}
+	}
+	return data, nil
 }
 
 func unwrapPath(err error) error {

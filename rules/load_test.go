@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -243,6 +244,38 @@ func TestIPv4ShapedGlobs(t *testing.T) {
 		src = "rules:\n  - pattern: \"" + g + ":443\"\n    route: block\n"
 		if _, err := Parse("t.yaml", []byte(src), LoadOptions{}); err != nil {
 			t.Errorf("pattern %q: %v", g, err)
+		}
+	}
+}
+
+// ReadFile refuses what is not a regular file, and a file over its bound without
+// reading it.
+func TestReadFileBounds(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.yaml")
+	if err := os.WriteFile(big, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, 4<<30); err != nil { // sparse
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		path string
+		code Code
+	}{
+		{big, CodeTooLarge},
+		{fifo, CodeUnreadable}, // would block forever if opened for a read
+		{dir, CodeUnreadable},
+		{filepath.Join(dir, "none"), CodeUnreadable},
+	} {
+		_, err := ReadFile(tt.path, MaxFileBytes)
+		var re *Error
+		if !errors.As(err, &re) || re.Code != tt.code {
+			t.Errorf("ReadFile(%s) = %v, want %s", tt.path, err, tt.code)
 		}
 	}
 }

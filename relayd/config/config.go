@@ -21,6 +21,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -152,13 +153,37 @@ type Audit struct {
 	Ring     int    `yaml:"ring"`     // recent records kept for status
 }
 
+// maxSettingsBytes bounds a settings file: a few kilobytes in practice.
+const maxSettingsBytes = 1 << 20
+
+// readSettings reads the settings file: a regular file of at most maxSettingsBytes.
+func readSettings(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0) // a FIFO would wait for a writer
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%s)", path, st.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxSettingsBytes+1))
+	if err == nil && len(data) > maxSettingsBytes {
+		err = fmt.Errorf("%s is over %d bytes", path, maxSettingsBytes)
+	}
+	return data, err
+}
+
 // Load reads the settings file at path, fills defaults and validates. A missing file at
 // DefaultPath means "all defaults"; a missing file named explicitly is an error.
 func Load(path string) (*Config, error) {
 	if path == "" {
 		path = DefaultPath
 	}
-	data, err := os.ReadFile(path)
+	data, err := readSettings(path)
 	if errors.Is(err, fs.ErrNotExist) && path == DefaultPath {
 		c := &Config{}
 		return c, c.Fill()

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -216,6 +217,28 @@ func TestParseHidesMangledCredentials(t *testing.T) {
 			if strings.Contains(err.Error(), h) {
 				t.Errorf("Parse(%q) = %q, shows %q", tt.in, err, h)
 			}
+		}
+	}
+}
+
+// A settings path that is not a regular file, or a file over the bound, is refused
+// without being read whole (nor waited on).
+func TestLoadRefusesNonRegularAndHuge(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.yaml")
+	if err := os.WriteFile(big, []byte("metrics: 127.0.0.1:9000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, 2<<30); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{big: "over", fifo: "not a regular file", dir: "not a regular file"} {
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Load(%s) = %v, want an error saying %q", path, err, want)
 		}
 	}
 }

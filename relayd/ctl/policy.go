@@ -4,7 +4,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/kl-egress/kl/rules"
@@ -50,9 +49,9 @@ func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.P
 	case pf.pac != "" && len(pf.routes) > 0:
 		return nil, usageError(env, cmd, "--egress-pac and --egress-route are two ways to give a policy; use one")
 	case pf.pac != "":
-		src, err := os.ReadFile(pf.pac)
+		src, err := rules.ReadFile(pf.pac, pac.MaxScriptBytes)
 		if err != nil {
-			return nil, policyError(env, &rules.Error{Code: rules.CodeUnreadable, Msg: err.Error()})
+			return nil, policyError(env, err)
 		}
 		p, err := rules.FromScript(pf.pac, src, pf.def, o)
 		if err != nil {

@@ -37,6 +37,7 @@ import (
 	"github.com/kl-egress/kl/relayd/registry"
 	"github.com/kl-egress/kl/relayd/relay"
 	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/rules/pac"
 )
 
 // reapInterval is how often registrations whose netns disappeared (a DEL that never
@@ -162,9 +163,7 @@ func loadRules(cfg *config.Config) (*rules.Policy, error) {
 	switch {
 	case cfg.PAC != "":
 		var src []byte
-		if src, err = os.ReadFile(cfg.PAC); err != nil {
-			err = &rules.Error{Code: rules.CodeUnreadable, Msg: err.Error()}
-		} else {
+		if src, err = rules.ReadFile(cfg.PAC, pac.MaxScriptBytes); err == nil {
 			p, err = rules.FromScript(cfg.PAC, src, cfg.RouteDefault, o)
 		}
 	case cfg.FlagRoutes():

@@ -425,3 +425,29 @@ func TestHitsStartAgainWithOtherRules(t *testing.T) {
 		t.Errorf("hits since %v, want after the first rules' %v", s.HitsSince, first.HitsSince)
 	}
 }
+
+// A watched rules file grown huge (a runaway generator, a wrong file moved in place) is
+// refused without being read: the daemon keeps running on the rules it has.
+func TestWatchRefusesHugeFile(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.RulesPoll = 50 * time.Millisecond
+	c, _ := start(t, cfg)
+	live := statusOf(t, c).Rules.Hash
+	if err := os.Truncate(cfg.Rules, 8<<30); err != nil { // sparse: costs no disk
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := statusOf(t, c)
+		if s.Rules.LastErrorCode == "E_TOO_LARGE" {
+			if s.Rules.Hash != live {
+				t.Errorf("rules hash %s after a refused file, want the live %s", s.Rules.Hash, live)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status after the file grew to 8 GiB: %+v; want E_TOO_LARGE and the same rules", s.Rules)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/kl-egress/kl/rules"
+	"github.com/kl-egress/kl/rules/pac"
 )
 
 // watchRules reloads the rules when the file's content changes. It polls the content at
@@ -61,9 +62,15 @@ func (d *Daemon) watchRules(ctx context.Context) {
 	t := time.NewTicker(d.cfg.RulesPoll)
 	defer t.Stop()
 	lastBad := ""
+	limit := int64(rules.MaxFileBytes)
+	if d.cfg.PAC != "" {
+		limit = pac.MaxScriptBytes
+	}
 	check := func() {
 		defer rewatch()
-		data, err := os.ReadFile(d.cfg.Rules)
+		// Bounded: a file grown past what loads is refused by the reload below, not read
+		// whole (it could take the daemon's memory, and the rules with it).
+		data, err := rules.ReadFile(d.cfg.Rules, limit)
 		if err != nil {
 			if key := "unreadable: " + err.Error(); key != lastBad {
 				if d.Reload() != nil {
