@@ -9,10 +9,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"syscall"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"gopkg.in/yaml.v3"
 
