@@ -46,6 +46,9 @@ const (
 	DefaultAuditMaxBytes  = 16 << 20
 	DefaultAuditKeep      = 3
 	DefaultAuditRing      = 256
+	// MaxAuditRing bounds the records kept for status (about 100 bytes each, allocated at
+	// start): status shows the recent ones; the file keeps them all.
+	MaxAuditRing = 65536
 )
 
 // MinConnectTimeout is the shortest connectTimeout accepted, the daemon's or an
@@ -333,6 +336,9 @@ func (c *Config) Fill() error {
 	}
 	if c.Audit.MaxBytes < 0 || c.Audit.Keep < 0 || c.Audit.Ring < 0 {
 		errs = append(errs, errors.New("audit: maxBytes, keep and ring must not be negative"))
+	}
+	if c.Audit.Ring > MaxAuditRing {
+		errs = append(errs, fmt.Errorf("audit: ring %d is over %d (the records status shows; the audit file keeps them all)", c.Audit.Ring, MaxAuditRing))
 	}
 	if c.Audit.Path != "" && !filepath.IsAbs(c.Audit.Path) {
 		errs = append(errs, fmt.Errorf("audit: path %q is not absolute", c.Audit.Path))

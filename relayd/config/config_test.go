@@ -79,6 +79,7 @@ exits:
 		{name: "port clash", in: "redirectPort: 15080\n", wantErr: "port 15080 is also redirectPort"},
 		{name: "short idle", in: "idleTimeout: 10ms\n", wantErr: "idleTimeout"},
 		{name: "builtin exit", in: "exits: {direct: {url: 'http://a:1'}}\n", wantErr: `"direct" is a built-in exit`},
+		{name: "audit ring too large", in: "audit: {ring: 1000000000}\n", wantErr: "ring 1000000000 is over 65536"},
 		{name: "bad exit name", in: "exits: {'a b': {url: 'http://a:1'}}\n", wantErr: "lower-case letters"},
 		// A name rules cannot write in exit: is refused here, not left unreachable.
 		{name: "upper-case exit name", in: "exits: {Egress-B: {url: 'socks5://a:1'}}\n", wantErr: `exit name "Egress-B"`},
