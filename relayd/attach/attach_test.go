@@ -809,6 +809,9 @@ func TestLoadSettings(t *testing.T) {
 		{"unknown key", write("typo.yaml", good+"listn: x\n", 0o600), true, "field listn not found", false},
 		{"invalid", write("bad.yaml", "listen: \":7443\"\n", 0o600), true, "cert and key", false},
 		{"empty", write("empty.yaml", "", 0o600), true, "", false},
+		// Settings yaml would skip (a second document) are refused, never silently off.
+		{"empty documents first", write("docs.yaml", "---\n---\n"+good, 0o600), true, "more than one YAML document", false},
+		{"second document", write("docs2.yaml", "listen: \"\"\n---\n"+good, 0o600), true, "more than one YAML document", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,14 +1,12 @@
 package attach
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 
-	"gopkg.in/yaml.v3"
+	"github.com/kl-egress/kl/relayd/config"
 )
 
 // DefaultSettingsPath is where kl-relayd looks for the attach listener's settings. It is
@@ -39,9 +37,7 @@ func LoadSettings(path string, required bool) (*Settings, error) {
 // ParseSettings decodes and validates settings held in memory (name is for messages).
 func ParseSettings(name string, data []byte) (*Settings, error) {
 	s := &Settings{}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(s); err != nil && !errors.Is(err, io.EOF) {
+	if err := config.DecodeOne(data, s); err != nil {
 		return nil, fmt.Errorf("attach settings %s: %w", name, err)
 	}
 	if err := s.Validate(); err != nil {

@@ -206,23 +206,32 @@ func Load(path string) (*Config, error) {
 	return c, nil
 }
 
-// Parse decodes settings from data (name is for messages), fills defaults and validates.
-func Parse(name string, data []byte) (*Config, error) {
-	c := &Config{}
+// DecodeOne decodes a settings file of one YAML document into v, refusing fields v does
+// not have. An empty file leaves v as it is ("all defaults"). A file of more documents is
+// refused: yaml decodes one, and settings after a second "---" (or after an empty first
+// document) would be ignored silently.
+func DecodeOne(data []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	// An empty file (io.EOF) means "all defaults".
-	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("settings %s: %w", name, err)
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return err
 	}
-	// Decode reads one document: settings after a second "---" would be ignored silently.
 	var more yaml.Node
 	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
 		where := ""
 		if err == nil {
 			where = fmt.Sprintf(" (the second starts at line %d)", more.Line)
 		}
-		return nil, fmt.Errorf("settings %s: more than one YAML document%s; put every setting in one", name, where)
+		return fmt.Errorf("more than one YAML document%s; put every setting in one", where)
+	}
+	return nil
+}
+
+// Parse decodes settings from data (name is for messages), fills defaults and validates.
+func Parse(name string, data []byte) (*Config, error) {
+	c := &Config{}
+	if err := DecodeOne(data, c); err != nil {
+		return nil, fmt.Errorf("settings %s: %w", name, err)
 	}
 	if err := c.Fill(); err != nil {
 		return nil, fmt.Errorf("settings %s: %w", name, err)
