@@ -49,6 +49,10 @@ var reapInterval = 30 * time.Second
 // restored (transient) is tried again.
 var retryInterval = 2 * time.Second
 
+// ErrUsage is Run's error for a command line the flag package refused: it has printed
+// what is wrong and the usage already (main exits 2 without printing it again).
+var ErrUsage = errors.New("usage")
+
 // Run is kl-relayd's main: `kl-relayd [--settings FILE] [--config RULES] [--debug]` runs the
 // daemon until ctx is done; `kl-relayd check ...` loads everything and reports.
 func Run(ctx context.Context, args []string) error {
@@ -84,7 +88,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	routeDefault := fs.String("egress-default", "", "the default `ROUTE` of --egress-route or --egress-pac (cluster when absent)")
 	pacPath := fs.String("egress-pac", "", "a PAC script `FILE` (FindProxyForURL) instead of the rules file; reloaded when it changes")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil // -h: the usage is printed, and asking for it is no failure
+		}
+		return ErrUsage // the flag package printed what is wrong, and the usage
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())

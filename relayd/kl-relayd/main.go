@@ -3,6 +3,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -14,7 +15,11 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := daemon.Run(ctx, os.Args); err != nil {
+	err := daemon.Run(ctx, os.Args)
+	switch {
+	case errors.Is(err, daemon.ErrUsage):
+		os.Exit(2) // the usage and what is wrong are printed
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "kl-relayd:", err)
 		os.Exit(1)
 	}
