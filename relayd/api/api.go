@@ -34,6 +34,12 @@ type Listeners = wire.Listeners
 // Registration is the daemon's answer to a register call, and an entry of List.
 type Registration = wire.Registration
 
+// Attachment is one CNI attachment of a sandbox (network and interface name).
+type Attachment = wire.Attachment
+
+// Detachment is what a CNI DEL releases: one attachment, and the netns it names.
+type Detachment = wire.Detachment
+
 // Deregistration is the daemon's answer to a deregister call.
 type Deregistration = wire.Deregistration
 

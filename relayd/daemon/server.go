@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"runtime"
+	"slices"
 	"sort"
 	"time"
 
@@ -204,7 +205,12 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 			return fail(err)
 		}
 	}
-	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since, Captured: wantsCapture(wl)}, NetnsDev: dev, NetnsIno: ino}
+	var atts []api.Attachment
+	if sameNetns {
+		atts = old.Registration.Attachments
+	}
+	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since, Captured: wantsCapture(wl),
+		Attachments: withAttachment(atts, wl)}, NetnsDev: dev, NetnsIno: ino}
 	if err := d.store.Put(e); err != nil {
 		d.relay.Close(wl.ID)
 		if fastDone {
@@ -221,40 +227,121 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 	return e.Registration, nil
 }
 
+// withAttachment returns atts with wl's CNI attachment added (a copy when it changes):
+// a second ADD of the same sandbox in the same netns for another network or interface
+// adds an attachment, a repeated one is a refresh. A registration that is not kl-cni's
+// has none.
+func withAttachment(atts []api.Attachment, wl api.Workload) []api.Attachment {
+	if wl.Source != "cni" || wl.Network == "" && wl.IfName == "" {
+		return nil
+	}
+	a := api.Attachment{Network: wl.Network, IfName: wl.IfName}
+	if slices.Contains(atts, a) {
+		return atts
+	}
+	return append(slices.Clip(atts), a)
+}
+
 // Deregister removes a workload; unknown ids are not an error.
 func (d *Daemon) Deregister(id string) error {
-	_, err := d.deregister(id)
+	_, err := d.deregister(id, nil)
 	return err
 }
 
 // deregister is Deregister; it also removes the capture table the daemon installed for
 // the workload (capture.go), after the listeners closed, and says whether it did.
-func (d *Daemon) deregister(id string) (api.Deregistration, error) {
-	if err := registry.CheckID(id); err != nil {
-		return api.Deregistration{}, fmt.Errorf("%w: %w", errInvalid, err)
+//
+// With det (a kl-cni DEL: CNI keys an attachment by container id, network and
+// interface), only that attachment is released: a registration that serves others
+// stays, listeners, table and all, and the answer says its netns is still served. The
+// registration goes when its last attachment does, or when it records none (the OCI
+// hook's, or one made before attachments were recorded); det == nil (kl-hook, an older
+// kl-cni) deregisters the workload whatever it serves, as before. det.Netns is checked
+// against every registration that stays, by device and inode: the DEL of an ADD that was
+// refused because another registration holds the netns must leave that one's table.
+//
+// An id that the registry refuses was never registered: kl-cni's DEL (det) of one is
+// answered as for an unknown id, so that the DEL of a sandbox kl-relayd refused at ADD
+// succeeds (libcni stops a DEL at the first plugin that fails, and the pod's address
+// would never be freed) and learns whether the netns is served; a plain deregistration
+// of one is refused, as before.
+func (d *Daemon) deregister(id string, det *api.Detachment) (api.Deregistration, error) {
+	valid := registry.CheckID(id) == nil
+	if !valid && det == nil {
+		return api.Deregistration{}, fmt.Errorf("%w: %w", errInvalid, registry.CheckID(id))
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	e, known := d.regs[id]
-	delete(d.pending, id)
-	d.relay.Close(id)
-	d.fastRemove(id)
-	delete(d.regs, id)
-	if err := d.store.Delete(id); err != nil {
-		return api.Deregistration{}, err
-	}
 	var out api.Deregistration
+	e, known := d.regs[id]
+	if known && det != nil && (det.Network != "" || det.IfName != "") && len(e.Registration.Attachments) > 0 {
+		a := det.Attachment
+		left := slices.DeleteFunc(slices.Clone(e.Registration.Attachments), func(x api.Attachment) bool { return x == a })
+		if len(left) > 0 {
+			if len(left) < len(e.Registration.Attachments) {
+				e.Registration.Attachments = left
+				// The workload's network is the one an older kl-cni's GC compares:
+				// make it one the registration still serves.
+				e.Registration.Workload.Network = left[len(left)-1].Network
+				e.Registration.Workload.IfName = left[len(left)-1].IfName
+				if err := d.store.Put(e); err != nil {
+					return api.Deregistration{}, err
+				}
+				d.regs[id] = e
+				d.log.Info("attachment released; the registration serves others", "workload", id, "network", a.Network, "ifname", a.IfName, "left", len(left))
+			} else {
+				d.log.Info("DEL for an attachment the registration does not serve; left as it is", "workload", id, "network", a.Network, "ifname", a.IfName)
+			}
+			out.NetnsServed, out.ServedBy = true, id
+			return out, nil
+		}
+	}
+	if valid {
+		delete(d.pending, id)
+		d.relay.Close(id)
+		d.fastRemove(id)
+		delete(d.regs, id)
+		if err := d.store.Delete(id); err != nil {
+			return api.Deregistration{}, err
+		}
+	}
 	if known && e.Registration.Captured {
 		out.TableRemoved = d.removeCapture(e.Registration.Workload)
 	}
 	if known {
 		d.log.Info("deregistered", "workload", id)
 	}
+	if det != nil && det.Netns != "" && !out.TableRemoved {
+		out.ServedBy = d.servedBy(det.Netns)
+		out.NetnsServed = out.ServedBy != ""
+	}
 	return out, nil
 }
 
+// servedBy returns the id of the registration whose netns nsPath is (device and inode),
+// or "" (d.mu held). A path that names no netns any more is served by none.
+func (d *Daemon) servedBy(nsPath string) string {
+	dev, ino, err := netnsID(nsPath)
+	if err != nil {
+		return ""
+	}
+	for id, e := range d.regs {
+		if e.NetnsDev == dev && e.NetnsIno == ino {
+			return id
+		}
+	}
+	return ""
+}
+
+// handleDeregister serves DELETE /v1/workloads/{id}. The query parameters network,
+// ifname and netns (kl-cni's DEL, wire.Client.Detach) name the attachment released and
+// the netns it names; without them the workload is deregistered whatever it serves.
 func (d *Daemon) handleDeregister(w http.ResponseWriter, r *http.Request) {
-	out, err := d.deregister(r.PathValue("id"))
+	var det *api.Detachment
+	if q := r.URL.Query(); q.Has("network") || q.Has("ifname") || q.Has("netns") {
+		det = &api.Detachment{Attachment: api.Attachment{Network: q.Get("network"), IfName: q.Get("ifname")}, Netns: q.Get("netns")}
+	}
+	out, err := d.deregister(r.PathValue("id"), det)
 	switch {
 	case errors.Is(err, errInvalid):
 		writeError(w, http.StatusBadRequest, err)

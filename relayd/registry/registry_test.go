@@ -17,9 +17,12 @@ func entry(id string) Entry {
 	return Entry{
 		Registration: api.Registration{
 			Workload: api.Workload{ID: id, Netns: "/var/run/netns/" + id, Mode: api.ModeTransparent, Source: "cni",
+				Network: "net-b", IfName: "net1",
 				Labels: map[string]string{"app": "web"}, Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.10")}},
 			Listeners: api.Listeners{Redirect: 15001},
 			Since:     time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+			// A sandbox chained to two kl-cni networks: a restart keeps both attachments.
+			Attachments: []api.Attachment{{Network: "rcnet", IfName: "eth0"}, {Network: "net-b", IfName: "net1"}},
 		},
 		NetnsDev: 4, NetnsIno: 4026532000,
 	}

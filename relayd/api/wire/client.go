@@ -42,6 +42,28 @@ func (c *Client) Deregister(ctx context.Context, id string) (Deregistration, err
 	return d, err
 }
 
+// Detach releases one CNI attachment of a workload (a CNI DEL): the daemon drops the
+// attachment and deregisters the workload only when none is left, and says whether
+// d.Netns is still served. A daemon that predates attachments ignores the query and
+// deregisters the workload, as Deregister does.
+func (c *Client) Detach(ctx context.Context, id string, d Detachment) (Deregistration, error) {
+	q := url.Values{}
+	if d.Network != "" || d.IfName != "" {
+		q.Set("network", d.Network)
+		q.Set("ifname", d.IfName)
+	}
+	if d.Netns != "" {
+		q.Set("netns", d.Netns)
+	}
+	path := "/v1/workloads/" + url.PathEscape(id)
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var out Deregistration
+	err := c.Call(ctx, "DELETE", path, nil, &out)
+	return out, err
+}
+
 // Get returns one registration; found is false when the id is not registered.
 func (c *Client) Get(ctx context.Context, id string) (r Registration, found bool, err error) {
 	err = c.Call(ctx, "GET", "/v1/workloads/"+url.PathEscape(id), nil, &r)

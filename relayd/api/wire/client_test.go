@@ -202,3 +202,28 @@ func FuzzReadResponse(f *testing.F) {
 		}
 	})
 }
+
+// TestDetach: a CNI DEL names its attachment and netns in the query of the DELETE, so a
+// daemon that predates attachments (it reads only the path) deregisters as before, and
+// reads the answer's new fields.
+func TestDetach(t *testing.T) {
+	var got []string
+	mux := http.NewServeMux()
+	mux.HandleFunc("DELETE /v1/workloads/{id}", func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.PathValue("id")+" "+r.URL.RawQuery)
+		json.NewEncoder(w).Encode(Deregistration{NetnsServed: true, ServedBy: "c1"})
+	})
+	c := &Client{Socket: serve(t, mux), Timeout: 2 * time.Second}
+	ctx := context.Background()
+	d, err := c.Detach(ctx, "x1", Detachment{Attachment: Attachment{Network: "net b", IfName: "net1"}, Netns: "/var/run/netns/p&q"})
+	if err != nil || !d.NetnsServed || d.ServedBy != "c1" {
+		t.Fatalf("Detach = %+v %v", d, err)
+	}
+	if _, err := c.Deregister(ctx, "x1"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"x1 ifname=net1&netns=%2Fvar%2Frun%2Fnetns%2Fp%26q&network=net+b", "x1 "}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("requests %q, want %q", got, want)
+	}
+}

@@ -33,7 +33,8 @@ type Workload struct {
 	Netns       string            `json:"netns"`             // path of the network namespace, e.g. /var/run/netns/x or /proc/PID/ns/net
 	Mode        string            `json:"mode"`              // transparent or proxy
 	Source      string            `json:"source"`            // "cni" or "hook"
-	Network     string            `json:"network,omitempty"` // source "cni": the CNI network (conflist name), for GC
+	Network     string            `json:"network,omitempty"` // source "cni": the CNI network (conflist name) of the latest ADD
+	IfName      string            `json:"ifname,omitempty"`  // source "cni": the ADD's interface (CNI_IFNAME); with Network, its Attachment
 	Namespace   string            `json:"namespace,omitempty"`
 	Name        string            `json:"name,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
@@ -74,6 +75,26 @@ type Registration struct {
 	// Captured is true when the daemon installed the workload's capture table for this
 	// registration (the workload asked with Workload.Capture).
 	Captured bool `json:"captured,omitempty"`
+	// Attachments are the CNI attachments served by this registration: every ADD for the
+	// id in the same netns adds its own (Workload.Network and IfName). A DEL that names
+	// one releases only it; the registration goes with the last. Empty for registrations
+	// of the OCI hook and of a kl-cni or kl-relayd that predates them.
+	Attachments []Attachment `json:"attachments,omitempty"`
+}
+
+// Attachment is one CNI attachment of a sandbox: CNI keys an attachment by container id,
+// network name and interface name, and a pod chained to two kl-cni networks (Multus, or a
+// second interface) has two under one container id and one netns.
+type Attachment struct {
+	Network string `json:"network"`
+	IfName  string `json:"ifname,omitempty"`
+}
+
+// Detachment is what a CNI DEL releases (Client.Detach): one attachment of a sandbox,
+// and the netns it names, so the daemon can say whether that netns is still served.
+type Detachment struct {
+	Attachment
+	Netns string // CNI_NETNS; empty when the runtime no longer has it
 }
 
 // Deregistration is the daemon's answer to a deregister call.
@@ -81,6 +102,13 @@ type Deregistration struct {
 	// TableRemoved is true when the daemon removed the capture table it had installed
 	// for the workload (Registration.Captured), or found its netns gone.
 	TableRemoved bool `json:"tableRemoved,omitempty"`
+	// NetnsServed is true when the netns the DEL named is still served after it: by
+	// other attachments of the same registration (which the DEL left in place), or by
+	// another registration whose netns it is (the DEL of an ADD that was refused with a
+	// conflict). Its capture table is then that registration's: the caller leaves it.
+	NetnsServed bool `json:"netnsServed,omitempty"`
+	// ServedBy is the id of the registration that serves it.
+	ServedBy string `json:"servedBy,omitempty"`
 }
 
 // ErrorBody is what the daemon returns with a non-2xx status.
