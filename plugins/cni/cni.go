@@ -17,6 +17,11 @@
 // removes the table itself, so DEL works without the relay), CHECK verifies the table
 // and the registration, STATUS asks whether the relay is reachable.
 //
+// A pod may be chained to several kl-cni networks (Multus, or a second interface): each
+// (network, interface) is an attachment of the one registration of its sandbox, and the
+// DEL of one releases only it; the relay keeps the listeners and the table while any is
+// left, and tells DEL so.
+//
 // Failure is closed: when the registration fails, for whatever reason, the plugin
 // installs the capture table itself before it reports the error, and leaves it in
 // place. Until the runtime tears the sandbox down (it calls DEL after a failed ADD) every
@@ -43,6 +48,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -58,10 +64,19 @@ import (
 // ADDs now" (here: kl-relayd is unreachable).
 const ErrPluginNotAvailable uint = 50
 
+// HTTP statuses kl-relayd answers that the plugin tells apart (kl-cni does not link
+// net/http; see package wire).
+const (
+	http400 = 400 // the request, e.g. a container id the relay refuses
+	http404 = 404
+	http409 = 409 // another registration holds the netns
+)
+
 // Relay is the part of the kl-relayd client the plugin uses (*wire.Client).
 type Relay interface {
 	Register(ctx context.Context, w wire.Workload) (wire.Registration, error)
 	Deregister(ctx context.Context, id string) (wire.Deregistration, error)
+	Detach(ctx context.Context, id string, d wire.Detachment) (wire.Deregistration, error)
 	Get(ctx context.Context, id string) (wire.Registration, bool, error)
 	Ping(ctx context.Context) error
 	List(ctx context.Context) ([]wire.Registration, error)
@@ -185,6 +200,7 @@ func workload(args *skel.CmdArgs, c *Config, mode string) (wire.Workload, error)
 		Mode:        mode,
 		Source:      "cni",
 		Network:     c.Name,
+		IfName:      args.IfName,
 		Namespace:   pa.Namespace,
 		Name:        pa.Name,
 		Labels:      c.RuntimeConfig.Labels,
@@ -237,8 +253,16 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		reg, err := p.NewRelay(c.Socket, c.timeout).Register(ctx, w)
 		if err != nil {
 			// Fail closed: the table is in place whatever went wrong (see the package doc);
-			// DEL removes it.
+			// DEL removes it. But not over a conflict: another registration serves the
+			// netns, the table there is that registration's (its capture, its kernel
+			// decisions), and the runtime's DEL that follows must leave it too (the relay
+			// says so).
 			var also string
+			var he *wire.HTTPError
+			if errors.As(err, &he) && he.Status == http409 {
+				return types.NewError(types.ErrInternal, "kl-cni: register sandbox with kl-relayd: "+err.Error()+
+					"; the netns and its capture stay that registration's", "")
+			}
 			if mode == wire.ModeTransparent {
 				if ierr := p.install(args.Netns, c.capture()); ierr != nil {
 					also = "; the capture table could not be installed either: " + ierr.Error()
@@ -275,7 +299,9 @@ func (p *Plugin) print(c *Config) error {
 	return nil
 }
 
-// Del releases the sandbox: deregister first (the listeners close, so for a moment the
+// Del releases the sandbox's attachment (CNI keys one by container id, network name and
+// interface name; a pod chained to two kl-cni networks has two): the relay drops it and
+// deregisters the sandbox only when it was the last. Deregister first (the listeners close, so for a moment the
 // still-installed table refuses connections rather than letting them out), then remove
 // the table: the relay removes the one it installed, the plugin removes it when the
 // relay does not say it did. It succeeds when the netns is gone and when called twice.
@@ -285,7 +311,13 @@ func (p *Plugin) print(c *Config) error {
 // A config that ADD would refuse (one written by an older kl-cni that checked less, with
 // a bad prevResult, or with fields of the wrong JSON type) does not block the teardown
 // either: DEL uses only its socket and timeout, defaults for what does not decode, and
-// warns.
+// warns. Nor does a relay that refuses the container id (it cannot have registered it)
+// or does not know it.
+//
+// The plugin leaves the table when the relay says the netns is still served: by the
+// sandbox's other attachments, or by another registration (the DEL of an ADD refused
+// because that registration holds the netns). A relay that does not say (it predates
+// attachments, or is unreachable) leaves the table to the plugin, as before.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	c, err := p.config(args.StdinData, decodeLenient)
 	if err != nil {
@@ -298,14 +330,22 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(p.ctx(), c.timeout)
 	defer cancel()
-	dr, err := p.NewRelay(c.Socket, c.timeout).Deregister(ctx, args.ContainerID)
-	if err != nil {
-		if !errors.Is(err, wire.ErrUnreachable) {
-			return types.NewError(types.ErrInternal, "kl-cni: deregister sandbox from kl-relayd: "+err.Error(), "")
-		}
+	det := wire.Detachment{Attachment: wire.Attachment{Network: c.Name, IfName: args.IfName}, Netns: args.Netns}
+	dr, err := p.NewRelay(c.Socket, c.timeout).Detach(ctx, args.ContainerID, det)
+	var he *wire.HTTPError
+	switch {
+	case err == nil:
+	case errors.Is(err, wire.ErrUnreachable):
 		log.Warn("kl-relayd unreachable at DEL; it drops the registration when the netns is gone", "err", err)
+	case errors.As(err, &he) && (he.Status == http400 || he.Status == http404):
+		log.Warn("kl-relayd does not know the sandbox (it refused the id or has no such registration); DEL goes on", "err", err)
+	default:
+		return types.NewError(types.ErrInternal, "kl-cni: deregister sandbox from kl-relayd: "+err.Error(), "")
 	}
-	if args.Netns != "" && !dr.TableRemoved {
+	if dr.NetnsServed {
+		log.Debug("netns still served; its capture table stays", "served_by", dr.ServedBy)
+	}
+	if args.Netns != "" && !dr.TableRemoved && !dr.NetnsServed {
 		if err := p.remove(args.Netns); err != nil {
 			return types.NewError(types.ErrInternal, "kl-cni: "+err.Error(), "")
 		}
@@ -347,6 +387,8 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is registered with netns %s, not %s", args.ContainerID, reg.Workload.Netns, args.Netns), "")
 	case reg.Workload.Mode != mode:
 		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is registered in mode %s, not %s", args.ContainerID, reg.Workload.Mode, mode), "")
+	case len(reg.Attachments) > 0 && !slices.Contains(reg.Attachments, wire.Attachment{Network: c.Name, IfName: args.IfName}):
+		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is not registered for network %s, interface %s", args.ContainerID, c.Name, args.IfName), "")
 	}
 	return nil
 }
@@ -365,17 +407,32 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 	return nil
 }
 
-// GC (CNI 1.1) deregisters this network's sandboxes that the runtime no longer lists as
-// valid attachments: their DEL never reached the relay. Their tables went with their
-// netns. Registrations of other networks and of the OCI hook are left alone.
+// GC (CNI 1.1) releases this network's attachments that the runtime no longer lists as
+// valid (container id and interface name): their DEL never reached the relay. A
+// sandbox is deregistered with its last attachment; its table went with its netns.
+// Attachments of other networks, and registrations of the OCI hook, are left alone. A
+// registration that records no attachments (a relay that predates them) is compared by
+// its network and container id, as before.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
 	c, err := p.config(args.StdinData, parseConfig)
 	if err != nil {
 		return configError(err)
 	}
-	valid := map[string]bool{}
+	type key struct{ id, ifname string }
+	validID := map[string]bool{}
+	valid := map[key]bool{}
 	for _, a := range c.ValidAttachments {
-		valid[a.ContainerID] = true
+		validID[a.ContainerID] = true
+		valid[key{a.ContainerID, a.IfName}] = true
+	}
+	stale := func(id string, a wire.Attachment) bool {
+		if a.Network != c.Name {
+			return false
+		}
+		if a.IfName == "" { // an older kl-cni registered it without its interface
+			return !validID[id]
+		}
+		return !valid[key{id, a.IfName}]
 	}
 	// Each call gets its own bound (the config's timeout is per call): a long list of
 	// stale sandboxes must not run the later deregistrations out of time.
@@ -390,17 +447,36 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	var errs []error
 	for _, r := range regs {
 		w := r.Workload
-		if w.Source != "cni" || w.Network != c.Name || valid[w.ID] {
+		if w.Source != "cni" {
 			continue
 		}
-		ctx, cancel := call()
-		_, err := relay.Deregister(ctx, w.ID)
-		cancel()
-		if err != nil {
-			errs = append(errs, err)
+		if len(r.Attachments) == 0 {
+			if w.Network != c.Name || validID[w.ID] {
+				continue
+			}
+			ctx, cancel := call()
+			_, err := relay.Deregister(ctx, w.ID)
+			cancel()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.Log.Info("gc: deregistered stale sandbox", "container", w.ID)
 			continue
 		}
-		p.Log.Info("gc: deregistered stale sandbox", "container", w.ID)
+		for _, a := range r.Attachments {
+			if !stale(w.ID, a) {
+				continue
+			}
+			ctx, cancel := call()
+			_, err := relay.Detach(ctx, w.ID, wire.Detachment{Attachment: a})
+			cancel()
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.Log.Info("gc: released stale attachment", "container", w.ID, "ifname", a.IfName)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return types.NewError(types.ErrInternal, "kl-cni GC: "+err.Error(), "")

@@ -23,11 +23,14 @@ import (
 
 // fakeRelay records calls; down makes every call fail as unreachable. With a backend it
 // installs the capture tables registrations ask for, as kl-relayd does; without one it
-// is an older relay that ignores Workload.Capture.
+// is an older relay that ignores Workload.Capture. Like kl-relayd it refuses a second id
+// in a netns (409) and keeps each registration's CNI attachments (atts), releasing one
+// at a time (Detach).
 type fakeRelay struct {
 	down    bool
 	backend netns.Backend
 	regs    map[string]wire.Workload
+	atts    map[string][]wire.Attachment
 	calls   []string
 }
 
@@ -43,6 +46,11 @@ func (f *fakeRelay) Register(_ context.Context, w wire.Workload) (wire.Registrat
 	if err := f.err(); err != nil {
 		return wire.Registration{}, err
 	}
+	for id, o := range f.regs {
+		if id != w.ID && o.Netns == w.Netns {
+			return wire.Registration{}, &wire.HTTPError{Status: 409, Msg: "conflict: netns " + w.Netns + " is already served for workload " + id}
+		}
+	}
 	captured := false
 	if f.backend != nil && w.Capture != nil && w.Mode == wire.ModeTransparent {
 		wc := w.Capture
@@ -53,8 +61,38 @@ func (f *fakeRelay) Register(_ context.Context, w wire.Workload) (wire.Registrat
 		}
 		captured = true
 	}
+	if f.atts == nil {
+		f.atts = map[string][]wire.Attachment{}
+	}
+	if o, ok := f.regs[w.ID]; !ok || o.Netns != w.Netns {
+		f.atts[w.ID] = nil
+	}
+	if a := (wire.Attachment{Network: w.Network, IfName: w.IfName}); !slices.Contains(f.atts[w.ID], a) {
+		f.atts[w.ID] = append(f.atts[w.ID], a)
+	}
 	f.regs[w.ID] = w
-	return wire.Registration{Workload: w, Listeners: wire.Listeners{Redirect: 15001}, Captured: captured}, nil
+	return wire.Registration{Workload: w, Listeners: wire.Listeners{Redirect: 15001}, Captured: captured, Attachments: f.atts[w.ID]}, nil
+}
+
+func (f *fakeRelay) Detach(ctx context.Context, id string, d wire.Detachment) (wire.Deregistration, error) {
+	f.calls = append(f.calls, "detach "+id+" "+d.Network+"/"+d.IfName)
+	if err := f.err(); err != nil {
+		return wire.Deregistration{}, err
+	}
+	if atts := f.atts[id]; len(atts) > 0 {
+		left := slices.DeleteFunc(slices.Clone(atts), func(a wire.Attachment) bool { return a == d.Attachment })
+		if len(left) > 0 {
+			f.atts[id] = left
+			return wire.Deregistration{NetnsServed: true, ServedBy: id}, nil
+		}
+	}
+	out, err := f.deregister(id)
+	for other, w := range f.regs {
+		if d.Netns != "" && w.Netns == d.Netns {
+			out.NetnsServed, out.ServedBy = true, other
+		}
+	}
+	return out, err
 }
 
 func (f *fakeRelay) Deregister(_ context.Context, id string) (wire.Deregistration, error) {
@@ -62,8 +100,13 @@ func (f *fakeRelay) Deregister(_ context.Context, id string) (wire.Deregistratio
 	if err := f.err(); err != nil {
 		return wire.Deregistration{}, err
 	}
+	return f.deregister(id)
+}
+
+func (f *fakeRelay) deregister(id string) (wire.Deregistration, error) {
 	w, known := f.regs[id]
 	delete(f.regs, id)
+	delete(f.atts, id)
 	var d wire.Deregistration
 	if known && f.backend != nil && w.Capture != nil && w.Mode == wire.ModeTransparent {
 		if netns.RemoveWith(f.backend, w.Netns) == nil {
@@ -78,7 +121,7 @@ func (f *fakeRelay) Get(_ context.Context, id string) (wire.Registration, bool, 
 		return wire.Registration{}, false, err
 	}
 	w, ok := f.regs[id]
-	return wire.Registration{Workload: w}, ok, nil
+	return wire.Registration{Workload: w, Attachments: f.atts[id]}, ok, nil
 }
 
 func (f *fakeRelay) Ping(context.Context) error { return f.err() }
@@ -89,7 +132,7 @@ func (f *fakeRelay) List(context.Context) ([]wire.Registration, error) {
 	}
 	var out []wire.Registration
 	for _, w := range f.regs {
-		out = append(out, wire.Registration{Workload: w})
+		out = append(out, wire.Registration{Workload: w, Attachments: f.atts[w.ID]})
 	}
 	return out, nil
 }
@@ -155,7 +198,7 @@ func TestAddTransparent(t *testing.T) {
 		t.Errorf("exclusion missing from table:\n%s", tbl.Render())
 	}
 	want := wire.Workload{
-		ID: "abc123", Netns: "/var/run/netns/pod1", Mode: "transparent", Source: "cni", Network: "kl-test", Namespace: "shop", Name: "web-0",
+		ID: "abc123", Netns: "/var/run/netns/pod1", Mode: "transparent", Source: "cni", Network: "kl-test", IfName: "eth0", Namespace: "shop", Name: "web-0",
 		Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"team": "a"},
 		Addrs:   []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("fd00:1::10")},
 		Capture: &wire.Capture{RedirectPort: 15001, Mark: 0x4b4c, IPv6: true, RejectQUIC: true, ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("192.0.2.53/32")}},
@@ -338,7 +381,7 @@ func TestDelIdempotent(t *testing.T) {
 	if err := p.Del(a); err != nil {
 		t.Errorf("Del without a netns = %v", err)
 	}
-	if fr.calls[1] != "deregister abc123" {
+	if fr.calls[1] != "detach abc123 kl-test/eth0" {
 		t.Errorf("calls = %v", fr.calls)
 	}
 	if out.Len() != 0 {
@@ -624,5 +667,147 @@ func TestConfigDebug(t *testing.T) {
 				t.Errorf("debug lines on stderr: %v, want %v\n%s", got, debug, stderr.String())
 			}
 		})
+	}
+}
+
+// TestDelOneAttachment: a pod chained to two kl-cni networks (Multus, or a second
+// interface) has two attachments under one container id and one netns. The DEL of one
+// releases only it: the registration, the listeners and the table stay for the other,
+// whose CHECK still passes, until its own DEL.
+func TestDelOneAttachment(t *testing.T) {
+	p, fr, fb, _ := newPlugin()
+	cb := &countingBackend{Backend: fb}
+	p.Backend = cb
+	first := args(conf("", true))
+	second := args([]byte(strings.Replace(string(conf("", true)), `"name":"kl-test"`, `"name":"net-b"`, 1)))
+	second.IfName = "net1"
+	for _, a := range []*skel.CmdArgs{first, second} {
+		if err := p.Add(a); err != nil {
+			t.Fatalf("Add(%s) = %v", a.IfName, err)
+		}
+	}
+	want := []wire.Attachment{{Network: "kl-test", IfName: "eth0"}, {Network: "net-b", IfName: "net1"}}
+	if got := fr.atts["abc123"]; !slices.Equal(got, want) {
+		t.Fatalf("attachments after two ADDs = %v, want %v", got, want)
+	}
+	if err := p.Del(second); err != nil {
+		t.Fatalf("Del(net1) = %v", err)
+	}
+	if _, ok := fb.Tables["/var/run/netns/pod1"]; !ok || cb.deletes != 0 {
+		t.Fatalf("Del of one attachment removed the table (%d deletions) the other still needs", cb.deletes)
+	}
+	if _, ok := fr.regs["abc123"]; !ok {
+		t.Fatal("Del of one attachment deregistered the sandbox")
+	}
+	if err := p.Check(first); err != nil {
+		t.Errorf("Check(eth0) after the DEL of net1 = %v", err)
+	}
+	if err := p.Check(second); err == nil {
+		t.Error("Check(net1) after its DEL passed")
+	}
+	if err := p.Del(first); err != nil {
+		t.Fatalf("Del(eth0) = %v", err)
+	}
+	if len(fb.Tables) != 0 || len(fr.regs) != 0 {
+		t.Errorf("after the last DEL: tables %v, registrations %v", fb.Tables, fr.regs)
+	}
+}
+
+// TestAddConflict: an ADD refused because another registration holds the netns (409)
+// neither installs the fail-closed table over that registration's, nor has the DEL the
+// runtime sends after it remove it: the first pod stays captured.
+func TestAddConflict(t *testing.T) {
+	p, _, fb, _ := newPlugin()
+	cb := &countingBackend{Backend: fb}
+	p.Backend = cb
+	if err := p.Add(args(conf(`,"excludePorts":[53]`, true))); err != nil {
+		t.Fatal(err)
+	}
+	before := fb.Tables["/var/run/netns/pod1"].Render()
+	other := args(conf("", true))
+	other.ContainerID = "x1"
+	err := p.Add(other)
+	if err == nil || !strings.Contains(err.Error(), "already served for workload abc123") {
+		t.Fatalf("Add(x1) in abc123's netns = %v, want the relay's conflict", err)
+	}
+	if got := fb.Tables["/var/run/netns/pod1"].Render(); got != before {
+		t.Errorf("the refused ADD replaced abc123's table:\n%s\nwant\n%s", got, before)
+	}
+	if err := p.Del(other); err != nil {
+		t.Fatalf("Del(x1) = %v", err)
+	}
+	if _, ok := fb.Tables["/var/run/netns/pod1"]; !ok || cb.deletes != 0 {
+		t.Fatal("the DEL after the refused ADD removed abc123's table")
+	}
+	if err := p.Check(args(conf(`,"excludePorts":[53]`, true))); err != nil {
+		t.Errorf("Check(abc123) = %v", err)
+	}
+}
+
+// answeringRelay answers every Detach with status (an older kl-relayd that refuses the
+// container id answers 400; 404 is a relay that does not know it).
+type answeringRelay struct {
+	*fakeRelay
+	status int
+}
+
+func (a answeringRelay) Detach(context.Context, string, wire.Detachment) (wire.Deregistration, error) {
+	return wire.Deregistration{}, &wire.HTTPError{Status: a.status, Msg: "workload id: want 1-250 characters"}
+}
+
+func (a answeringRelay) Deregister(ctx context.Context, id string) (wire.Deregistration, error) {
+	return a.Detach(ctx, id, wire.Detachment{})
+}
+
+// TestDelRefusedID: the relay cannot have registered an id it refuses, nor one it does
+// not know: DEL warns and succeeds, so the chain's DEL goes on to IPAM; the table (the
+// fail-closed one of the refused ADD) goes. Any other refusal still fails the DEL.
+func TestDelRefusedID(t *testing.T) {
+	for _, tt := range []struct {
+		status int
+		ok     bool
+	}{{400, true}, {404, true}, {500, false}} {
+		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
+			p, fr, fb, _ := newPlugin()
+			if err := p.install("/var/run/netns/pod1", netns.Capture{RedirectPort: 15001, Mark: 0x4b4c}); err != nil {
+				t.Fatal(err)
+			}
+			p.NewRelay = func(string, time.Duration) Relay { return answeringRelay{fr, tt.status} }
+			a := args(conf("", false))
+			a.ContainerID = strings.Repeat("a", 251)
+			err := p.Del(a)
+			if (err == nil) != tt.ok {
+				t.Fatalf("Del with the relay answering %d = %v, want success %v", tt.status, err, tt.ok)
+			}
+			if _, left := fb.Tables["/var/run/netns/pod1"]; tt.ok && left {
+				t.Error("Del left the fail-closed table")
+			}
+		})
+	}
+}
+
+// TestGCAttachments: GC compares attachments (container id and interface), not the
+// registration's network, which the latest ADD set: a stale attachment of a sandbox
+// whose other attachment is valid is released, and a sandbox that another network
+// still serves is left registered.
+func TestGCAttachments(t *testing.T) {
+	p, fr, _, _ := newPlugin()
+	fr.regs["two-ifs"] = wire.Workload{ID: "two-ifs", Source: "cni", Network: "kl-test", IfName: "net1"}
+	fr.regs["two-nets"] = wire.Workload{ID: "two-nets", Source: "cni", Network: "other", IfName: "net1"}
+	fr.atts = map[string][]wire.Attachment{
+		"two-ifs":  {{Network: "kl-test", IfName: "eth0"}, {Network: "kl-test", IfName: "net1"}},
+		"two-nets": {{Network: "kl-test", IfName: "eth0"}, {Network: "other", IfName: "net1"}},
+	}
+	stdin := conf(`,"cni.dev/valid-attachments":[{"containerID":"two-ifs","ifname":"eth0"}]`, false)
+	if err := p.GC(args(stdin)); err != nil {
+		t.Fatalf("GC = %v", err)
+	}
+	for id, want := range map[string][]wire.Attachment{
+		"two-ifs":  {{Network: "kl-test", IfName: "eth0"}},
+		"two-nets": {{Network: "other", IfName: "net1"}},
+	} {
+		if _, ok := fr.regs[id]; !ok || !slices.Equal(fr.atts[id], want) {
+			t.Errorf("after GC, %s registered %v with attachments %v, want %v", id, ok, fr.atts[id], want)
+		}
 	}
 }
