@@ -42,10 +42,18 @@ type Var struct{ Name, Value string }
 // to case (HTTP_PROXY and http_proxy are one group) because tools disagree about which
 // spelling they read: if the spec already sets any spelling of a group, the whole group is
 // left to the spec, unless the group is forced, in which case every spelling the spec had
-// is replaced by kl's.
+// is replaced by kl's, or merged, in which case every spelling gets the spec's entries and
+// kl's in one list. A merged group is a comma-separated list (NO_PROXY): leaving it to
+// the image would drop kl's own entries, and those (loopback, where the relay listens) are
+// what keeps the container's traffic to itself off the proxy.
 type Env struct {
 	Vars  []Var
 	Force []string // group names (any case) kl overrides
+	Merge []string // group names (any case) whose lists kl merges with the spec's
+	// Join merges the lists of a merged group, the spec's entries first, into one value;
+	// it must give the same value when applied to its own result (Modify is applied
+	// twice). nil: entries trimmed, empty ones and repeats dropped, order kept.
+	Join func(lists ...[]string) string
 }
 
 var _ Modifier = Env{}
@@ -61,18 +69,32 @@ func (e Env) Modify(s *Spec) error {
 	forced := func(group string) bool {
 		return slices.ContainsFunc(e.Force, func(f string) bool { return f == "*" || strings.EqualFold(f, group) })
 	}
-	present := map[string]bool{}
-	for _, kv := range env {
-		present[strings.ToUpper(envName(kv))] = true
+	merged := func(group string) bool {
+		return slices.ContainsFunc(e.Merge, func(m string) bool { return strings.EqualFold(m, group) })
 	}
-	// Decide per group first: a group is skipped when the spec had it before this call.
+	// The spec's entries of every group, all spellings, in the spec's order.
+	present := map[string][]string{}
+	for _, kv := range env {
+		g := strings.ToUpper(envName(kv))
+		_, val, _ := strings.Cut(kv, "=")
+		present[g] = append(present[g], strings.Split(val, ",")...)
+	}
+	// Decide per group first: a group is skipped when the spec had it before this call,
+	// unless kl forces or merges it.
 	skip := map[string]bool{}
-	for _, v := range e.Vars {
+	join := e.Join
+	if join == nil {
+		join = joinList
+	}
+	vars := slices.Clone(e.Vars)
+	for i, v := range vars {
 		g := strings.ToUpper(v.Name)
-		if forced(g) {
-			continue
-		}
-		if present[g] {
+		old, had := present[g]
+		switch {
+		case forced(g) || !had:
+		case merged(g):
+			vars[i].Value = join(old, strings.Split(v.Value, ","))
+		default:
 			skip[g] = true
 		}
 	}
@@ -80,7 +102,7 @@ func (e Env) Modify(s *Spec) error {
 	// application leaves the order as the first one did; other new groups are appended.
 	byGroup := map[string][]string{}
 	var order []string
-	for _, v := range e.Vars {
+	for _, v := range vars {
 		g := strings.ToUpper(v.Name)
 		if skip[g] {
 			continue
@@ -109,6 +131,19 @@ func (e Env) Modify(s *Spec) error {
 		}
 	}
 	return s.setEnv(out)
+}
+
+// joinList is Env's default Join.
+func joinList(lists ...[]string) string {
+	var out []string
+	for _, l := range lists {
+		for _, e := range l {
+			if e = strings.TrimSpace(e); e != "" && !slices.Contains(out, e) {
+				out = append(out, e)
+			}
+		}
+	}
+	return strings.Join(out, ",")
 }
 
 func envName(kv string) string {
@@ -170,14 +205,18 @@ func (m Mount) Modify(s *Spec) error {
 	return nil
 }
 
-// Hook adds one OCI hook at a lifecycle stage (createRuntime, poststop, …). An existing
-// hook with the same path and the same last argument (the hook's subcommand) is replaced,
-// so the hook is never listed twice.
+// Hook adds one OCI hook at a lifecycle stage (createRuntime, poststop, …), after the
+// stage's other hooks or, with First, before them. An existing hook with the same path
+// and the same last argument (the hook's subcommand) is replaced, so the hook is never
+// listed twice.
 type Hook struct {
 	Stage   string
 	Path    string
 	Args    []string // args[0] is the program name, as in the OCI spec
 	Timeout int      // seconds; 0 = none
+	// First runs the hook before the stage's other hooks. The runtime stops a stage at
+	// its first failing hook, so only a hook listed first is sure to run.
+	First bool
 }
 
 var _ Modifier = Hook{}
@@ -216,7 +255,12 @@ func (h Hook) Modify(s *Spec) error {
 	if h.Timeout > 0 {
 		entry["timeout"] = h.Timeout
 	}
-	hooks[h.Stage] = append(out, entry)
+	if h.First {
+		out = append([]any{entry}, out...)
+	} else {
+		out = append(out, entry)
+	}
+	hooks[h.Stage] = out
 	s.doc["hooks"] = hooks
 	return nil
 }
@@ -235,4 +279,33 @@ func (h Hook) same(x any) bool {
 	}
 	last, _ := args[len(args)-1].(string)
 	return last == h.Args[len(h.Args)-1]
+}
+
+// Annotation sets one annotation of the spec, replacing the value it had; an empty Value
+// removes it.
+type Annotation struct{ Key, Value string }
+
+var _ Modifier = Annotation{}
+
+func (a Annotation) String() string { return fmt.Sprintf("annotation(%s=%s)", a.Key, a.Value) }
+
+// Modify implements Modifier.
+func (a Annotation) Modify(s *Spec) error {
+	if a.Key == "" {
+		return fmt.Errorf("annotation without a key")
+	}
+	ann, _ := s.doc["annotations"].(map[string]any)
+	if ann == nil && a.Value == "" {
+		return nil
+	}
+	if ann == nil {
+		ann = map[string]any{}
+	}
+	if a.Value == "" {
+		delete(ann, a.Key)
+	} else {
+		ann[a.Key] = a.Value
+	}
+	s.doc["annotations"] = ann
+	return nil
 }

@@ -125,13 +125,20 @@ func TestEnv(t *testing.T) {
 		name  string
 		env   []string
 		force []string
+		merge []string
 		want  []string
 	}{
-		{"added", []string{"PATH=/bin"}, nil, []string{"PATH=/bin", "HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
-		{"image wins, both spellings", []string{"http_proxy=img"}, nil, []string{"http_proxy=img", "NO_PROXY=n", "no_proxy=n"}},
-		{"forced replaces", []string{"http_proxy=img", "A=1"}, []string{"HTTP_PROXY"}, []string{"HTTP_PROXY=k", "http_proxy=k", "A=1", "NO_PROXY=n", "no_proxy=n"}},
-		{"force all", []string{"NO_PROXY=x", "HTTP_PROXY=y"}, []string{"*"}, []string{"NO_PROXY=n", "no_proxy=n", "HTTP_PROXY=k", "http_proxy=k"}},
-		{"nil env", nil, nil, []string{"HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
+		{"added", []string{"PATH=/bin"}, nil, nil, []string{"PATH=/bin", "HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
+		{"image wins, both spellings", []string{"http_proxy=img"}, nil, nil, []string{"http_proxy=img", "NO_PROXY=n", "no_proxy=n"}},
+		{"forced replaces", []string{"http_proxy=img", "A=1"}, []string{"HTTP_PROXY"}, nil, []string{"HTTP_PROXY=k", "http_proxy=k", "A=1", "NO_PROXY=n", "no_proxy=n"}},
+		{"force all", []string{"NO_PROXY=x", "HTTP_PROXY=y"}, []string{"*"}, []string{"NO_PROXY"}, []string{"NO_PROXY=n", "no_proxy=n", "HTTP_PROXY=k", "http_proxy=k"}},
+		{"nil env", nil, nil, nil, []string{"HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
+		// An image's NO_PROXY used to take the whole group, kl's loopback entries with it.
+		{"merged list", []string{"no_proxy=img.example, n", "A=1", "NO_PROXY=other"}, nil, []string{"no_proxy"},
+			[]string{"NO_PROXY=img.example,n,other", "no_proxy=img.example,n,other", "A=1", "HTTP_PROXY=k", "http_proxy=k"}},
+		{"merged, empty in the image", []string{"NO_PROXY="}, nil, []string{"NO_PROXY"}, []string{"NO_PROXY=n", "no_proxy=n", "HTTP_PROXY=k", "http_proxy=k"}},
+		{"merged but forced: replaced", []string{"NO_PROXY=img"}, []string{"no_proxy"}, []string{"NO_PROXY"}, []string{"NO_PROXY=n", "no_proxy=n", "HTTP_PROXY=k", "http_proxy=k"}},
+		{"merged, not in the spec", []string{"PATH=/bin"}, nil, []string{"NO_PROXY"}, []string{"PATH=/bin", "HTTP_PROXY=k", "http_proxy=k", "NO_PROXY=n", "no_proxy=n"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,7 +146,7 @@ func TestEnv(t *testing.T) {
 			if tt.env != nil {
 				_ = s.setEnv(tt.env)
 			}
-			m := Env{Vars: []Var{{"HTTP_PROXY", "k"}, {"http_proxy", "k"}, {"NO_PROXY", "n"}, {"no_proxy", "n"}}, Force: tt.force}
+			m := Env{Vars: []Var{{"HTTP_PROXY", "k"}, {"http_proxy", "k"}, {"NO_PROXY", "n"}, {"no_proxy", "n"}}, Force: tt.force, Merge: tt.merge}
 			if err := m.Modify(s); err != nil {
 				t.Fatal(err)
 			}
@@ -147,7 +154,64 @@ func TestEnv(t *testing.T) {
 			if strings.Join(got, " ") != strings.Join(tt.want, " ") {
 				t.Errorf("env = %q, want %q", got, tt.want)
 			}
+			if err := m.Modify(s); err != nil {
+				t.Fatal(err)
+			}
+			if again, _ := s.Env(); strings.Join(again, " ") != strings.Join(got, " ") {
+				t.Errorf("applied twice: env = %q, want %q", again, got)
+			}
 		})
+	}
+}
+
+// runc runs a stage's hooks in order and stops at the first that fails: kl's poststop
+// goes first so that another hook's failure cannot leave kl's registration behind.
+func TestHookFirst(t *testing.T) {
+	other := map[string]any{"path": "/usr/bin/other", "args": []any{"other", "stop"}}
+	s := &Spec{doc: map[string]any{"hooks": map[string]any{"poststop": []any{other}, "createRuntime": []any{other}}}}
+	mods := List{
+		Hook{Stage: "createRuntime", Path: "/kl-hook", Args: []string{"kl-hook", "create"}},
+		Hook{Stage: "poststop", Path: "/kl-hook", Args: []string{"kl-hook", "delete"}, First: true},
+	}
+	for range 2 {
+		if err := mods.Modify(s); err != nil {
+			t.Fatal(err)
+		}
+		hooks := s.doc["hooks"].(map[string]any)
+		for stage, want := range map[string][]string{"createRuntime": {"/usr/bin/other", "/kl-hook"}, "poststop": {"/kl-hook", "/usr/bin/other"}} {
+			var got []string
+			for _, h := range hooks[stage].([]any) {
+				got = append(got, h.(map[string]any)["path"].(string))
+			}
+			if strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Errorf("%s hooks = %q, want %q", stage, got, want)
+			}
+		}
+	}
+}
+
+func TestAnnotation(t *testing.T) {
+	s := &Spec{doc: map[string]any{"annotations": map[string]any{"a": "1"}}}
+	for range 2 {
+		if err := (Annotation{Key: "kl.x", Value: "proxy"}).Modify(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ann, _ := s.Annotations(); len(ann) != 2 || ann["a"] != "1" || ann["kl.x"] != "proxy" {
+		t.Errorf("annotations = %v", ann)
+	}
+	if err := (Annotation{Key: "kl.x"}).Modify(s); err != nil {
+		t.Fatal(err)
+	}
+	if ann, _ := s.Annotations(); len(ann) != 1 || ann["a"] != "1" {
+		t.Errorf("annotations after removal = %v", ann)
+	}
+	s = &Spec{doc: map[string]any{}}
+	if err := (Annotation{Key: "kl.x", Value: "env"}).Modify(s); err != nil {
+		t.Fatal(err)
+	}
+	if ann, _ := s.Annotations(); ann["kl.x"] != "env" {
+		t.Errorf("annotations = %v", ann)
 	}
 }
 
