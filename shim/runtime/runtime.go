@@ -37,7 +37,12 @@ var (
 	execve         = syscall.Exec
 	containerState = runtimeState
 	dockerFrom     = func(cfg *config.Config) workload.Lookup { return workload.Docker(cfg, 5*time.Second) }
+	relayUp        = pingRelay
 )
+
+// maxPing bounds the failOpen check of the relay at create: a relay that does not answer
+// within it is taken for down.
+const maxPing = 2 * time.Second
 
 // Run is kl-runtime's main. It returns only on failure; on success the process has
 // become the real runtime.
@@ -139,7 +144,18 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 		return nil
 	}
 	hostNet, netPath := hostNetwork(spec)
-	mods, err := Modifiers(cfg, info, hostNet, environ, log.With("id", info.ID))
+	var omit string
+	if cfg.FailOpen && info.Mode == api.ModeProxy && !hostNet {
+		// Fail closed, the hook refuses the container when the relay is down; failOpen
+		// starts it uncaptured, which it is not with variables that point at listeners
+		// nobody opened: every proxied connection would be refused.
+		if err := relayUp(ctx, cfg); err != nil {
+			omit = fmt.Sprintf("kl-relayd unreachable at create: %v", err)
+			log.Warn("failOpen: kl-relayd unreachable; proxy variables left out, the container starts uncaptured",
+				"id", info.ID, "err", err)
+		}
+	}
+	mods, err := Modifiers(cfg, info, hostNet, omit, environ, log.With("id", info.ID))
 	if err != nil {
 		return err
 	}
@@ -156,13 +172,14 @@ func Prepare(ctx context.Context, cfg *config.Config, inv Invocation, environ []
 
 // PrepareExec gives the process that `exec --process FILE` starts in a container kl
 // manages the proxy variables the container got at create, by the same rules (a variable
-// the process already sets is kept unless forced), and writes FILE back atomically with
-// every other field as it was. The container's bundle comes from the real runtime's
-// state; its config.json says which container it is and, in kl's hook, which mode kl
-// chose at create. When the real runtime cannot give the container's state, kl cannot
-// tell the process's variables: that is an error (Run starts the process without them
-// only under failOpen). An exempt container, or one in a mode without variables, is left
-// alone.
+// the process already sets is kept unless forced, NO_PROXY is merged), and writes FILE
+// back atomically with every other field as it was. The container's bundle comes from the
+// real runtime's state; its config.json says which container it is and, in kl's
+// annotations (kl's hook for containers an older kl-runtime created), which mode kl chose
+// at create and whether it left the variables out then. When the real runtime cannot
+// give the container's state, kl cannot tell the process's variables: that is an error
+// (Run starts the process without them only under failOpen). An exempt container, or one
+// in a mode without variables, is left alone.
 func PrepareExec(ctx context.Context, cfg *config.Config, real string, inv Invocation, environ []string, log *slog.Logger) error {
 	bundle, err := containerState(ctx, real, inv)
 	if err != nil {
@@ -180,10 +197,14 @@ func PrepareExec(ctx context.Context, cfg *config.Config, real string, inv Invoc
 	if info.Exempt != "" {
 		return nil
 	}
-	if m := createdMode(spec, cfg.Hook); m != "" {
+	if m := createdMode(spec, ann, cfg.Hook); m != "" {
 		// What kl chose at create, and registered with: the node default may have
 		// changed since.
 		info.Mode, info.ModeFrom = m, "create"
+	}
+	if why := ann[workload.AnnotEnvOmitted]; why != "" {
+		log.Info("exec process left as it is: the container started without kl's variables", "id", info.ID, "why", why)
+		return nil
 	}
 	hostNet, _ := hostNetwork(spec)
 	env, ok := EnvEdit(cfg, info, hostNet, environ)
@@ -224,9 +245,13 @@ func hostNetwork(spec *oci.Spec) (host bool, path string) {
 	return err == nil && same, path
 }
 
-// createdMode returns the mode kl-runtime passed to kl-hook (--mode) in spec's
-// createRuntime hooks, "" when spec has no such hook.
-func createdMode(spec *oci.Spec, hook string) string {
+// createdMode returns the mode kl-runtime chose at create: its annotation
+// (workload.AnnotCreatedMode), else, for a container an older kl-runtime created, the mode
+// it passed to kl-hook (--mode) in spec's createRuntime hooks; "" when spec has neither.
+func createdMode(spec *oci.Spec, ann map[string]string, hook string) string {
+	if m := ann[workload.AnnotCreatedMode]; config.ValidMode(m) {
+		return m
+	}
 	hooks, _ := spec.Field("hooks")
 	m, _ := hooks.(map[string]any)
 	list, _ := m["createRuntime"].([]any)
@@ -284,15 +309,21 @@ func EnvEdit(cfg *config.Config, info workload.Info, hostNetwork bool, environ [
 		return oci.Env{}, false
 	}
 	vars := ProxyVars(cfg, info.Mode, environ)
-	return oci.Env{Vars: vars, Force: cfg.Force}, len(vars) > 0
+	return oci.Env{Vars: vars, Force: cfg.Force, Merge: []string{"NO_PROXY"}, Join: NoProxy}, len(vars) > 0
 }
 
-// Modifiers returns the edits for one container: EnvEdit's variables, the rules mount
-// and kl-hook.
-func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ []string, log *slog.Logger) (oci.List, error) {
-	var mods oci.List
-	if env, ok := EnvEdit(cfg, info, hostNetwork, environ); ok {
-		mods = append(mods, env)
+// Modifiers returns the edits for one container: EnvEdit's variables (none when omit
+// says why they are left out), the rules mount, kl-hook, and annotations recording the
+// mode chosen here and omit, which PrepareExec reads for the container's later processes.
+func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, omit string, environ []string, log *slog.Logger) (oci.List, error) {
+	mods := oci.List{
+		oci.Annotation{Key: workload.AnnotCreatedMode, Value: info.Mode},
+		oci.Annotation{Key: workload.AnnotEnvOmitted, Value: omit}, // "" removes one the engine or user set
+	}
+	if omit == "" {
+		if env, ok := EnvEdit(cfg, info, hostNetwork, environ); ok {
+			mods = append(mods, env)
+		}
 	}
 	if m, ok, err := RulesMount(cfg, log); err != nil {
 		return nil, err
@@ -305,12 +336,22 @@ func Modifiers(cfg *config.Config, info workload.Info, hostNetwork bool, environ
 			base = append(base, "--config", cfg.Path())
 		}
 		base = append(base, "--mode", info.Mode)
-		for _, h := range []struct{ stage, cmd string }{{"createRuntime", "create"}, {"poststop", "delete"}} {
+		// runc runs a stage's hooks in order and stops at the first that fails. At
+		// createRuntime kl's goes last: hooks before it may still be setting up the
+		// netns it registers and captures, and when one of them fails the container
+		// never starts and kl has nothing to undo. At poststop kl's goes first: it needs
+		// nothing from the others, and behind a failing one it would not run, leaving
+		// the registration to kl-relayd's sweep.
+		for _, h := range []struct {
+			stage, cmd string
+			first      bool
+		}{{"createRuntime", "create", false}, {"poststop", "delete", true}} {
 			mods = append(mods, oci.Hook{
 				Stage:   h.stage,
 				Path:    cfg.Hook,
 				Args:    append(append([]string(nil), base...), h.cmd),
 				Timeout: cfg.HookTimeout,
+				First:   h.first,
 			})
 		}
 	}
@@ -355,6 +396,11 @@ func RulesMount(cfg *config.Config, log *slog.Logger) (oci.Mount, bool, error) {
 		Options:     rulesMountOptions,
 		Replace:     []string{config.ContainerRulesDir},
 	}, true, nil
+}
+
+// pingRelay asks kl-relayd whether it is ready, within maxPing.
+func pingRelay(ctx context.Context, cfg *config.Config) error {
+	return api.NewClient(cfg.RelaySocket, min(cfg.RelayTimeout, maxPing)).Ping(ctx)
 }
 
 // report adds err to the runtime log the engine asked for with --log (containerd and

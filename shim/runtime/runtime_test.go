@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -106,6 +107,16 @@ func TestPrepare(t *testing.T) {
 		// then point at the relay's listeners, never at nothing on the host.
 		{name: "netns path not there", cfg: "mode: proxy\n", spec: netnsSpec("/var/run/netns/kl-none"),
 			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080"}, wantHook: "proxy"},
+		// The image's NO_PROXY used to take the whole group: loopback, where the relay
+		// listens, then went through the proxy.
+		{name: "image NO_PROXY merged", cfg: "mode: proxy\n", spec: strings.Replace(specWith(""), `"PATH=/bin"`, `"PATH=/bin","NO_PROXY=internal.example,.Corp.Example"`, 1),
+			wantEnv: []string{"NO_PROXY=internal.example,corp.example,localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,10.0.0.0/8",
+				"no_proxy=internal.example,corp.example,localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,10.0.0.0/8", "HTTP_PROXY=http://127.0.0.1:15080"},
+			wantHook: "proxy"},
+		{name: "image no_proxy merged in env mode", cfg: "mode: env\nenv:\n  httpProxy: http://corp:3128\n", spec: strings.Replace(specWith(""), `"PATH=/bin"`, `"PATH=/bin","no_proxy=internal.example"`, 1),
+			wantEnv: []string{"NO_PROXY=internal.example,localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,corp.example,10.0.0.0/8"}},
+		{name: "forced NO_PROXY replaces the image's", cfg: "mode: proxy\nforce: [no_proxy]\n", spec: strings.Replace(specWith(""), `"PATH=/bin"`, `"PATH=/bin","NO_PROXY=internal.example"`, 1),
+			wantEnv: []string{"NO_PROXY=localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,corp.example,10.0.0.0/8"}, noEnv: []string{"NO_PROXY=internal"}, wantHook: "proxy"},
 		{name: "exempt image", cfg: "mode: proxy\nexempt:\n  images: ['docker.io/library/registry:*']\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.image-name":"registry:2"}`), wantNone: true},
 		{name: "exempt namespace", cfg: "mode: proxy\nexempt:\n  namespaces: [kube-system]\n", spec: specWith(`,"annotations":{"io.kubernetes.cri.sandbox-namespace":"kube-system"}`), wantNone: true},
 	}
@@ -400,6 +411,9 @@ func TestPrepareExec(t *testing.T) {
 		{name: "proxy by annotation", cfg: "mode: transparent\n", spec: specWith(`,"annotations":{"kl.egress.mode":"proxy"}`), wantEnv: proxyVars},
 		{name: "user's variable kept", cfg: "mode: proxy\n", spec: specWith(""), procEnv: `,"HTTPS_PROXY=http://mine:3128"`,
 			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080", "HTTPS_PROXY=http://mine:3128"}, noEnv: []string{"https_proxy="}},
+		{name: "process's NO_PROXY merged", cfg: "mode: proxy\nnoProxy: [corp.example]\n", spec: specWith(""), procEnv: `,"no_proxy=internal.example"`,
+			wantEnv: []string{"NO_PROXY=internal.example,localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,corp.example",
+				"no_proxy=internal.example,localhost,127.0.0.1,::1,169.254.169.254,fd00:ec2::254,corp.example"}},
 		{name: "forced variable replaced", cfg: "mode: proxy\nforce: [http_proxy]\n", spec: specWith(""), procEnv: `,"http_proxy=http://mine:3128"`,
 			wantEnv: []string{"HTTP_PROXY=http://127.0.0.1:15080", "http_proxy=http://127.0.0.1:15080"}, noEnv: []string{"http_proxy=http://mine"}},
 		{name: "env mode", cfg: "mode: env\nenv:\n  httpsProxy: http://corp:3128\n", spec: specWith(""), wantEnv: []string{"HTTPS_PROXY=http://corp:3128", "https_proxy=http://corp:3128"}},
@@ -486,6 +500,170 @@ func TestPrepareExecCreatedMode(t *testing.T) {
 	}
 	if env, _ := p.Env(); !slices.Contains(env, "HTTP_PROXY=http://127.0.0.1:15080") {
 		t.Errorf("env %q: want the proxy variables of the mode chosen at create", env)
+	}
+}
+
+// The mode chosen at create is recorded for every mode: an env-mode container, which has
+// no kl-hook to carry --mode, keeps env mode's variables after the node default becomes
+// proxy, whose variables would point at listeners no relay opened for it. A container an
+// older kl-runtime created (no annotation) is still read from its hook's --mode.
+func TestPrepareExecCreatedModeRecorded(t *testing.T) {
+	tests := []struct {
+		name, createMode, execMode string
+		legacy                     bool // drop the annotation, as an older kl-runtime wrote the spec
+		want, not                  []string
+	}{
+		{name: "env, then proxy default", createMode: "env", execMode: "proxy",
+			want: []string{"HTTP_PROXY=http://corp:3128"}, not: []string{"HTTP_PROXY=http://127.0.0.1"}},
+		{name: "transparent, then proxy default", createMode: "transparent", execMode: "proxy", not: []string{"HTTP_PROXY="}},
+		{name: "proxy, then env default", createMode: "proxy", execMode: "env", want: []string{"HTTP_PROXY=http://127.0.0.1:15080"}},
+		{name: "proxy by an older kl-runtime", createMode: "proxy", execMode: "env", legacy: true, want: []string{"HTTP_PROXY=http://127.0.0.1:15080"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t, "mode: "+tt.createMode+"\nenv:\n  httpProxy: http://corp:3128\n")
+			dockerFrom = func(*config.Config) workload.Lookup { return nil }
+			b := writeBundle(t, specWith(""))
+			if err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: "c1", Bundle: b}, nil, config.Discard()); err != nil {
+				t.Fatal(err)
+			}
+			s, err := oci.Load(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ann, _ := s.Annotations(); ann[workload.AnnotCreatedMode] != tt.createMode {
+				t.Fatalf("annotations %v: want %s=%s", ann, workload.AnnotCreatedMode, tt.createMode)
+			}
+			if tt.legacy {
+				if err := (oci.Annotation{Key: workload.AnnotCreatedMode}).Modify(s); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Save(b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			containerState = func(context.Context, string, Invocation) (string, error) { return b, nil }
+			t.Cleanup(func() { containerState = runtimeState })
+			pf := filepath.Join(t.TempDir(), "process.json")
+			os.WriteFile(pf, []byte(`{"args":["sh"],"env":["PATH=/bin"]}`), 0o600)
+			cfg.Mode = tt.execMode // the operator changed the node default since
+			if err := PrepareExec(context.Background(), cfg, "runc", Invocation{Command: "exec", ContainerID: "c1", ProcessFile: pf}, nil, config.Discard()); err != nil {
+				t.Fatal(err)
+			}
+			p, err := oci.LoadProcessFile(pf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env, _ := p.Env()
+			checkEnv(t, env, tt.want, tt.not)
+		})
+	}
+}
+
+// Under failOpen, a proxy-mode container whose relay is down starts uncaptured, as
+// documented: without proxy variables that point at listeners nobody opened. Its exec'd
+// processes match it. With the relay up, or without failOpen (the hook then fails the
+// start), the variables are there.
+func TestPrepareFailOpenRelayDown(t *testing.T) {
+	dir := t.TempDir()
+	up := filepath.Join(dir, "up.sock")
+	ln, err := net.Listen("unix", up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/ready" {
+			http.NotFound(w, r)
+		}
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	down := filepath.Join(dir, "down.sock")
+	tests := []struct {
+		name     string
+		cfg      string
+		wantVars bool
+	}{
+		{name: "failOpen, relay down", cfg: "failOpen: true\nrelaySocket: " + down + "\n"},
+		{name: "failOpen, relay up", cfg: "failOpen: true\nrelaySocket: " + up + "\n", wantVars: true},
+		{name: "fail closed, relay down", cfg: "relaySocket: " + down + "\n", wantVars: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig(t, "mode: proxy\n"+tt.cfg)
+			dockerFrom = func(*config.Config) workload.Lookup { return nil }
+			b := writeBundle(t, specWith(""))
+			var logs strings.Builder
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			if err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: "c1", Bundle: b}, nil, log); err != nil {
+				t.Fatal(err)
+			}
+			s, err := oci.Load(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			env, _ := s.Env()
+			ann, _ := s.Annotations()
+			if tt.wantVars {
+				checkEnv(t, env, []string{"HTTP_PROXY=http://127.0.0.1:15080"}, nil)
+				if ann[workload.AnnotEnvOmitted] != "" {
+					t.Errorf("annotations %v: variables recorded as omitted", ann)
+				}
+			} else {
+				checkEnv(t, env, nil, []string{"HTTP_PROXY=", "http_proxy=", "ALL_PROXY=", "NO_PROXY=", "NODE_USE_ENV_PROXY="})
+				if !strings.Contains(ann[workload.AnnotEnvOmitted], "kl-relayd unreachable") {
+					t.Errorf("annotations %v: want why the variables were left out", ann)
+				}
+				if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "proxy variables left out") {
+					t.Errorf("log %q: want a warning saying the variables were left out", logs.String())
+				}
+			}
+			hooks, _ := s.Field("hooks")
+			if hooks == nil {
+				t.Errorf("no kl-hook: the hook still registers when the relay comes back, and removes at poststop")
+			}
+
+			containerState = func(context.Context, string, Invocation) (string, error) { return b, nil }
+			t.Cleanup(func() { containerState = runtimeState })
+			pf := filepath.Join(t.TempDir(), "process.json")
+			os.WriteFile(pf, []byte(`{"args":["sh"],"env":["PATH=/bin"]}`), 0o600)
+			if err := PrepareExec(context.Background(), cfg, "runc", Invocation{Command: "exec", ContainerID: "c1", ProcessFile: pf}, nil, config.Discard()); err != nil {
+				t.Fatal(err)
+			}
+			p, _ := oci.LoadProcessFile(pf)
+			penv, _ := p.Env()
+			if got := slices.Contains(penv, "HTTP_PROXY=http://127.0.0.1:15080"); got != tt.wantVars {
+				t.Errorf("exec'd process env %q: proxy variables %v, want %v as the container", penv, got, tt.wantVars)
+			}
+		})
+	}
+}
+
+// kl's poststop hook runs first (runc stops a stage at its first failing hook, and kl's
+// removes the relay registration); its createRuntime hook stays after the others.
+func TestPrepareHookOrder(t *testing.T) {
+	cfg := testConfig(t, "mode: transparent\n")
+	dockerFrom = func(*config.Config) workload.Lookup { return nil }
+	other := `{"path":"/usr/bin/other","args":["other"]}`
+	b := writeBundle(t, specWith(`,"hooks":{"createRuntime":[`+other+`],"poststop":[`+other+`]}`))
+	for range 2 { // a second create of the same bundle edits it again
+		if err := Prepare(context.Background(), cfg, Invocation{Command: "create", ContainerID: "c1", Bundle: b}, nil, config.Discard()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := oci.Load(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks, _ := s.Field("hooks")
+	for stage, want := range map[string]string{"createRuntime": "/usr/bin/other /opt/kl/kl-hook", "poststop": "/opt/kl/kl-hook /usr/bin/other"} {
+		var got []string
+		for _, h := range hooks.(map[string]any)[stage].([]any) {
+			got = append(got, h.(map[string]any)["path"].(string))
+		}
+		if strings.Join(got, " ") != want {
+			t.Errorf("%s hooks %q, want %s", stage, got, want)
+		}
 	}
 }
 

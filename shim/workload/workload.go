@@ -28,6 +28,17 @@ const (
 	AnnotContainerdImage = "io.containerd.image.name"            // set by some containerd clients
 )
 
+// Annotations kl-runtime writes into config.json at create, for its own later calls on the
+// same container (exec). They are kl's bookkeeping, never a workload's labels.
+const (
+	// AnnotCreatedMode is the egress mode kl chose at create, in every mode: the node
+	// default may change while the container runs.
+	AnnotCreatedMode = "kl.egress.mode.created"
+	// AnnotEnvOmitted says why kl left the proxy variables out at create (failOpen with
+	// kl-relayd down); absent when it did not.
+	AnnotEnvOmitted = "kl.egress.env.omitted"
+)
+
 // Info is what kl knows about one container.
 type Info struct {
 	ID          string
@@ -98,6 +109,8 @@ func Identify(ctx context.Context, cfg *config.Config, id string, ann map[string
 		// ctr, nerdctl and other plain containerd clients: annotations (ctr --annotation)
 		// are the only per-container metadata in the spec, so they serve as labels.
 		in.Labels = maps.Clone(ann)
+		delete(in.Labels, AnnotCreatedMode)
+		delete(in.Labels, AnnotEnvOmitted)
 	}
 	in.Namespace = first(ann[AnnotCRINamespace], ann[AnnotPodNamespace])
 	if rawImage != "" {

@@ -40,6 +40,8 @@ func TestIdentify(t *testing.T) {
 		{name: "cri", id: "c1", ann: map[string]string{"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-namespace": "shop", "io.kubernetes.cri.image-name": "ghcr.io/a/b:1", "io.kubernetes.cri.container-name": "app"},
 			mode: "transparent", from: "node default", image: "ghcr.io/a/b:1", engine: "cri", ns: "shop", nm: "app"},
 		{name: "ctr annotations are labels", id: "c2", ann: map[string]string{"kl.route": "proxy"}, dk: fakeLookup{err: docker.ErrUnavailable}, mode: "transparent", from: "node default", engine: "oci", label: "kl.route=proxy"},
+		// kl-runtime's own bookkeeping in the spec is not the workload's.
+		{name: "kl's annotations are not labels", id: "c2", ann: map[string]string{"kl.route": "proxy", AnnotCreatedMode: "proxy", AnnotEnvOmitted: "relay down"}, mode: "transparent", from: "node default", engine: "oci", label: "kl.route=proxy"},
 		{name: "exempt namespace", id: "c3", ann: map[string]string{"io.kubernetes.cri.sandbox-namespace": "kube-system"}, exempt: config.Exempt{Namespaces: []string{"kube-system"}},
 			mode: "transparent", from: "node default", engine: "cri", ns: "kube-system", exemptWhy: "namespace kube-system"},
 		{name: "exempt image normalized", id: "d1", dk: dk, exempt: config.Exempt{Images: []string{"docker.io/library/nginx:*"}},
@@ -62,6 +64,12 @@ func TestIdentify(t *testing.T) {
 				if in.Labels[k] != v {
 					t.Errorf("labels = %v, want %s", in.Labels, tt.label)
 				}
+			}
+			if _, ok := in.Labels[AnnotCreatedMode]; ok {
+				t.Errorf("labels = %v, kl's own annotation among them", in.Labels)
+			}
+			if _, ok := in.Labels[AnnotEnvOmitted]; ok {
+				t.Errorf("labels = %v, kl's own annotation among them", in.Labels)
 			}
 			if (tt.exemptWhy == "") != (in.Exempt == "") || !strings.Contains(in.Exempt, tt.exemptWhy) {
 				t.Errorf("Exempt = %q, want %q", in.Exempt, tt.exemptWhy)
