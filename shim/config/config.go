@@ -85,7 +85,9 @@ type Config struct {
 	// FailOpen lets containers start when kl cannot set them up (logged); default false:
 	// a failure fails container creation.
 	FailOpen bool `yaml:"failOpen"`
-	// LogFile receives kl-runtime and kl-hook logs (JSON lines); empty: stderr only.
+	// LogFile receives kl-runtime and kl-hook logs (JSON lines). kl-runtime sends its
+	// warnings and errors to the runtime log the engine names (runc's --log) as well, and
+	// to stderr only when there is neither; kl-hook sends them to stderr.
 	LogFile string `yaml:"logFile"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `yaml:"logLevel"`

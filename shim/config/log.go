@@ -9,36 +9,51 @@ import (
 	"strings"
 )
 
-// Logger returns the logger kl-runtime and kl-hook use: warnings and errors on stderr
-// (never stdout, which belongs to the runtime protocol) and, when logFile is set, every
-// record at logLevel as JSON lines in that file. fileOnly writes to the file alone: for
-// the final error, which the caller prints to stderr itself. close releases the file.
+// Logger returns the logger kl-hook uses: warnings and errors on stderr (never stdout,
+// which belongs to the runtime protocol; the runtime shows a hook's stderr only when the
+// hook fails) and, when logFile is set, every record at logLevel as JSON lines in that
+// file. fileOnly writes to the file alone: for the final error, which the caller prints
+// to stderr itself. close releases the file.
 func (c *Config) Logger(prog string) (log, fileOnly *slog.Logger, close func()) {
-	level := slog.LevelInfo
-	switch strings.ToLower(c.LogLevel) {
-	case "debug":
-		level = slog.LevelDebug
-	case "warn":
-		level = slog.LevelWarn
-	case "error":
-		level = slog.LevelError
+	return c.LoggerTo(prog, slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(c.Level(), slog.LevelWarn)}))
+}
+
+// LoggerTo is Logger with side in the place of stderr: it gets every record it is
+// enabled for, besides logFile. A nil side leaves logFile alone (and, when that cannot
+// be opened, drops the records).
+func (c *Config) LoggerTo(prog string, side slog.Handler) (log, fileOnly *slog.Logger, close func()) {
+	var handlers []slog.Handler
+	if side != nil {
+		handlers = append(handlers, side)
 	}
-	handlers := []slog.Handler{slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: max(level, slog.LevelWarn)})}
 	close = func() {}
 	fileOnly = Discard()
 	if c.LogFile != "" {
 		_ = os.MkdirAll(filepath.Dir(c.LogFile), 0o755)
 		f, err := os.OpenFile(c.LogFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
 		if err == nil {
-			fh := slog.NewJSONHandler(f, &slog.HandlerOptions{Level: level})
+			fh := slog.NewJSONHandler(f, &slog.HandlerOptions{Level: c.Level()})
 			handlers = append(handlers, fh)
 			fileOnly = slog.New(fh).With("prog", prog, "pid", os.Getpid())
 			close = func() { f.Close() }
-		} else {
-			slog.New(handlers[0]).Warn("cannot open log file", "path", c.LogFile, "err", err)
+		} else if side != nil {
+			slog.New(side).Warn("cannot open log file", "path", c.LogFile, "err", err)
 		}
 	}
 	return slog.New(fanout(handlers)).With("prog", prog, "pid", os.Getpid()), fileOnly, close
+}
+
+// Level is logLevel as a slog level (info when unset).
+func (c *Config) Level() slog.Level {
+	switch strings.ToLower(c.LogLevel) {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }
 
 // Discard is a logger that drops everything (tests, and before the config is known).

@@ -57,12 +57,14 @@ func Run(ctx context.Context, args []string) error {
 		}
 		// Never strand a running container because the settings file broke: state,
 		// kill and delete still reach a runtime.
-		fmt.Fprintf(os.Stderr, "kl-runtime: %v; passing %q through to runc\n", cerr, inv.Command)
 		cfg = &config.Config{Runtime: "runc"}
+		log, _, closeLog := logger(cfg, inv)
+		log.Warn("settings unusable; passing the command through to runc", "command", inv.Command, "err", cerr)
+		closeLog()
 	}
 	log, fileLog, closeLog := config.Discard(), config.Discard(), func() {}
 	if cerr == nil {
-		log, fileLog, closeLog = cfg.Logger("kl-runtime")
+		log, fileLog, closeLog = logger(cfg, inv)
 	}
 	real, err := cfg.RealRuntime()
 	if err != nil {

@@ -749,3 +749,74 @@ func TestPrepareDockerSilent(t *testing.T) {
 		t.Errorf("Prepare with dockerd silent and no record = %v, want an error naming %s and %s", err, sock, recPath)
 	}
 }
+
+// containerd's runc shim hands `runc create` the container's own stdio: kl-runtime's
+// stderr is the workload's. A create that succeeds writes nothing there when the engine
+// gave --log (its warnings go there, in runc's format) or the operator a logFile; only
+// with neither, as when run by hand, do warnings go to stderr.
+func TestRunLogs(t *testing.T) {
+	tests := []struct {
+		name       string
+		logFormat  string // "" : no --log
+		logFile    bool
+		wantRunc   string // in the --log file
+		wantStderr string // "" : stderr empty
+	}{
+		{name: "runc log json", logFormat: "json", logFile: true, wantRunc: `"level":"warning","msg":"kl-runtime: published rules directory unavailable`},
+		{name: "runc log text", logFormat: "text", wantRunc: `level=warning msg="kl-runtime: published rules directory unavailable`},
+		{name: "logFile only", logFile: true},
+		{name: "neither", wantStderr: "published rules directory unavailable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			yaml := "runtime: /bin/true\nmode: proxy\n"
+			if tt.logFile {
+				yaml += "logFile: " + filepath.Join(dir, "kl.log") + "\n"
+			}
+			cfg := testConfig(t, yaml)
+			t.Setenv(config.EnvPath, cfg.Path())
+			dockerFrom = func(*config.Config) workload.Lookup { return nil }
+			execve = func(string, []string, []string) error { return nil }
+			t.Cleanup(func() { execve = nil })
+			stderr, err := os.Create(filepath.Join(dir, "stderr"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			saved := os.Stderr
+			os.Stderr = stderr
+			t.Cleanup(func() { os.Stderr = saved; stderr.Close() })
+
+			b := writeBundle(t, specWith(""))
+			runcLog := filepath.Join(dir, "log.json")
+			args := []string{"kl-runtime"}
+			if tt.logFormat != "" {
+				args = append(args, "--log", runcLog, "--log-format", tt.logFormat)
+			}
+			args = append(args, "create", "--bundle", b, "c1")
+			if err := Run(context.Background(), args); err != nil {
+				t.Fatal(err)
+			}
+			os.Stderr = saved
+			got, _ := os.ReadFile(stderr.Name())
+			if tt.wantStderr == "" && len(got) > 0 {
+				t.Errorf("stderr = %q, want nothing", got)
+			}
+			if tt.wantStderr != "" && !strings.Contains(string(got), tt.wantStderr) {
+				t.Errorf("stderr = %q, want %q", got, tt.wantStderr)
+			}
+			if tt.wantRunc != "" {
+				data, _ := os.ReadFile(runcLog)
+				if !strings.Contains(string(data), tt.wantRunc) || strings.Contains(string(data), `level":"info"`) || strings.Contains(string(data), "level=info") {
+					t.Errorf("runc log = %s; want %s and no info records", data, tt.wantRunc)
+				}
+			}
+			if tt.logFile {
+				data, _ := os.ReadFile(filepath.Join(dir, "kl.log"))
+				if !strings.Contains(string(data), "published rules directory unavailable") || !strings.Contains(string(data), `"msg":"spec edited"`) {
+					t.Errorf("logFile = %s; want the warning and the info records", data)
+				}
+			}
+		})
+	}
+}

@@ -127,6 +127,42 @@ func TestContainerdCtr(t *testing.T) {
 	c.ctr(t, "containers", "delete", id3)
 }
 
+// TestContainerdStderr runs a proxy-mode container with `ctr run` (no terminal: the
+// container's stdio is ctr's) while kl-runtime has a warning to log (the published rules
+// directory is missing, so it mounts the rules file). containerd's runc shim hands `runc
+// create` the container's stdio; kl-runtime's records go to the runtime log the shim
+// names (--log) and to logFile, so the container's stderr is its own alone.
+func TestContainerdStderr(t *testing.T) {
+	t.Parallel()
+	testutil.RequirePrivileged(t)
+	testutil.RequireTool(t, "busybox", "runc")
+	dir := t.TempDir()
+	env, relay := klEnv(t, dir, "runtime: runc\nmode: transparent\n")
+	c := startContainerd(t, dir, env)
+	rt, bin := containerdRuntime(t, snippet(t, "containerd/kl-runtime-v2.toml"))
+	img := filepath.Join(dir, "image.tar")
+	buildImage(t, img)
+	if r := c.ctr(t, "images", "import", "--snapshotter", "native", img); r.code != 0 {
+		t.Fatalf("ctr images import: %s %s", r.stdout, r.stderr)
+	}
+	id := testutil.Name("klc")
+	r := c.ctr(t, "run", "--rm", "--snapshotter", "native", "--runtime", rt, "--runc-binary", bin,
+		"--annotation", "kl.egress.mode=proxy", imageNorm, id, "sh", "-c", "echo APP-OUT; echo APP-ERR >&2")
+	if r.code != 0 {
+		t.Fatalf("ctr run: exit %d\n%s\n%s\ncontainerd:\n%s", r.code, r.stdout, r.stderr, c.tail())
+	}
+	if strings.TrimSpace(r.stdout) != "APP-OUT" || strings.TrimSpace(r.stderr) != "APP-ERR" {
+		t.Errorf("container stdout %q, stderr %q; want exactly APP-OUT and APP-ERR", r.stdout, r.stderr)
+	}
+	if !has(relay.Calls(), "register "+id+" proxy") {
+		t.Errorf("relay calls %q: want a proxy registration of %s", relay.Calls(), id)
+	}
+	logData := readFile(filepath.Join(dir, "kl.log"))
+	if !strings.Contains(logData, "published rules directory unavailable") {
+		t.Errorf("kl.log lacks kl-runtime's warning:\n%s", logData)
+	}
+}
+
 func taskPid(t *testing.T, c *containerd, id string) int {
 	t.Helper()
 	out := c.ctr(t, "tasks", "ls").stdout
