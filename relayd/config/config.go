@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -154,6 +155,22 @@ type Audit struct {
 	MaxBytes int64  `yaml:"maxBytes"` // rotate beyond this size
 	Keep     int    `yaml:"keep"`     // rotated files kept
 	Ring     int    `yaml:"ring"`     // recent records kept for status
+}
+
+// checkListenAddr checks a host:port to listen on: a port of 1-65535 and a host that is
+// empty (every address), an IP address or a name without spaces (resolved at start).
+func checkListenAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("not host:port: %w", err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not 1-65535", port)
+	}
+	if strings.ContainsAny(host, " \t/") {
+		return fmt.Errorf("host %q is neither an address nor a name", host)
+	}
+	return nil
 }
 
 // maxSettingsBytes bounds a settings file: a few kilobytes in practice.
@@ -301,6 +318,14 @@ func (c *Config) Fill() error {
 			errs = append(errs, fmt.Errorf("%s: %q is not an absolute path", p.what, p.path))
 		}
 	}
+	// What would only fail when the daemon starts, checked here so `kl-relayd check`
+	// says so: a unix socket path over sun_path's 108 bytes, a state directory that is a file.
+	if len(c.Socket) >= 108 {
+		errs = append(errs, fmt.Errorf("socket: %q is %d bytes; a unix socket path has fewer than 108", c.Socket, len(c.Socket)))
+	}
+	if fi, err := os.Stat(c.StateDir); err == nil && !fi.IsDir() {
+		errs = append(errs, fmt.Errorf("stateDir: %s is not a directory", c.StateDir))
+	}
 	ports := map[uint16]string{}
 	for _, p := range []struct {
 		what string
@@ -368,8 +393,8 @@ func (c *Config) Fill() error {
 		errs = append(errs, errors.New("containerd: namespaces without a socket"))
 	}
 	if c.Metrics != "" {
-		if _, _, err := net.SplitHostPort(c.Metrics); err != nil {
-			errs = append(errs, fmt.Errorf("metrics: %q is not host:port: %w", c.Metrics, err))
+		if err := checkListenAddr(c.Metrics); err != nil {
+			errs = append(errs, fmt.Errorf("metrics: %q: %w", c.Metrics, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -79,6 +79,10 @@ exits:
 		{name: "port clash", in: "redirectPort: 15080\n", wantErr: "port 15080 is also redirectPort"},
 		{name: "short idle", in: "idleTimeout: 10ms\n", wantErr: "idleTimeout"},
 		{name: "builtin exit", in: "exits: {direct: {url: 'http://a:1'}}\n", wantErr: `"direct" is a built-in exit`},
+		{name: "metrics port out of range", in: "metrics: \":99999\"\n", wantErr: "port \"99999\" is not 1-65535"},
+		{name: "metrics host with a space", in: "metrics: \"bad host:80\"\n", wantErr: "neither an address nor a name"},
+		{name: "socket path too long", in: "socket: /" + strings.Repeat("s", 120) + "\n", wantErr: "fewer than 108"},
+		{name: "stateDir a file", in: "stateDir: /etc/passwd\n", wantErr: "not a directory"},
 		{name: "audit ring too large", in: "audit: {ring: 1000000000}\n", wantErr: "ring 1000000000 is over 65536"},
 		{name: "bad exit name", in: "exits: {'a b': {url: 'http://a:1'}}\n", wantErr: "lower-case letters"},
 		// A name rules cannot write in exit: is refused here, not left unreachable.
