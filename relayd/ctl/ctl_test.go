@@ -34,6 +34,7 @@ func TestCLI(t *testing.T) {
 		{"explain-routes-bad", nil, []string{"explain", "--egress-route", "10.0.0.0/8:http=cluster", "--ip", "10.0.0.1"}},
 		{"explain-pac-json", nil, []string{"explain", "--egress-pac", "testdata/egress.pac", "--host", "git.corp.example", "--port", "443", "--at", "2026-11-30T06:00:00Z", "--json"}},
 		{"explain-pac-and-routes", nil, []string{"explain", "--egress-pac", "testdata/egress.pac", "--egress-route", "*=deny", "--host", "a.example"}},
+		{"lint-pac", nil, []string{"lint", "--egress-pac", "testdata/egress.pac"}},
 		{"explain-invalid-file", nil, []string{"explain", "--rules", "testdata/bad.yaml", "--host", "a.example.com", "--json"}},
 		{"explain-missing-file", nil, []string{"explain", "--rules", "testdata/nope.yaml", "--host", "a.example.com"}},
 		{"explain-gateway-off", nil, []string{"explain", "--rules", "testdata/gateway.yaml", "--host", "api.example.com", "--port", "443"}},

@@ -83,7 +83,7 @@ func explain(ctx context.Context, env *Env, args []string) error {
 	if *asJSON {
 		return writeDecisionJSON(env.Stdout, d, path)
 	}
-	explainWords(env.Stdout, p, &f, d, pf.rules)
+	explainWords(env.Stdout, p, &f, d, pf.source())
 	fmt.Fprintf(env.Stdout, "\npath:   %s: %s\n", path, why)
 	return nil
 }
@@ -192,11 +192,7 @@ func explainWords(w io.Writer, p *rules.Policy, f *rules.Flow, d rules.Decision,
 	case p.PatternForm():
 		form = "pattern form"
 	}
-	src := file
-	if src == "" {
-		src = "--egress-route flags"
-	}
-	fmt.Fprintf(w, "policy: %s (%s, %s, default %s)\n", src, form, plural(p.Len(), "rule"), p.Default())
+	fmt.Fprintf(w, "policy: %s (%s, %s, default %s)\n", file, form, plural(p.Len(), "rule"), p.Default())
 	fmt.Fprintf(w, "flow:   %s\n", describeFlow(f))
 	fmt.Fprintf(w, "exit:   %s\n\n", d.Exit)
 	switch d.Dimension {

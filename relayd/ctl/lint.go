@@ -51,10 +51,7 @@ func lint(ctx context.Context, env *Env, args []string) error {
 	default:
 		return usageError(env, "lint", "one file at a time (got %d)", len(pos))
 	}
-	out := lintJSON{File: pf.rules, Warnings: []rules.Warning{}}
-	if out.File == "" {
-		out.File = "--egress-route"
-	}
+	out := lintJSON{File: pf.source(), Warnings: []rules.Warning{}}
 	quiet := &Env{Stdout: env.Stdout, Stderr: discard{}, Getenv: env.Getenv}
 	p, loadErr := pf.load(quiet, "lint", pf.options(env, pf.detached))
 	var re *rules.Error

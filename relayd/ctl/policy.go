@@ -42,6 +42,18 @@ func (pf *policyFlags) options(env *Env, detached bool) rules.LoadOptions {
 	}
 }
 
+// source names where the policy comes from: the rules file, the PAC script, or the
+// --egress-route flags.
+func (pf *policyFlags) source() string {
+	switch {
+	case pf.rules != "":
+		return pf.rules
+	case pf.pac != "":
+		return pf.pac
+	}
+	return "--egress-route flags"
+}
+
 func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.Policy, error) {
 	switch {
 	case pf.rules != "" && (len(pf.routes) > 0 || pf.def != "" || pf.pac != ""):
