@@ -281,7 +281,7 @@ func New(cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
 	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
 	d.hitsSince = d.rules.LoadedAt.UTC()
 	if refused != nil {
-		d.rules.LastError = refused.Error() + " (running the last rules that loaded, from " + cfg.PublishedRules + ")"
+		d.rules.LastError = errText(refused) + " (running the last rules that loaded, from " + cfg.PublishedRules + ")"
 		d.rules.LastErrorCode = errCode(refused)
 		d.rules.LastErrorAt = d.rules.LoadedAt
 	}

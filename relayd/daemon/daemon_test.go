@@ -424,6 +424,10 @@ func TestReload(t *testing.T) {
 	if bad.Hash != first.Hash || bad.LastErrorCode != "E_BAD_ACTION" || bad.LastError == "" || bad.LastErrorAt.IsZero() {
 		t.Errorf("status after a bad reload = %+v", bad)
 	}
+	// Status shows the code and the path beside the error: the error says neither again.
+	if strings.Contains(bad.LastError, "E_BAD_ACTION") || strings.Contains(bad.LastError, cfg.Rules) {
+		t.Errorf("status error %q repeats the code or the path", bad.LastError)
+	}
 	if got := published(); got != "default: direct\n" {
 		t.Errorf("a file that failed to load was published: %q", got)
 	}

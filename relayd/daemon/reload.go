@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api"
@@ -24,7 +25,7 @@ func (d *Daemon) Reload() error {
 	d.rulesMu.Lock()
 	defer d.rulesMu.Unlock()
 	if err != nil {
-		d.rules.LastError = err.Error()
+		d.rules.LastError = errText(err)
 		d.rules.LastErrorCode = errCode(err)
 		d.rules.LastErrorAt = now
 		code := d.rules.LastErrorCode
@@ -53,6 +54,16 @@ func (d *Daemon) Reload() error {
 	d.attachReload()
 	d.fastReload()
 	return nil
+}
+
+// errText is a rules load error for status, which shows its reason code (errCode) and
+// the file's path beside it: a rules error's own words, rule and line, without either.
+func errText(err error) string {
+	var re *rules.Error
+	if !errors.As(err, &re) {
+		return err.Error()
+	}
+	return strings.TrimPrefix(re.Error(), string(re.Code)+": ")
 }
 
 // errCode is the reason code of a rules load error ("" when it has none).
