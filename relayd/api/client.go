@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"time"
 
 	"github.com/kl-egress/kl/relayd/api/wire"
@@ -119,7 +120,13 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		}
 		return &HTTPError{Status: resp.StatusCode, Msg: eb.Error}
 	}
-	if out != nil && len(data) > 0 {
+	if out != nil {
+		// An answer that is expected must be there: an empty body, or null where an
+		// object is due (which would decode to a zero value), is no answer at all.
+		body := bytes.TrimSpace(data)
+		if len(body) == 0 || string(body) == "null" && reflect.TypeOf(out).Elem().Kind() == reflect.Struct {
+			return fmt.Errorf("decode response from %s: %s %s answered %q, want a JSON answer", c.Socket, method, path, body)
+		}
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("decode response from %s: %w", c.Socket, err)
 		}

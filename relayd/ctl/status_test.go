@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -240,6 +241,27 @@ func TestStatusRealDaemon(t *testing.T) {
 		"audit file: " + cfg.Audit.Path + ", 0 records not written since start"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("status output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
+// A daemon socket that answers 200 with nothing, or null, is no status: kl-ctl says so
+// rather than printing a zero status as a daemon that is restoring.
+func TestStatusEmptyAnswer(t *testing.T) {
+	for _, body := range []string{"", "null", " \n"} {
+		sock := filepath.Join(t.TempDir(), "relayd.sock")
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) })}
+		go srv.Serve(ln)
+		var stdout, stderr bytes.Buffer
+		env := &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }}
+		err = RunEnv(context.Background(), env, []string{"kl-ctl", "status", "--socket", sock})
+		srv.Close()
+		if ExitStatus(err) != 1 || !strings.Contains(stderr.String(), "want a JSON answer") || strings.Contains(stdout.String(), "NOT READY") {
+			t.Errorf("status against a daemon answering %q: exit %d\nstdout: %s\nstderr: %s", body, ExitStatus(err), stdout.String(), stderr.String())
 		}
 	}
 }
