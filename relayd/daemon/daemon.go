@@ -217,6 +217,9 @@ type Daemon struct {
 	rules    api.RulesStatus
 	// hitsSince is when the rules whose numbers the hit counts use loaded (under rulesMu).
 	hitsSince time.Time
+	// fallback: the live rules are the last published ones, the file having been refused
+	// since the start (under rulesMu; a load of the file ends it).
+	fallback bool
 
 	store   *registry.Store
 	relay   *relay.Relay
@@ -281,7 +284,8 @@ func New(cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
 	d.rules = api.RulesStatus{Path: cfg.Rules, Hash: p.Hash(), LoadedAt: time.Now()}
 	d.hitsSince = d.rules.LoadedAt.UTC()
 	if refused != nil {
-		d.rules.LastError = errText(refused) + " (running the last rules that loaded, from " + cfg.PublishedRules + ")"
+		d.fallback = true
+		d.rules.LastError = d.refusedText(refused)
 		d.rules.LastErrorCode = errCode(refused)
 		d.rules.LastErrorAt = d.rules.LoadedAt
 	}

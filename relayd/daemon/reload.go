@@ -25,7 +25,7 @@ func (d *Daemon) Reload() error {
 	d.rulesMu.Lock()
 	defer d.rulesMu.Unlock()
 	if err != nil {
-		d.rules.LastError = errText(err)
+		d.rules.LastError = d.refusedText(err)
 		d.rules.LastErrorCode = errCode(err)
 		d.rules.LastErrorAt = now
 		code := d.rules.LastErrorCode
@@ -36,6 +36,7 @@ func (d *Daemon) Reload() error {
 		d.log.Error("rules reload failed; the previous rules stay live", "path", d.cfg.Rules, "code", d.rules.LastErrorCode, "err", err)
 		return err
 	}
+	d.fallback = false
 	old := d.policy.Swap(p)
 	d.publishRules(p)
 	d.metrics.Reloaded(now, "")
@@ -64,6 +65,15 @@ func errText(err error) string {
 		return err.Error()
 	}
 	return strings.TrimPrefix(re.Error(), string(re.Code)+": ")
+}
+
+// refusedText is errText for status, saying so when the live rules are not the file's
+// at all but the last published ones (d.fallback; under rulesMu).
+func (d *Daemon) refusedText(err error) string {
+	if d.fallback {
+		return errText(err) + " (running the last rules that loaded, from " + d.cfg.PublishedRules + ")"
+	}
+	return errText(err)
 }
 
 // errCode is the reason code of a rules load error ("" when it has none).
