@@ -17,13 +17,20 @@ import (
 //
 // A flow the relay decided keeps its decision and the policy that took it (relay.FlowFrom,
 // relay.PolicyFrom); any other is decided here with the live policy (the exit is handed
-// only the destination). It is carried over the newest session allowed to carry the
-// workload; with no such session the flow is refused, never sent another way.
+// only the destination). Either way it goes to dst's address when it has one. It is
+// carried over the newest session allowed to carry the workload; with no such session the
+// flow is refused, never sent another way.
 func (s *Server) Exit() relay.DialFunc {
 	return func(ctx context.Context, w *api.Workload, dst relay.Dest) (net.Conn, error) {
 		if f, d, ok := relay.FlowFrom(ctx); ok {
 			// The relay's own flow and decision: the attach side re-decides exactly what
-			// the relay decided, same timestamp and id, under the same policy.
+			// the relay decided, same timestamp and id, under the same policy. The
+			// address is the one this dial is for: the relay tries each address a name
+			// was checked for in turn, and the attach side must not dial the first
+			// every time.
+			if dst.Addr.IsValid() {
+				f.Dst = dst.Addr
+			}
 			by, _ := relay.PolicyFrom(ctx).(*rules.Policy)
 			return s.dial(ctx, w, f, &d, by)
 		}

@@ -152,7 +152,8 @@ func TestExitGetsCheckedDestination(t *testing.T) {
 // TestProxyDialsEveryCheckedAddress: a proxied name that policy checks by address is
 // resolved once and decided for every address it has; the exit tries those decided the
 // same way in the resolver's order: a direct dial, and an exit handed the address rather
-// than the name (NameDecided), until one connects. One denied address denies the flow.
+// than the name (NameDecided), until one connects; each attempt's flow (FlowFrom) goes to
+// its own address. One denied address denies the flow.
 func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 	backend := echoServer(t) // 127.0.0.1; nothing listens on 127.0.0.3 or .4 at its port
 	const (
@@ -188,11 +189,16 @@ func TestProxyDialsEveryCheckedAddress(t *testing.T) {
 			var mu sync.Mutex
 			var dialed, handed []string
 			lookups := 0
-			// The proxy exit reaches the backend only, and only by its address.
+			// The proxy exit reaches the backend only, and only by its address. Like the
+			// attach side, it could dial the flow it is handed (FlowFrom): that flow must
+			// be the attempt's own, to the address of this attempt.
 			exit := func(ctx context.Context, _ *api.Workload, d Dest) (net.Conn, error) {
 				mu.Lock()
 				handed = append(handed, d.Addr.String())
 				mu.Unlock()
+				if f, _, ok := FlowFrom(ctx); !ok || f.Dst != d.Addr {
+					t.Errorf("exit handed %v, but FlowFrom says %v (ok %v)", d.Addr, f.Dst, ok)
+				}
 				if d.Host != "" || d.Addr != backend {
 					return nil, errors.New("test exit: cannot reach it")
 				}

@@ -239,9 +239,14 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 				if exit := dial; exit != nil && len(checked) > 1 {
 					// Every address that was checked, in order, as a direct dial tries
 					// them: the far side may not reach the first one the resolver gave.
+					// Each attempt is its own flow to its own address (FlowFrom): a
+					// next hop that dials the flow it is handed (the attach side) must
+					// not be handed the first address every time.
 					dial = func(ctx context.Context, w *api.Workload, _ Dest) (net.Conn, error) {
 						return netns.DialFirst(ctx, checked, func(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
-							return exit(ctx, w, Dest{Addr: ap, Port: port})
+							g := f
+							g.Dst = ap
+							return exit(withDecision(ctx, &g, &d, pol, p.ns), w, Dest{Addr: ap, Port: port})
 						})
 					}
 				}
