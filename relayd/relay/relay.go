@@ -755,13 +755,18 @@ func (r *Relay) keepHostIfDecided(pol Decider, f *rules.Flow, d rules.Decision) 
 // peekFailed counts and logs a flow whose socket failed while its hostname was peeked,
 // or that names a host that cannot be read (the caller resets it). The latter is a
 // decision: refused rather than decided without its name (a domain rule could not see
-// it), it is recorded as a deny of the domain dimension, rule 0, with the reason.
+// it), it is counted and recorded as a deny of the domain dimension and tier, rule 0,
+// with the reason.
 func (r *Relay) peekFailed(wid string, f *rules.Flow, err error) {
-	r.count("refused")
 	r.o.Log.Info("flow failed: peek for the hostname", "workload", wid, "flow", f.ID, "err", r.redact(err))
-	if errors.Is(err, sniff.ErrMalformed) {
-		r.record(rules.Decision{Exit: rules.ExitDeny, Dimension: rules.DimDomain}, f, "refused: "+audit.Reason(err))
+	if !errors.Is(err, sniff.ErrMalformed) {
+		r.count("refused")
+		return
 	}
+	d := rules.Decision{Exit: rules.ExitDeny, Priority: rules.PriorityDomain, Dimension: rules.DimDomain}
+	r.o.Metrics.Decided(d.Exit, d.Dimension.String(), d.Rule, time.Since(f.At))
+	r.count(d.Exit)
+	r.record(d, f, "refused: "+audit.Reason(err))
 }
 
 // deny counts and records a denied flow (the caller resets it).

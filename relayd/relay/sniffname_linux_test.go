@@ -11,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/relayd/audit"
+	"github.com/kl-egress/kl/relayd/metrics"
 	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/tests/testutil"
 )
@@ -132,8 +135,13 @@ func TestSniffNameNetns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			reg := prometheus.NewRegistry()
+			met, err := metrics.New(reg)
+			if err != nil {
+				t.Fatal(err)
+			}
 			r := New(Options{RedirectPort: port, Mark: mark, Loops: path.loops, SniffWait: time.Second,
-				Policy: func() Decider { return pol }, Audit: log})
+				Policy: func() Decider { return pol }, Audit: log, Metrics: met})
 			defer testutil.Shutdown(t, r)
 			if _, err := r.Open(api.Workload{ID: "w", Netns: pod.Path, Mode: api.ModeTransparent}); err != nil {
 				t.Fatal(err)
@@ -147,11 +155,15 @@ func TestSniffNameNetns(t *testing.T) {
 				return netns.Dial(ctx, pod.Path, 0, "tcp", "192.0.2.2:80")
 			})
 			// A flow refused for a name that cannot be read is a decision, and audited
-			// as one: a deny of the domain dimension with the reason, never the name.
-			want := 0
+			// and counted as one: a deny of the domain dimension and tier with the
+			// reason, never the name.
+			want, denied := 0, uint64(0)
 			for _, tc := range sniffNameCases {
 				if strings.HasPrefix(tc.name, "malformed") {
 					want++
+				}
+				if !tc.carried {
+					denied++
 				}
 			}
 			eventually := time.Now().Add(5 * time.Second)
@@ -164,9 +176,18 @@ func TestSniffNameNetns(t *testing.T) {
 				t.Fatalf("%d refusal records, want one for each of the %d malformed names: %+v", len(refused), want, log.Recent(100))
 			}
 			for _, rec := range refused {
-				if rec.Exit != rules.ExitDeny || rec.Dimension != "domain" || rec.Rule != 0 || strings.Contains(rec.Reason, "example") {
-					t.Errorf("refusal record %+v, want a deny of the domain dimension, rule 0, naming no host", rec)
+				if rec.Exit != rules.ExitDeny || rec.Dimension != "domain" || rec.Priority != rules.PriorityDomain || rec.Rule != 0 || strings.Contains(rec.Reason, "example") {
+					t.Errorf("refusal record %+v, want a deny of the domain dimension and tier, rule 0, naming no host", rec)
 				}
+			}
+			for time.Now().Before(eventually) && r.Stats().ByExit[rules.ExitDeny] < denied {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if st := r.Stats(); st.ByExit[rules.ExitDeny] != denied || st.ByExit["refused"] != 0 {
+				t.Errorf("Stats().ByExit = %v, want %d denied (%d by the rule, %d malformed names) and none refused", st.ByExit, denied, int(denied)-want, want)
+			}
+			if n := metricSum(t, reg, "kl_flows_total", map[string]string{"exit": "deny", "dimension": "domain", "rule": "0"}); n != float64(want) {
+				t.Errorf("kl_flows_total{exit=deny,dimension=domain,rule=0} = %v, want %d (the malformed names)", n, want)
 			}
 		})
 	}
