@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/rules"
 	"github.com/kl-egress/kl/tests/testutil"
 )
@@ -198,5 +200,73 @@ func TestLoopNoDelay(t *testing.T) {
 	})
 	if socks != 2 {
 		t.Fatalf("%d sockets on the loop, want the flow's 2", socks)
+	}
+}
+
+// TestLoopHandoffCut: a flow the loop decided for an exit it hands to the goroutine path,
+// whose pod closed while it was being decided (Close, or Shutdown's drain over), is not
+// carried; it gets its one record with the cut as its reason and is counted under its
+// exit, as a flow the loop connects itself does (TestLoopCloseConnecting), and the
+// workload sees a reset.
+func TestLoopHandoffCut(t *testing.T) {
+	aud, err := audit.New("", 0, 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := New(Options{Audit: aud})
+	l, err := newLoop(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		l.do(func() { l.stopping = true })
+		<-l.stop
+	}()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	accepted, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := accepted.(*net.TCPConn).File()
+	accepted.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(file.Fd())) // the loop's own descriptor, as accept gives it
+	file.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	p := &pod{conns: map[net.Conn]struct{}{}, closed: true} // closed while deciding
+	p.w.Store(newRegistered(api.Workload{ID: "w", Mode: api.ModeTransparent}))
+	d := rules.Decision{Exit: "named", Rule: 1, Priority: rules.PriorityDomain, Dimension: rules.DimDomain}
+	lf := &lflow{lp: &lpod{p: p}, c: fd, u: -1, f: rules.Flow{At: time.Now(), ID: 1}}
+	r.begin() // accepted
+	l.do(func() {
+		lf.idx = len(l.flows)
+		l.flows = append(l.flows, lf)
+		l.handoff(lf, &d)
+	})
+
+	recs := aud.Recent(8)
+	if len(recs) != 1 || recs[0].Exit != "named" || recs[0].Rule != 1 || recs[0].Reason != errCut.Error() {
+		t.Errorf("records %+v, want one for exit named, rule 1, with the reason %q", recs, errCut)
+	}
+	if s := r.Stats(); s.Active != 0 || s.ByExit["named"] != 1 || len(s.ByExit) != 1 {
+		t.Errorf("Stats = %+v, want the flow ended and counted once, under exit named", s)
+	}
+	client.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := client.Read(make([]byte, 1)); !errors.Is(err, unix.ECONNRESET) {
+		t.Errorf("workload's connection: %v, want a reset", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kl-egress/kl/netns"
+	"github.com/kl-egress/kl/relayd/audit"
 	"github.com/kl-egress/kl/relayd/rawsys"
 	"github.com/kl-egress/kl/relayd/sniff"
 	"github.com/kl-egress/kl/relayd/upstream"
@@ -610,7 +611,10 @@ func abort(fd int) {
 }
 
 // handoff gives lf's connection to the goroutine path, which learns what the policy needs
-// and decides (unless d is given), and dials the exit; lf leaves the loop.
+// and decides (unless d is given), and dials the exit; lf leaves the loop. A decided flow
+// that cannot be handed over (no descriptor for it, or its pod closed meanwhile) is
+// counted under its exit and recorded with the reason, as the goroutine path records one
+// cut before its exit's connection is tracked (carry).
 func (l *loop) handoff(lf *lflow, d *rules.Decision) {
 	r := l.r
 	p := lf.lp.p
@@ -626,15 +630,24 @@ func (l *loop) handoff(lf *lflow, d *rules.Decision) {
 	if err != nil {               // out of descriptors
 		_ = rawsys.Abort(lf.c) // closed with file: a refusal, not an end of stream
 		file.Close()
-		r.count("refused")
 		r.o.Log.Warn("flow refused: hand-over to the goroutine path failed", "workload", p.w.Load().ID, "flow", lf.f.ID, "err", err)
+		if d != nil {
+			r.count(d.Exit)
+			r.record(*d, &lf.f, audit.Reason(err))
+		} else {
+			r.count("refused")
+		}
 		r.end()
 		return
 	}
 	file.Close()
 	tc := nc.(*net.TCPConn)
 	if !p.track(tc) {
-		tc.Close()
+		reset(tc) // cut, as closeFlow cuts a flow still on the loop
+		if d != nil {
+			r.count(d.Exit)
+			r.record(*d, &lf.f, errCut.Error())
+		}
 		r.end()
 		return
 	}
