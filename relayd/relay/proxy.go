@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kl-egress/kl/netns"
@@ -49,22 +50,36 @@ func (r *Relay) openProxy(p *pod, w api.Workload) error {
 }
 
 // proxyPipe carries an established proxy tunnel (CONNECT, SOCKS5, or an upgraded
-// forwarded request) as a transparent flow is carried: counted as active, with the idle
-// timeout, and its bytes counted under the exit its decision chose. Only the HTTP
-// proxy's plain forwarding (request by request) does not come through here.
+// forwarded request) as a transparent flow is carried, with the idle timeout. The flow
+// is active, and its bytes are counted under the exit its decision chose, from its dial
+// (proxyDial) to the end of the copy: the copy's bytes are added to those the proxy
+// wrote and read through the connection before it (what the client sent behind its
+// CONNECT, a forwarded request's exchange before its upgrade).
 func (r *Relay) proxyPipe(client, up net.Conn) {
+	tc, metered := up.(*trackedConn)
+	metered = metered && tc.finish != nil
 	exit := "unknown"
-	if tc, ok := up.(*trackedConn); ok && tc.exit != "" {
+	var done func(up, down int64)
+	if metered {
 		exit = tc.exit
+		tc.piped.Store(true) // from here the copy's end finishes the flow, not a close
+	} else {
+		r.active.Add(1)
+		defer r.active.Add(-1)
+		done = r.o.Metrics.Start(exit)
 	}
-	r.active.Add(1)
-	defer r.active.Add(-1)
-	done := r.o.Metrics.Start(exit)
 	upBytes, downBytes, err := r.pipe(proxy.Raw(client), proxy.Raw(up))
-	done(upBytes, downBytes)
 	// The copy closed the raw connections; closing the wrappers releases their tracking.
 	_ = client.Close()
-	_ = up.Close()
+	if metered {
+		tc.up.Add(upBytes)
+		tc.down.Add(downBytes)
+		_ = up.Close()
+		tc.finish()
+	} else {
+		done(upBytes, downBytes)
+		_ = up.Close()
+	}
 	if err != nil && r.o.Debug {
 		r.o.Log.Debug("proxied flow ended", "exit", exit, "err", err)
 	}
@@ -103,6 +118,45 @@ type trackedConn struct {
 	// onClose runs once the connection is closed (every Close calls it: it must be
 	// idempotent). Set before the connection is tracked.
 	onClose func()
+
+	// A dialed connection is one flow (meterFlow): up and down count the bytes written
+	// to it and read from it through Read and Write (a forwarded exchange, the bytes
+	// written ahead of a tunnel), and a tunnel's copy adds its own (proxyPipe). finish
+	// counts the flow out once; it runs when the connection closes, or, once piped, when
+	// the copy is over.
+	up, down atomic.Int64
+	piped    atomic.Bool
+	finish   func()
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.down.Add(int64(n))
+	return n, err
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.up.Add(int64(n))
+	return n, err
+}
+
+// meterFlow makes dialed connection c a flow of its exit, active and counted in
+// Shutdown's drain (which the caller joined) from now until finish; its bytes are counted
+// then. Call it before c is tracked: closing the workload may close c at once.
+func (r *Relay) meterFlow(c *trackedConn) {
+	r.active.Add(1)
+	done := r.o.Metrics.Start(c.exit)
+	c.finish = sync.OnceFunc(func() {
+		done(c.up.Load(), c.down.Load())
+		r.active.Add(-1)
+		r.flowWG.Done()
+	})
+	c.onClose = func() {
+		if !c.piped.Load() {
+			c.finish()
+		}
+	}
 }
 
 func (c *trackedConn) Close() error {
@@ -153,8 +207,9 @@ func (c *trackedConn) CloseWrite() error {
 func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 	return func(ctx context.Context, t upstream.Target) (net.Conn, error) {
 		// A proxied flow counts in Shutdown's drain from its request until its exit's
-		// connection closes (the tunnel has ended, or the forwarded exchange is over and
-		// the connection is not kept), as a transparent flow counts from its accept.
+		// connection closes (the forwarded exchange is over and the connection is not
+		// kept) or, for a tunnel, its copy ends, as a transparent flow counts from its
+		// accept (meterFlow).
 		if !r.join() {
 			return nil, ErrClosed
 		}
@@ -282,13 +337,15 @@ func (r *Relay) proxyDial(p *pod) proxy.DialFunc {
 		}
 		// Tracked before the record, as carry does: a workload closed while the exit
 		// was being dialed gets no tunnel, and its record says so.
-		tc := &trackedConn{Conn: c, p: p, exit: d.Exit, onClose: sync.OnceFunc(r.flowWG.Done)}
+		// From here the connection's close counts the flow out (meterFlow).
+		tc := &trackedConn{Conn: c, p: p, exit: d.Exit}
+		r.meterFlow(tc)
+		joined = false
 		if !p.track(tc) {
-			c.Close()
+			tc.Close()
 			r.record(d, &f, errCut.Error())
 			return nil, ErrClosed
 		}
-		joined = false
 		r.record(d, &f, "")
 		return tc, nil
 	}
