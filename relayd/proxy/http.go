@@ -46,6 +46,9 @@ type clientReader struct {
 	left    int64  // while reading: the bytes that may still be read
 	over    bool   // a read wanted more than left
 	head    []byte // while reading: the header so far, and what was buffered behind it
+	// begun is set once a byte of the header being read has come (closeIdle clears it
+	// and reads it from another goroutine).
+	begun atomic.Bool
 }
 
 func (cr *clientReader) Read(p []byte) (int, error) {
@@ -60,6 +63,9 @@ func (cr *clientReader) Read(p []byte) (int, error) {
 		p = p[:cr.left]
 	}
 	n, err := cr.r.Read(p)
+	if n > 0 {
+		cr.begun.Store(true)
+	}
 	cr.left -= int64(n)
 	cr.head = append(cr.head, p[:n]...)
 	return n, err
@@ -584,10 +590,16 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			wait = s.idleTimeout()
 		}
 		_ = c.SetDeadline(time.Now().Add(wait)) // the wait, and an error reply
+		closed := func() bool { return false }
+		if !first {
+			closed = closeIdle(ctx, c, cr, br)
+		}
 		req, t, err := readProxyRequest(br, cr, s.maxHeaderBytes(), s.log())
+		stopped := closed()
 		if err != nil {
 			var refusal *badRequest
-			if !errors.As(err, &refusal) { // io.EOF: the client closed before a request
+			// io.EOF: the client closed before a request.
+			if !errors.As(err, &refusal) || stopped {
 				_ = c.Close()
 				return
 			}
@@ -627,6 +639,36 @@ func (s *Server) serveHTTPConn(ctx context.Context, c net.Conn) {
 			_ = c.Close()
 		}
 		return
+	}
+}
+
+// closeIdle ends the wait for the next request on a kept-alive connection once ctx is
+// done (the server is stopping), unless a byte of that request has come already, as
+// net/http's Server.Shutdown closes idle connections: a client between requests holds
+// no exchange, and its kept-alive origin connection is not kept for it. It returns a
+// function that ends the watch and reports whether it ended the wait; the connection
+// is then closed without an answer.
+func closeIdle(ctx context.Context, c net.Conn, cr *clientReader, br *bufio.Reader) (closed func() bool) {
+	if br.Buffered() > 0 { // a pipelined request
+		return func() bool { return false }
+	}
+	cr.begun.Store(false)
+	var mu sync.Mutex // the watch's end waits for a close under way
+	over, fired := false, false
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !over && !cr.begun.Load() {
+			fired = true
+			_ = c.SetReadDeadline(aLongTimeAgo)
+		}
+	})
+	return func() bool {
+		stop()
+		mu.Lock()
+		defer mu.Unlock()
+		over = true
+		return fired
 	}
 }
 

@@ -168,7 +168,8 @@ func (s *Server) log() *slog.Logger {
 }
 
 // ServeHTTP serves the HTTP proxy on ln until ctx is done (then it closes ln and returns
-// nil; connections already being served carry on until they end).
+// nil; connections already being served carry on until they end, but one kept alive
+// waiting for its next request is closed).
 func ServeHTTP(ctx context.Context, ln net.Listener, dial DialFunc, log *slog.Logger) error {
 	s := &Server{Dial: dial, Log: log}
 	return s.ServeHTTP(ctx, ln)

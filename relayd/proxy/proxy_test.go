@@ -624,3 +624,110 @@ func TestHTTPTimeoutAnswers(t *testing.T) {
 		})
 	}
 }
+
+// closeNotingConn reports its first Close on closed.
+type closeNotingConn struct {
+	net.Conn
+	once   sync.Once
+	closed chan struct{}
+}
+
+func (c *closeNotingConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// readNotingListener accepts connections that report on read every read that returned
+// bytes.
+type readNotingListener struct {
+	net.Listener
+	read chan struct{}
+}
+
+func (l readNotingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return readNotingConn{c, l.read}, nil
+}
+
+type readNotingConn struct {
+	net.Conn
+	read chan struct{}
+}
+
+func (c readNotingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		select {
+		case c.read <- struct{}{}:
+		default:
+		}
+	}
+	return n, err
+}
+
+// TestHTTPKeptAliveClosedOnCancel: once the server's context is done (the relay drains),
+// a client connection kept alive between requests is closed, and with it the origin
+// connection kept for it, as net/http's Server.Shutdown closes idle connections. One
+// that has begun to send its next request is not cut: it gets an answer.
+func TestHTTPKeptAliveClosedOnCancel(t *testing.T) {
+	w := newWorld()
+	w.httpOrigin(t, "a.test")
+	origins := make(chan *closeNotingConn, 4)
+	s := &Server{Log: w.logger(), Dial: func(ctx context.Context, t upstream.Target) (net.Conn, error) {
+		c, err := w.dial(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		nc := &closeNotingConn{Conn: c, closed: make(chan struct{})}
+		origins <- nc
+		return nc, nil
+	}}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	read := make(chan struct{}, 1)
+	go s.ServeHTTP(ctx, readNotingListener{ln, read})
+
+	idle, idleBr := dialProxy(t, ln.Addr().String())
+	busy, busyBr := dialProxy(t, ln.Addr().String())
+	for _, c := range []struct {
+		c  net.Conn
+		br *bufio.Reader
+	}{{idle, idleBr}, {busy, busyBr}} {
+		_, _ = io.WriteString(c.c, "GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n")
+		resp, err := http.ReadResponse(c.br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}
+	idleOrigin := <-origins
+	select { // the reads so far
+	case <-read:
+	default:
+	}
+	_, _ = io.WriteString(busy, "GET http://a.test/ HTTP/1.1\r\n") // the next request, begun
+	<-read                                                         // the proxy has it
+	cancel()
+
+	if _, err := idleBr.ReadByte(); err != io.EOF {
+		t.Errorf("idle kept-alive connection after cancel: read %v, want EOF", err)
+	}
+	select {
+	case <-idleOrigin.closed:
+	case <-time.After(5 * time.Second):
+		t.Error("the origin connection kept for the idle client is still open after cancel")
+	}
+	_, _ = io.WriteString(busy, "Host: a.test\r\n\r\n")
+	if resp, err := http.ReadResponse(busyBr, nil); err != nil {
+		t.Errorf("connection in the middle of a request at cancel: %v, want an answer", err)
+	} else {
+		resp.Body.Close()
+	}
+}

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -217,4 +218,60 @@ func TestTunnelEarlyBytesCounted(t *testing.T) {
 		}
 		checkRelayedBytes(t, h, o)
 	})
+}
+
+// TestShutdownKeptAliveClient: an HTTP proxy client that keeps its connection after an
+// answer (HTTP/1.1's default) carries no flow between requests: Shutdown closes it, and
+// its kept origin connection, as the drain begins, rather than waiting the drain out.
+// One in the middle of an exchange gets its answer first.
+func TestShutdownKeptAliveClient(t *testing.T) {
+	const drain = 6 * time.Second
+	for _, midway := range []bool{false, true} {
+		t.Run(fmt.Sprintf("midway=%v", midway), func(t *testing.T) {
+			hold := make(chan struct{})
+			if !midway {
+				close(hold)
+			}
+			o := newCountingOrigin(t, answerEach("hello", hold))
+			h := proxyHarness(t)
+			c := dialProxy(t, h)
+			fmt.Fprintf(c, "GET http://%s/ HTTP/1.1\r\nHost: %s\r\n\r\n", o.addr, o.addr)
+			br := bufio.NewReader(c)
+			shut := make(chan error, 1)
+			start := time.Now()
+			shutdown := func() {
+				ctx, cancel := context.WithTimeout(context.Background(), drain)
+				defer cancel()
+				shut <- h.r.Shutdown(ctx)
+			}
+			if midway {
+				// The request is at the origin, which holds its answer back.
+				if !waitFor(func() bool { return o.in.Load() > 0 }) {
+					t.Fatal("the request did not reach the origin")
+				}
+				go shutdown()
+				if !waitFor(func() bool { return !h.r.Serving("p") }) {
+					t.Fatal("Shutdown did not begin")
+				}
+				close(hold)
+			}
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := io.ReadAll(resp.Body); string(got) != "hello" {
+				t.Fatalf("answer %q, want hello", got)
+			}
+			if !midway {
+				start = time.Now()
+				go shutdown()
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("kept-alive client connection after the drain began: %v, want it closed (EOF)", err)
+			}
+			if err := <-shut; err != nil || time.Since(start) > drain/2 {
+				t.Errorf("Shutdown = %v after %v, want nil well within the %v drain", err, time.Since(start).Round(time.Millisecond), drain)
+			}
+		})
+	}
 }

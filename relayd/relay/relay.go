@@ -436,8 +436,10 @@ func (r *Relay) Stats() api.FlowStats {
 // Shutdown stops accepting on every listener, lets established flows finish until ctx
 // is done, then closes them. Proxy-mode flows (tunnels, forwarded requests) drain as
 // transparent ones do; a request that reaches a proxy once the drain has begun is
-// refused, and a proxy client connection that carries no flow is closed when the
-// drain is over.
+// refused. An HTTP proxy client kept alive between requests is closed, with its kept
+// origin connection, as the drain begins (once its answer is out, for one in the middle
+// of an exchange); another proxy client connection that carries no flow is closed when
+// the drain is over.
 func (r *Relay) Shutdown(ctx context.Context) error {
 	r.mu.Lock()
 	r.shut = true
