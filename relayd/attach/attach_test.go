@@ -1152,3 +1152,19 @@ func TestRefusal(t *testing.T) {
 		}
 	}
 }
+
+// NewClient refuses a server address it could never reach, naming what is wrong, and
+// never echoes credentials written into it.
+func TestNewClientServerAddress(t *testing.T) {
+	for _, tt := range []struct{ server, want string }{
+		{"alice:S3CRET@node.example:15443", "holds credentials"},
+		{"node.example:99999", `port "99999" is not 1-65535`},
+		{"node.example:0", `port "0" is not 1-65535`},
+		{"node.example", "is not host:port"},
+	} {
+		_, err := NewClient(ClientOptions{Server: tt.server, Token: testToken, Getenv: func(string) string { return "" }})
+		if err == nil || !strings.Contains(err.Error(), tt.want) || strings.Contains(err.Error(), "S3CRET") {
+			t.Errorf("NewClient(%q) = %v, want an error saying %q (and no password)", tt.server, err, tt.want)
+		}
+	}
+}

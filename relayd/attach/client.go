@@ -126,9 +126,17 @@ func NewClient(o ClientOptions) (*Client, error) {
 	}
 	o.Server = strings.TrimPrefix(strings.TrimPrefix(o.Server, "https://"), "kl://")
 	o.Server = strings.TrimSuffix(o.Server, "/")
-	host, _, err := net.SplitHostPort(o.Server)
+	if strings.Contains(o.Server, "@") {
+		// user:password@host: credentials go in --token or a certificate, and are not
+		// echoed back into a terminal or a log.
+		return nil, errors.New("attach: the server address holds credentials (user@ or user:password@); give host:port, and the token with --token")
+	}
+	host, port, err := net.SplitHostPort(o.Server)
 	if err != nil {
 		return nil, fmt.Errorf("attach: server %q is not host:port", o.Server)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return nil, fmt.Errorf("attach: server %q: port %q is not 1-65535", o.Server, port)
 	}
 	if o.Token == "" && o.CertFile == "" {
 		return nil, errors.New("attach: no credentials: give a token or a client certificate")
