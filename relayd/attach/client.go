@@ -67,7 +67,7 @@ type ClientOptions struct {
 // Event is one thing that happened on the attach side.
 type Event struct {
 	At       time.Time
-	Kind     string // session, policy, flow, refused, end, disconnected
+	Kind     string // session, policy, flow, refused, end, disconnected, retry (no session: Reason says why and when the next try is)
 	Session  string
 	Flow     uint64
 	Workload string
@@ -233,6 +233,7 @@ func (c *Client) Keep(ctx context.Context) error {
 			backoff = 200 * time.Millisecond
 		}
 		c.o.Log.Warn("attach session lost; reconnecting", "err", err, "in", backoff)
+		c.event(Event{Kind: "retry", Reason: fmt.Sprintf("%v; trying again in %s", err, backoff)})
 		c.reconnects.Add(1)
 		select {
 		case <-ctx.Done():

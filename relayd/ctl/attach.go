@@ -168,6 +168,8 @@ func (p *progress) event(e attach.Event) {
 		line = fmt.Sprintf("refused flow %d of %s%s: %s: %s", e.Flow, e.Workload, dest, e.Code, e.Reason)
 	case "disconnected":
 		line = "session lost: " + e.Reason
+	case "retry":
+		line = "not attached: " + e.Reason
 	default:
 		return
 	}
@@ -235,7 +237,15 @@ func runForeground(ctx context.Context, env *Env, af *attachFlags, o attach.Clie
 			if p.dirty {
 				fmt.Fprintln(env.Stderr)
 			}
-			summary(env.Stdout, c.Stats(), time.Since(start))
+			st := c.Stats()
+			summary(env.Stdout, st, time.Since(start))
+			if err == nil && st.Sessions == 0 {
+				// Stopped before any session: the workloads never had their route.
+				if st.LastError == "" {
+					return fmt.Errorf("never attached to %s", o.Server)
+				}
+				return fmt.Errorf("never attached to %s: %s", o.Server, st.LastError)
+			}
 			return err
 		case <-tick:
 			p.tick()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -122,5 +123,27 @@ func waitGone(t *testing.T, pid int) {
 			t.Fatalf("the agent (pid %d) did not exit after stop", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A foreground attach that cannot reach the daemon says why at every try, and ends with
+// an error when it never attached (not a clean summary of nothing).
+func TestAttachForegroundNeverAttached(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: connection refused
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	env := &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }}
+	err = RunEnv(ctx, env, []string{"kl-ctl", "attach", "--server", addr, "--token", strings.Repeat("t", 24)})
+	if ExitStatus(err) == 0 || !strings.Contains(err.Error(), "never attached") {
+		t.Errorf("attach that never connected: exit %d, %v; want a failure saying it never attached", ExitStatus(err), err)
+	}
+	if !strings.Contains(stderr.String(), "not attached:") || !strings.Contains(stderr.String(), "connection refused") {
+		t.Errorf("stderr does not say why it cannot attach:\n%s", stderr.String())
 	}
 }
