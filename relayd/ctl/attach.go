@@ -420,7 +420,7 @@ func attachControl(ctx context.Context, env *Env, what string, args []string) er
 	if err != nil {
 		if errors.Is(err, attach.ErrNoAgent) {
 			fmt.Fprintf(env.Stderr, "kl-ctl attach %s: %v\n", what, err)
-			return &ExitError{Code: 3, Err: err}
+			return &ExitError{Code: ExitNoAgent, Err: err}
 		}
 		return err
 	}

@@ -61,6 +61,7 @@ func (e *ExitError) Unwrap() error { return e.Err }
 const (
 	ExitFail    = 1 // the command failed
 	ExitInvalid = 2 // the policy does not load, or the command line is wrong
+	ExitNoAgent = 3 // attach status|stop: no attach agent runs on the control socket
 )
 
 // Run runs kl-ctl with the process's standard streams and environment.
