@@ -100,3 +100,37 @@ func TestUsage(t *testing.T) {
 		}
 	}
 }
+
+// Flag values that would otherwise fall back to a default unsaid are refused, naming the
+// flag.
+func TestBadFlagValues(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"lint", "--script-deadline", "0s", "testdata/egress.pac"}, "--script-deadline"},
+		{[]string{"explain", "--egress-pac", "testdata/egress.pac", "--script-deadline", "-1s", "--host", "a.example"}, "--script-deadline"},
+		{[]string{"explain", "--egress-route", "*=direct", "--host", "x.example:443"}, "the port goes in --port"},
+		{[]string{"explain", "--egress-route", "*=direct", "--host", "https://x.example/"}, "the port goes in --port"},
+		{[]string{"install", "docker", "--config", "/nonexistent/daemon.json", "--runtime-name", ""}, "--runtime-name is empty"},
+		{[]string{"install", "containerd", "--config", "/nonexistent/config.toml", "--runtime-binary", ""}, "--runtime-binary is empty"},
+		{[]string{"install", "cni", "--watch", "--interval", "-1s"}, "--interval"},
+	} {
+		var stdout, stderr bytes.Buffer
+		env := &Env{Stdout: &stdout, Stderr: &stderr, Getenv: func(string) string { return "" }}
+		err := RunEnv(context.Background(), env, append([]string{"kl-ctl"}, tt.args...))
+		msg := stderr.String()
+		if err != nil {
+			msg += err.Error()
+		}
+		if ExitStatus(err) != ExitInvalid || !strings.Contains(msg, tt.want) {
+			t.Errorf("kl-ctl %q: exit %d, %q; want exit %d naming %s", tt.args, ExitStatus(err), msg, ExitInvalid, tt.want)
+		}
+	}
+	// An IPv6 literal is a host with colons of its own.
+	var stdout bytes.Buffer
+	env := &Env{Stdout: &stdout, Stderr: &bytes.Buffer{}, Getenv: func(string) string { return "" }}
+	if err := RunEnv(context.Background(), env, []string{"kl-ctl", "explain", "--egress-route", "*=direct", "--host", "fd00::1"}); err != nil {
+		t.Errorf("explain --host fd00::1: %v", err)
+	}
+}

@@ -45,6 +45,9 @@ func explain(ctx context.Context, env *Env, args []string) error {
 	if len(pos) > 0 {
 		return usageError(env, "explain", "unexpected argument %q (the rules file goes in --rules)", pos[0])
 	}
+	if strings.ContainsAny(*host, ":/") && !isAddrLiteral(*host) {
+		return usageError(env, "explain", "--host %q: give the host name alone (the port goes in --port)", *host)
+	}
 	f := rules.Flow{Image: *image, Host: *host, At: time.Now()}
 	if len(labels) > 0 {
 		f.Labels = map[string]string{}
@@ -182,6 +185,13 @@ func describeRule(r rules.RuleInfo) string {
 		s += fmt.Sprintf(", note %q", r.Note)
 	}
 	return s
+}
+
+// isAddrLiteral says whether host is an IPv6 address (bare or in brackets), which has
+// colons of its own.
+func isAddrLiteral(host string) bool {
+	_, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil
 }
 
 func explainWords(w io.Writer, p *rules.Policy, f *rules.Flow, d rules.Decision, file string) {

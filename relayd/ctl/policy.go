@@ -55,6 +55,9 @@ func (pf *policyFlags) source() string {
 }
 
 func (pf *policyFlags) load(env *Env, cmd string, o rules.LoadOptions) (*rules.Policy, error) {
+	if pf.deadline <= 0 {
+		return nil, usageError(env, cmd, "--script-deadline %v: want a positive duration", pf.deadline)
+	}
 	switch {
 	case pf.rules != "" && (len(pf.routes) > 0 || pf.def != "" || pf.pac != ""):
 		return nil, usageError(env, cmd, "--rules and --egress-route/--egress-default/--egress-pac are two ways to give a policy; use one")

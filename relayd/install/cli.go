@@ -31,6 +31,18 @@ uninstall cni takes it out of every conflist of the directory, reporting each fi
 install cni --check writes nothing and exits 0 only while kl-cni is chained where
 install would chain it (the DaemonSet's readiness probe); --watch keeps it chained.`
 
+// runtimeFlags refuses an empty --runtime-name or --runtime-binary (which would otherwise
+// fall back to the defaults unsaid).
+func runtimeFlags(name, bin string) error {
+	switch {
+	case name == "":
+		return &UsageError{Err: errors.New("--runtime-name is empty")}
+	case bin == "":
+		return &UsageError{Err: errors.New("--runtime-binary is empty")}
+	}
+	return nil
+}
+
 // Run carries out `kl-ctl install …` or `kl-ctl uninstall …`: args starts with the verb
 // ("install" or "uninstall") and the target. Diffs go to stdout, progress to stderr.
 // With `install cni --watch` it runs until ctx ends (kl-ctl cancels it on SIGTERM).
@@ -84,6 +96,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		check := fs.Bool("check", false, "write nothing: succeed only when the conflist runtimes use (or --cni-conf-file) chains the kl-cni of --cni-bin-dir as install would (the DaemonSet's readiness probe)")
 		if err := fs.Parse(args[2:]); err != nil {
 			return parseError(err)
+		}
+		if *interval <= 0 {
+			return &UsageError{Err: fmt.Errorf("--interval %v: want a positive duration", *interval)}
 		}
 		c := CNI{}
 		if *conf != "" {
@@ -153,6 +168,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err := fs.Parse(args[2:]); err != nil {
 			return parseError(err)
 		}
+		if err := runtimeFlags(*name, *bin); err != nil {
+			return err
+		}
 		editor = Containerd{Name: *name, BinaryName: *bin, Version: *version, Default: *def}
 		path = func() (string, error) { return *cfg, nil }
 	case "docker":
@@ -162,6 +180,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		def := fs.Bool("default", false, `also make it dockerd's "default-runtime"`)
 		if err := fs.Parse(args[2:]); err != nil {
 			return parseError(err)
+		}
+		if err := runtimeFlags(*name, *bin); err != nil {
+			return err
 		}
 		editor = Docker{Name: *name, Path: *bin, Default: *def}
 		path = func() (string, error) { return *cfg, nil }
