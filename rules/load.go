@@ -39,13 +39,14 @@ func Load(path string, o LoadOptions) (*Policy, error) {
 	return Parse(path, data, o)
 }
 
-// ReadFile reads a policy file (rules, a PAC script) of at most limit bytes: a regular
-// file, read no further than the bound, so that neither a huge file nor a FIFO or a
-// device (which would never end, or block) can exhaust or hold whoever reads it; a
-// daemon watching the file keeps its rules. Errors are *Error: E_UNREADABLE, or
-// E_TOO_LARGE naming the bound.
+// ReadFile reads a policy file (rules, a PAC script) of at most limit bytes, read no
+// further than the bound, so that a huge file (or /dev/zero) cannot exhaust whoever
+// reads it: a daemon watching the file keeps its rules. A regular file over the bound is
+// refused without being read; a pipe (kl-ctl lint /dev/stdin) is read up to it. Errors
+// are *Error: E_UNREADABLE, or E_TOO_LARGE naming the bound.
 func ReadFile(path string, limit int64) ([]byte, error) {
-	// Non-blocking: opening a FIFO for reading would wait for a writer.
+	// Non-blocking open: a FIFO nobody writes to yet reads as empty instead of holding
+	// the caller (Go's poller still waits for a writer's data once there is one).
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: %v", path, unwrapPath(err))}
@@ -53,9 +54,9 @@ func ReadFile(path string, limit int64) ([]byte, error) {
 	defer f.Close()
 	if st, err := f.Stat(); err != nil {
 		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: %v", path, unwrapPath(err))}
-	} else if !st.Mode().IsRegular() {
-		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: not a regular file (%s)", path, st.Mode().Type())}
-	} else if st.Size() > limit {
+	} else if st.IsDir() {
+		return nil, &Error{Code: CodeUnreadable, Msg: fmt.Sprintf("read %s: a directory, not a file", path)}
+	} else if st.Mode().IsRegular() && st.Size() > limit {
 		return nil, &Error{Code: CodeTooLarge, Msg: fmt.Sprintf("%s is %d bytes, over %d", path, st.Size(), limit)}
 	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -248,8 +249,8 @@ func TestIPv4ShapedGlobs(t *testing.T) {
 	}
 }
 
-// ReadFile refuses what is not a regular file, and a file over its bound without
-// reading it.
+// ReadFile refuses a directory, a file over its bound without reading it, and a device
+// that never ends once past the bound; it reads a pipe (kl-ctl lint /dev/stdin).
 func TestReadFileBounds(t *testing.T) {
 	dir := t.TempDir()
 	big := filepath.Join(dir, "big.yaml")
@@ -268,7 +269,7 @@ func TestReadFileBounds(t *testing.T) {
 		code Code
 	}{
 		{big, CodeTooLarge},
-		{fifo, CodeUnreadable}, // would block forever if opened for a read
+		{"/dev/zero", CodeTooLarge},
 		{dir, CodeUnreadable},
 		{filepath.Join(dir, "none"), CodeUnreadable},
 	} {
@@ -277,5 +278,20 @@ func TestReadFileBounds(t *testing.T) {
 		if !errors.As(err, &re) || re.Code != tt.code {
 			t.Errorf("ReadFile(%s) = %v, want %s", tt.path, err, tt.code)
 		}
+	}
+	// A pipe is read to its end, as kl-ctl lint /dev/stdin reads what is piped in.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w.WriteString("default: direct\n")
+	w.Close()
+	if data, err := ReadFile(fmt.Sprintf("/proc/self/fd/%d", r.Fd()), MaxFileBytes); err != nil || string(data) != "default: direct\n" {
+		t.Errorf("ReadFile(pipe) = %q, %v; want what was written", data, err)
+	}
+	// A FIFO nobody writes to reads as empty at once, rather than holding the reader.
+	if data, err := ReadFile(fifo, MaxFileBytes); err != nil || len(data) != 0 {
+		t.Errorf("ReadFile(fifo without a writer) = %q, %v; want empty", data, err)
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -157,15 +156,16 @@ type Audit struct {
 	Ring     int    `yaml:"ring"`     // recent records kept for status
 }
 
-// checkListenAddr checks a host:port to listen on: a port of 1-65535 and a host that is
-// empty (every address), an IP address or a name without spaces (resolved at start).
+// checkListenAddr checks a host:port to listen on as net.Listen takes it: a port number
+// (0: any free one, which the daemon logs) or a service name, and a host that is empty
+// (every address), an IP address or a name without spaces (resolved at start).
 func checkListenAddr(addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("not host:port: %w", err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port %q is not 1-65535", port)
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return fmt.Errorf("port %q is neither 0-65535 nor a service name", port)
 	}
 	if strings.ContainsAny(host, " \t/") {
 		return fmt.Errorf("host %q is neither an address nor a name", host)

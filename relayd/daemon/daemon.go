@@ -94,7 +94,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return ErrUsage // the flag package printed what is wrong, and the usage
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+		fmt.Fprintf(stderr, "unexpected arguments: %q\n", fs.Args())
+		fs.Usage()
+		return ErrUsage
 	}
 	cfg, err := config.Load(*settings)
 	if err != nil {
