@@ -208,6 +208,11 @@ func (d *Daemon) register(ctx context.Context, wl api.Workload) (api.Registratio
 	var atts []api.Attachment
 	if sameNetns {
 		atts = old.Registration.Attachments
+		if len(atts) == 0 && old.Registration.Workload.Source == "cni" && old.Registration.Workload.Network != "" {
+			// Saved before attachments were recorded: the network it was made for is
+			// its first attachment, not forgotten by the one added now.
+			atts = []api.Attachment{{Network: old.Registration.Workload.Network, IfName: old.Registration.Workload.IfName}}
+		}
 	}
 	e := registry.Entry{Registration: api.Registration{Workload: wl, Listeners: ls, Since: since, Captured: wantsCapture(wl),
 		Attachments: withAttachment(atts, wl)}, NetnsDev: dev, NetnsIno: ino}
@@ -239,7 +244,20 @@ func withAttachment(atts []api.Attachment, wl api.Workload) []api.Attachment {
 	if slices.Contains(atts, a) {
 		return atts
 	}
+	if i := slices.IndexFunc(atts, func(x api.Attachment) bool { return x.Network == a.Network && x.IfName == "" }); i >= 0 {
+		// Recorded from an older kl-cni (no interface): this is the same attachment.
+		atts = slices.Clone(atts)
+		atts[i] = a
+		return atts
+	}
 	return append(slices.Clip(atts), a)
+}
+
+// releases says whether a kl-cni DEL of attachment del releases recorded attachment x:
+// the same network and interface, or the same network where x has no interface (an
+// older kl-cni's ADD recorded none).
+func releases(del, x api.Attachment) bool {
+	return x.Network == del.Network && (x.IfName == del.IfName || x.IfName == "")
 }
 
 // Deregister removes a workload; unknown ids are not an error.
@@ -274,20 +292,28 @@ func (d *Daemon) deregister(id string, det *api.Detachment) (api.Deregistration,
 	defer d.mu.Unlock()
 	var out api.Deregistration
 	e, known := d.regs[id]
-	if known && det != nil && (det.Network != "" || det.IfName != "") && len(e.Registration.Attachments) > 0 {
+	saved, have := e, known
+	if !have && valid {
+		saved, have = d.waiting(id)
+	}
+	if have && det != nil && (det.Network != "" || det.IfName != "") && len(saved.Registration.Attachments) > 0 {
 		a := det.Attachment
-		left := slices.DeleteFunc(slices.Clone(e.Registration.Attachments), func(x api.Attachment) bool { return x == a })
+		left := slices.DeleteFunc(slices.Clone(saved.Registration.Attachments), func(x api.Attachment) bool { return releases(a, x) })
 		if len(left) > 0 {
-			if len(left) < len(e.Registration.Attachments) {
-				e.Registration.Attachments = left
+			if len(left) < len(saved.Registration.Attachments) {
+				saved.Registration.Attachments = left
 				// The workload's network is the one an older kl-cni's GC compares:
 				// make it one the registration still serves.
-				e.Registration.Workload.Network = left[len(left)-1].Network
-				e.Registration.Workload.IfName = left[len(left)-1].IfName
-				if err := d.store.Put(e); err != nil {
+				saved.Registration.Workload.Network = left[len(left)-1].Network
+				saved.Registration.Workload.IfName = left[len(left)-1].IfName
+				if err := d.store.Put(saved); err != nil {
 					return api.Deregistration{}, err
 				}
-				d.regs[id] = e
+				if known {
+					d.regs[id] = saved
+				} else {
+					d.pending[id] = saved // restored with the attachments it has left
+				}
 				d.log.Info("attachment released; the registration serves others", "workload", id, "network", a.Network, "ifname", a.IfName, "left", len(left))
 			} else {
 				d.log.Info("DEL for an attachment the registration does not serve; left as it is", "workload", id, "network", a.Network, "ifname", a.IfName)
@@ -319,18 +345,38 @@ func (d *Daemon) deregister(id string, det *api.Detachment) (api.Deregistration,
 }
 
 // servedBy returns the id of the registration whose netns nsPath is (device and inode),
-// or "" (d.mu held). A path that names no netns any more is served by none.
+// registered or waiting to be restored (pending), or "" (d.mu held). A path that names
+// no netns any more is served by none.
 func (d *Daemon) servedBy(nsPath string) string {
 	dev, ino, err := netnsID(nsPath)
 	if err != nil {
 		return ""
 	}
-	for id, e := range d.regs {
-		if e.NetnsDev == dev && e.NetnsIno == ino {
-			return id
+	for _, m := range []map[string]registry.Entry{d.regs, d.pending} {
+		for id, e := range m {
+			if e.NetnsDev == dev && e.NetnsIno == ino {
+				return id
+			}
 		}
 	}
 	return ""
+}
+
+// waiting returns the saved registration of id that a shortage kept from being restored
+// (d.pending, or, while a re-read of the store is due, the store itself) (d.mu held).
+func (d *Daemon) waiting(id string) (registry.Entry, bool) {
+	if e, ok := d.pending[id]; ok {
+		return e, true
+	}
+	if d.rescan {
+		entries, _ := d.store.Load()
+		for _, e := range entries {
+			if e.Registration.Workload.ID == id {
+				return e, true
+			}
+		}
+	}
+	return registry.Entry{}, false
 }
 
 // handleDeregister serves DELETE /v1/workloads/{id}. The query parameters network,
