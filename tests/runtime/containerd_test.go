@@ -45,12 +45,7 @@ func TestContainerdCtr(t *testing.T) {
 	env, relay := klEnv(t, dir, "runtime: runc\nmode: transparent\n")
 	c := startContainerd(t, dir, env)
 	rt, bin := containerdRuntime(t, snippet(t, "containerd/kl-runtime-v2.toml"))
-
-	img := filepath.Join(dir, "image.tar")
-	buildImage(t, img)
-	if r := c.ctr(t, "images", "import", "--snapshotter", "native", img); r.code != 0 {
-		t.Fatalf("ctr images import: %s %s", r.stdout, r.stderr)
-	}
+	c.importImage(t, dir)
 	ls := c.ctr(t, "images", "ls", "-q")
 	ref := imageNorm
 	if !strings.Contains(ls.stdout, imageNorm) {
@@ -127,6 +122,16 @@ func TestContainerdCtr(t *testing.T) {
 	c.ctr(t, "containers", "delete", id3)
 }
 
+// importImage builds the test image in dir and imports it into c (native snapshotter).
+func (c *containerd) importImage(t *testing.T, dir string) {
+	t.Helper()
+	img := filepath.Join(dir, "image.tar")
+	buildImage(t, img)
+	if r := c.ctr(t, "images", "import", "--snapshotter", "native", img); r.code != 0 {
+		t.Fatalf("ctr images import: %s %s", r.stdout, r.stderr)
+	}
+}
+
 // TestContainerdStderr runs a proxy-mode container with `ctr run` (no terminal: the
 // container's stdio is ctr's) while kl-runtime has a warning to log (the published rules
 // directory is missing, so it mounts the rules file). containerd's runc shim hands `runc
@@ -140,11 +145,7 @@ func TestContainerdStderr(t *testing.T) {
 	env, relay := klEnv(t, dir, "runtime: runc\nmode: transparent\n")
 	c := startContainerd(t, dir, env)
 	rt, bin := containerdRuntime(t, snippet(t, "containerd/kl-runtime-v2.toml"))
-	img := filepath.Join(dir, "image.tar")
-	buildImage(t, img)
-	if r := c.ctr(t, "images", "import", "--snapshotter", "native", img); r.code != 0 {
-		t.Fatalf("ctr images import: %s %s", r.stdout, r.stderr)
-	}
+	c.importImage(t, dir)
 	id := testutil.Name("klc")
 	r := c.ctr(t, "run", "--rm", "--snapshotter", "native", "--runtime", rt, "--runc-binary", bin,
 		"--annotation", "kl.egress.mode=proxy", imageNorm, id, "sh", "-c", "echo APP-OUT; echo APP-ERR >&2")
