@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -91,5 +92,26 @@ func TestPACFlagReloads(t *testing.T) {
 			t.Fatalf("edited PAC file not reloaded: status %+v, want hash %s", status().Rules, p.Hash())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The command line: -h is no failure; a bad flag or an extra argument is a usage error
+// (main exits 2), printed once, with the usage.
+func TestCommandLineUsage(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want error
+		says string
+	}{
+		{[]string{"kl-relayd", "-h"}, nil, "Usage of kl-relayd"},
+		{[]string{"kl-relayd", "check", "-h"}, nil, "Usage of kl-relayd"},
+		{[]string{"kl-relayd", "--bogus"}, ErrUsage, "flag provided but not defined: -bogus"},
+		{[]string{"kl-relayd", "extra"}, ErrUsage, `unexpected arguments: ["extra"]`},
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), tt.args, &out, &out)
+		if !errors.Is(err, tt.want) || !strings.Contains(out.String(), tt.says) || strings.Count(out.String(), tt.says) != 1 {
+			t.Errorf("%q: %v, printed:\n%s\nwant %v and %q printed once", tt.args, err, out.String(), tt.want, tt.says)
+		}
 	}
 }
