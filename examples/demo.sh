@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make demo`: a walk through kl's rule engine with kl-ctl over the example files.
+# `make demo-explain`: a walk through kl's rule engine with kl-ctl over the example files.
 # make builds first; the binaries are in $KL_BIN (default .build/bin).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -22,9 +22,9 @@
 // DEL of one releases only it; the relay keeps the listeners and the table while any is
 // left, and tells DEL so.
 //
-// Failure is closed: when the registration fails, for whatever reason, the plugin
-// installs the capture table itself before it reports the error, and leaves it in
-// place. Until the runtime tears the sandbox down (it calls DEL after a failed ADD) every
+// Failure is closed: when the registration fails (but for a 409: another registration
+// serves the netns, and the table there is that one's), the plugin installs the capture
+// table itself before it reports the error, and leaves it in place. Until the runtime tears the sandbox down (it calls DEL after a failed ADD) every
 // TCP connection the pod attempts is redirected to a port where nothing listens and is
 // refused: a pod can never run with its egress silently uncaptured, even under a runtime
 // that ignored the error. A registration that times out here is not made later behind
