@@ -388,8 +388,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 	case reg.Workload.Mode != mode:
 		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is registered in mode %s, not %s", args.ContainerID, reg.Workload.Mode, mode), "")
 	case len(reg.Attachments) > 0 && !slices.ContainsFunc(reg.Attachments, func(a wire.Attachment) bool {
-		// An older kl-cni's ADD recorded no interface: the network alone names it.
-		return a.Network == c.Name && (a.IfName == args.IfName || a.IfName == "")
+		return a.Is(wire.Attachment{Network: c.Name, IfName: args.IfName})
 	}):
 		return types.NewError(types.ErrInternal, fmt.Sprintf("kl-cni CHECK: sandbox %s is not registered for network %s, interface %s", args.ContainerID, c.Name, args.IfName), "")
 	}

@@ -34,9 +34,6 @@ func TestPolicyFrameBound(t *testing.T) {
 // under rules.MaxFileBytes; the attach side used to drop every such session (the frame
 // was over its bound) and reconnect forever.
 func TestLargePolicyAttaches(t *testing.T) {
-	if testing.Short() {
-		t.Skip("parses a 16 MiB policy on both sides")
-	}
 	var b strings.Builder
 	b.WriteString(clientAll)
 	line := "# " + strings.Repeat("x", 1021) + "\n"

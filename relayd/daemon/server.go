@@ -244,20 +244,13 @@ func withAttachment(atts []api.Attachment, wl api.Workload) []api.Attachment {
 	if slices.Contains(atts, a) {
 		return atts
 	}
-	if i := slices.IndexFunc(atts, func(x api.Attachment) bool { return x.Network == a.Network && x.IfName == "" }); i >= 0 {
+	if i := slices.IndexFunc(atts, func(x api.Attachment) bool { return x.Is(a) }); i >= 0 {
 		// Recorded from an older kl-cni (no interface): this is the same attachment.
 		atts = slices.Clone(atts)
 		atts[i] = a
 		return atts
 	}
 	return append(slices.Clip(atts), a)
-}
-
-// releases says whether a kl-cni DEL of attachment del releases recorded attachment x:
-// the same network and interface, or the same network where x has no interface (an
-// older kl-cni's ADD recorded none).
-func releases(del, x api.Attachment) bool {
-	return x.Network == del.Network && (x.IfName == del.IfName || x.IfName == "")
 }
 
 // Deregister removes a workload; unknown ids are not an error.
@@ -298,7 +291,7 @@ func (d *Daemon) deregister(id string, det *api.Detachment) (api.Deregistration,
 	}
 	if have && det != nil && (det.Network != "" || det.IfName != "") && len(saved.Registration.Attachments) > 0 {
 		a := det.Attachment
-		left := slices.DeleteFunc(slices.Clone(saved.Registration.Attachments), func(x api.Attachment) bool { return releases(a, x) })
+		left := slices.DeleteFunc(slices.Clone(saved.Registration.Attachments), func(x api.Attachment) bool { return x.Is(a) })
 		if len(left) > 0 {
 			if len(left) < len(saved.Registration.Attachments) {
 				saved.Registration.Attachments = left

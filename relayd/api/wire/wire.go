@@ -90,6 +90,13 @@ type Attachment struct {
 	IfName  string `json:"ifname,omitempty"`
 }
 
+// Is says whether recorded attachment a is the one b names: the same network and
+// interface, or the same network where a has no interface (an older kl-cni's ADD sent
+// none).
+func (a Attachment) Is(b Attachment) bool {
+	return a.Network == b.Network && (a.IfName == b.IfName || a.IfName == "")
+}
+
 // Detachment is what a CNI DEL releases (Client.Detach): one attachment of a sandbox,
 // and the netns it names, so the daemon can say whether that netns is still served.
 type Detachment struct {
