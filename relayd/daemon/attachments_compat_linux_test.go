@@ -1,59 +1,25 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
-	"net/http"
-	"net/http/httptest"
-	"net/url"
 	"testing"
 
 	"github.com/kl-egress/kl/netns"
-	"github.com/kl-egress/kl/relayd/api"
 	"github.com/kl-egress/kl/tests/testutil"
 )
-
-func attAdd(t *testing.T, h http.Handler, w api.Workload) {
-	t.Helper()
-	body, _ := json.Marshal(w)
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/workloads", bytes.NewReader(body)))
-	if rec.Code != 200 {
-		t.Fatalf("add %+v: %d %s", w, rec.Code, rec.Body)
-	}
-}
-
-func attDel(t *testing.T, h http.Handler, id, network, ifname, ns string) api.Deregistration {
-	t.Helper()
-	path := "/v1/workloads/" + url.PathEscape(id) + "?" + url.Values{"network": {network}, "ifname": {ifname}, "netns": {ns}}.Encode()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodDelete, path, nil))
-	if rec.Code != 200 {
-		t.Fatalf("del: %d %s", rec.Code, rec.Body)
-	}
-	var out api.Deregistration
-	_ = json.Unmarshal(rec.Body.Bytes(), &out)
-	return out
-}
 
 // An older kl-cni (no ifname) registered the pod with a new kl-relayd; the new kl-cni's
 // DEL of that same attachment (network rcnet, interface eth0) must release it.
 func TestDelReleasesOlderKlCNIAttachment(t *testing.T) {
 	testutil.RequireTool(t, "nft")
 	cfg := testConfig(t, t.TempDir())
-	var logs bytes.Buffer
-	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, logs := attachDaemon(t, cfg)
 	defer d.shutdown(nil)
 	ns := testutil.NewNetns(t, "klat1")
 	t.Cleanup(func() { _ = d.Deregister("c1") })
 	h := d.Handler()
-	attAdd(t, h, api.Workload{ID: "c1", Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni", Network: "rcnet",
-		Capture: &api.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true, RejectQUIC: true}})
+	attAdd(t, h, cniWorkload(cfg, "c1", ns.Path, "rcnet", ""))
 	out := attDel(t, h, "c1", "rcnet", "eth0", ns.Path)
 	_, tableErr := ns.Command("nft", "list", "table", "inet", netns.TableName).CombinedOutput()
 	t.Logf("answer %+v; registrations %d; table present %v", out, len(d.Registrations()), tableErr == nil)
@@ -67,18 +33,13 @@ func TestDelReleasesOlderKlCNIAttachment(t *testing.T) {
 func TestDelWhileRestorePending(t *testing.T) {
 	testutil.RequireTool(t, "nft")
 	cfg := testConfig(t, t.TempDir())
-	var logs bytes.Buffer
-	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, logs := attachDaemon(t, cfg)
 	ns := testutil.NewNetns(t, "klat2")
 	h := d.Handler()
-	capt := &api.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true, RejectQUIC: true}
-	attAdd(t, h, api.Workload{ID: "c1", Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni", Network: "rcnet", IfName: "eth0", Capture: capt})
-	attAdd(t, h, api.Workload{ID: "c1", Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni", Network: "netB", IfName: "net1", Capture: capt})
+	attAdd(t, h, cniWorkload(cfg, "c1", ns.Path, "rcnet", "eth0"))
+	attAdd(t, h, cniWorkload(cfg, "c1", ns.Path, "netB", "net1"))
 	d.shutdown(nil)
-	d, err = New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	d, err := New(cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,17 +65,12 @@ func TestDelWhileRestorePending(t *testing.T) {
 func TestSecondAttachmentOfSavedRegistration(t *testing.T) {
 	testutil.RequireTool(t, "nft")
 	cfg := testConfig(t, t.TempDir())
-	var logs bytes.Buffer
-	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, _ := attachDaemon(t, cfg)
 	defer d.shutdown(nil)
 	ns := testutil.NewNetns(t, "klat3")
 	t.Cleanup(func() { _ = d.Deregister("c1") })
 	h := d.Handler()
-	capt := &api.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true, RejectQUIC: true}
-	attAdd(t, h, api.Workload{ID: "c1", Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni", Network: "rcnet", Capture: capt})
+	attAdd(t, h, cniWorkload(cfg, "c1", ns.Path, "rcnet", ""))
 	d.mu.Lock()
 	e := d.regs["c1"]
 	e.Registration.Attachments = nil // as saved by the previous kl-relayd
@@ -123,7 +79,7 @@ func TestSecondAttachmentOfSavedRegistration(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.mu.Unlock()
-	attAdd(t, h, api.Workload{ID: "c1", Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni", Network: "netB", IfName: "net1", Capture: capt})
+	attAdd(t, h, cniWorkload(cfg, "c1", ns.Path, "netB", "net1"))
 	t.Logf("attachments after the second ADD: %+v", d.Registrations()[0].Attachments)
 	out := attDel(t, h, "c1", "netB", "net1", ns.Path)
 	_, tableErr := ns.Command("nft", "list", "table", "inet", netns.TableName).CombinedOutput()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kl-egress/kl/netns"
 	"github.com/kl-egress/kl/relayd/api"
+	"github.com/kl-egress/kl/relayd/config"
 	"github.com/kl-egress/kl/tests/testutil"
 )
 
@@ -77,31 +78,14 @@ func TestDeregisterAttachments(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := testConfig(t, t.TempDir())
-			var logs bytes.Buffer
-			d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
-			if err != nil {
-				t.Fatal(err)
-			}
+			d, logs := attachDaemon(t, cfg)
 			ns := testutil.NewNetns(t, "klatt")
 			t.Cleanup(func() { _ = d.Deregister("c1") })
 			h := d.Handler()
 			for i, s := range tt.steps {
-				var req *http.Request
-				switch s.op {
-				case "add":
-					w := api.Workload{ID: s.id, Netns: ns.Path, Mode: api.ModeTransparent, Source: "cni", Network: s.network, IfName: s.ifname,
-						Capture: &api.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true, RejectQUIC: true}}
-					body, err := json.Marshal(w)
-					if err != nil {
-						t.Fatal(err)
-					}
-					req = httptest.NewRequest(http.MethodPost, "/v1/workloads", bytes.NewReader(body))
-				case "del":
-					path := "/v1/workloads/" + url.PathEscape(s.id)
-					if s.network != "-" {
-						path += "?" + url.Values{"network": {s.network}, "ifname": {s.ifname}, "netns": {ns.Path}}.Encode()
-					}
-					req = httptest.NewRequest(http.MethodDelete, path, nil)
+				req := delRequest(s.id, s.network, s.ifname, ns.Path)
+				if s.op == "add" {
+					req = addRequest(t, cniWorkload(cfg, s.id, ns.Path, s.network, s.ifname))
 				}
 				rec := httptest.NewRecorder()
 				h.ServeHTTP(rec, req)
@@ -148,4 +132,63 @@ func TestDeregisterAttachments(t *testing.T) {
 			}
 		})
 	}
+}
+
+// attachDaemon is a daemon for the attachment tests, not serving (its Handler is called
+// directly), and its log.
+func attachDaemon(t *testing.T, cfg *config.Config) (*Daemon, *bytes.Buffer) {
+	t.Helper()
+	var logs bytes.Buffer
+	d, err := New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, &logs
+}
+
+// cniWorkload is kl-cni's registration of sandbox id in nsPath for one attachment.
+func cniWorkload(cfg *config.Config, id, nsPath, network, ifname string) api.Workload {
+	return api.Workload{ID: id, Netns: nsPath, Mode: api.ModeTransparent, Source: "cni", Network: network, IfName: ifname,
+		Capture: &api.Capture{RedirectPort: cfg.RedirectPort, Mark: cfg.Mark, IPv6: true, RejectQUIC: true}}
+}
+
+// addRequest is kl-cni's ADD of w; delRequest its DEL of one attachment (network "-":
+// a DEL that names none, as kl-hook's and an older kl-cni's).
+func addRequest(t *testing.T, w api.Workload) *http.Request {
+	t.Helper()
+	body, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return httptest.NewRequest(http.MethodPost, "/v1/workloads", bytes.NewReader(body))
+}
+
+func delRequest(id, network, ifname, nsPath string) *http.Request {
+	path := "/v1/workloads/" + url.PathEscape(id)
+	if network != "-" {
+		path += "?" + url.Values{"network": {network}, "ifname": {ifname}, "netns": {nsPath}}.Encode()
+	}
+	return httptest.NewRequest(http.MethodDelete, path, nil)
+}
+
+// attAdd and attDel are addRequest and delRequest that must succeed.
+func attAdd(t *testing.T, h http.Handler, w api.Workload) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, addRequest(t, w))
+	if rec.Code != 200 {
+		t.Fatalf("add %+v: %d %s", w, rec.Code, rec.Body)
+	}
+}
+
+func attDel(t *testing.T, h http.Handler, id, network, ifname, nsPath string) api.Deregistration {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, delRequest(id, network, ifname, nsPath))
+	if rec.Code != 200 {
+		t.Fatalf("del: %d %s", rec.Code, rec.Body)
+	}
+	var out api.Deregistration
+	_ = json.Unmarshal(rec.Body.Bytes(), &out)
+	return out
 }
