@@ -436,25 +436,7 @@ func TestCaptureFailsClosed(t *testing.T) {
 	// QUIC: UDP to 443 is refused at once, other UDP passes.
 	var udpPorts []string
 	for _, port := range []string{"443", "444"} {
-		var pc net.PacketConn
-		if err := Do(tp.srv.Path, func() error {
-			var err error
-			pc, err = net.ListenPacket("udp", "192.0.2.2:"+port)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pc.Close() })
-		go func() {
-			buf := make([]byte, 64)
-			for {
-				n, from, err := pc.ReadFrom(buf)
-				if err != nil {
-					return
-				}
-				pc.WriteTo(buf[:n], from)
-			}
-		}()
+		udpEcho(t, tp.srv.Path, "udp", "192.0.2.2:"+port)
 		udpPorts = append(udpPorts, port)
 	}
 	for _, port := range udpPorts {
