@@ -147,21 +147,29 @@ func TestLoopAddsP(t *testing.T) {
 	}
 }
 
-// TestLoopNoDelay: both sockets of a loop flow have TCP_NODELAY, as the goroutine path's
-// Go connections do, so no byte the relay passes on waits for an acknowledgement.
-func TestLoopNoDelay(t *testing.T) {
+// capturedPod is a pod netns (192.0.2.1) with kl's capture (mark, redirect port) linked
+// to a server netns (192.0.2.2), and a listener there on port 80 for the test to serve.
+func capturedPod(t *testing.T, name string, mark uint32, port uint16) (*testutil.Netns, net.Listener) {
+	t.Helper()
 	testutil.RequireTool(t, "nft")
-	pod, srv := testutil.NewNetns(t, "klnd"), testutil.NewNetns(t, "klnds")
+	pod, srv := testutil.NewNetns(t, name), testutil.NewNetns(t, name+"s")
 	testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
-	const mark, port = 0x4b4c, 15912
 	if err := netns.Install(pod.Path, netns.Capture{RedirectPort: port, Mark: mark}); err != nil {
 		t.Fatal(err)
 	}
-	defer netns.Remove(pod.Path)
+	t.Cleanup(func() { netns.Remove(pod.Path) })
 	ln, err := netns.Listen(srv.Path, "tcp", "192.0.2.2:80")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pod, ln
+}
+
+// TestLoopNoDelay: both sockets of a loop flow have TCP_NODELAY, as the goroutine path's
+// Go connections do, so no byte the relay passes on waits for an acknowledgement.
+func TestLoopNoDelay(t *testing.T) {
+	const mark, port = 0x4b4c, 15912
+	pod, ln := capturedPod(t, "klnd", mark, port)
 	testutil.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
 	pol, err := rules.Parse("t", []byte("default: direct\n"), rules.LoadOptions{})
 	if err != nil {

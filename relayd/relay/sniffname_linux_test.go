@@ -106,18 +106,8 @@ func TestSniffNameGoroutines(t *testing.T) {
 // TestSniffNameNetns runs the cases through kl's capture in a pod netns, on the event
 // loop and on the goroutine path.
 func TestSniffNameNetns(t *testing.T) {
-	testutil.RequireTool(t, "nft")
-	pod, srv := testutil.NewNetns(t, "klsn"), testutil.NewNetns(t, "klsns")
-	testutil.Link(t, pod, []string{"192.0.2.1/24"}, srv, []string{"192.0.2.2/24"})
 	const mark, port = 0x4b4c, 15913
-	if err := netns.Install(pod.Path, netns.Capture{RedirectPort: port, Mark: mark}); err != nil {
-		t.Fatal(err)
-	}
-	defer netns.Remove(pod.Path)
-	ln, err := netns.Listen(srv.Path, "tcp", "192.0.2.2:80")
-	if err != nil {
-		t.Fatal(err)
-	}
+	pod, ln := capturedPod(t, "klsn", mark, port)
 	testutil.Serve(t, ln, func(c net.Conn) {
 		io.Copy(c, c)
 		c.Write([]byte("bye"))
